@@ -1,0 +1,273 @@
+//! The NIC as the data-path machines see it: one reliable-connected queue pair of one connection,
+//! its completion queue, and the two small control regions the protocol needs.
+//!
+//! Three implementations exist: the libibverbs backend and the mlx5 direct backend in the plugin
+//! crate, and the simulated fabric used by tests, benches and the fuzzer.
+//!
+//! The trait is deliberately small. Everything the protocol decides — what to post, when to signal,
+//! how many work requests fit — is decided by the core; an implementation only executes.
+
+use core::fmt;
+
+/// Gather entry pointing at registered local memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sge {
+    /// Virtual address of the first byte.
+    pub addr: u64,
+    /// Length in bytes. The core never builds an SGE longer than [`MAX_WR_BYTES`].
+    pub len: u32,
+    /// Local key of the memory region that covers `addr..addr+len`.
+    pub lkey: u32,
+}
+
+/// Largest payload the core places in one work request (1 GiB, NCCL's `MAX_NET_SIZE`).
+pub const MAX_WR_BYTES: u32 = 1 << 30;
+
+/// Where the bytes of a send work request come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Payload<'a> {
+    /// No payload: a zero-length write (still delivers an immediate when it has one).
+    Empty,
+    /// Bytes copied into the work request itself (`IBV_SEND_INLINE`). Never longer than
+    /// [`Nic::max_inline`].
+    Inline(&'a [u8]),
+    /// Registered local memory (a user buffer).
+    Local(Sge),
+    /// A range of the connection's outbound staging region, previously filled with
+    /// [`Nic::write_staging`]. Used for control bytes that do not fit inline.
+    Staged {
+        /// Byte offset inside the staging region.
+        offset: u32,
+        /// Length in bytes.
+        len: u32,
+    },
+}
+
+impl Payload<'_> {
+    /// Number of bytes the work request carries.
+    pub fn len(&self) -> usize {
+        match self {
+            Payload::Empty => 0,
+            Payload::Inline(bytes) => bytes.len(),
+            Payload::Local(sge) => sge.len as usize,
+            Payload::Staged { len, .. } => *len as usize,
+        }
+    }
+
+    /// True when the work request carries no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The operation of a send work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOp {
+    /// RDMA WRITE: place the payload at the remote address; the peer sees no completion.
+    Write,
+    /// RDMA WRITE WITH IMMEDIATE: as `Write`, then consume one posted receive at the peer and
+    /// deliver the immediate. The value is the protocol's host-order number; the implementation
+    /// carries it in network byte order on the wire (`htobe32` into `imm_data`, `be32toh` out of
+    /// the completion), so both ends agree whatever their endianness.
+    WriteImm(u32),
+}
+
+/// One send work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendWr<'a> {
+    /// Returned unchanged in the completion of this work request (when signaled or failed).
+    pub wr_id: u64,
+    /// What to do.
+    pub op: SendOp,
+    /// What to send.
+    pub payload: Payload<'a>,
+    /// Remote virtual address.
+    pub remote_addr: u64,
+    /// Remote key of the peer's memory region.
+    pub rkey: u32,
+    /// Whether a successful completion is generated. Failed work requests always complete.
+    pub signaled: bool,
+}
+
+/// Status of a completion, as the verbs `ibv_wc_status` enum numbers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WcStatus(pub u32);
+
+impl WcStatus {
+    /// The work request succeeded.
+    pub const SUCCESS: Self = Self(0);
+    /// Local protection error (bad lkey or address range).
+    pub const LOC_PROT_ERR: Self = Self(4);
+    /// The queue pair was in error; the work request was flushed.
+    pub const WR_FLUSH_ERR: Self = Self(5);
+    /// Remote access error (bad rkey or out-of-bounds remote write).
+    pub const REM_ACCESS_ERR: Self = Self(10);
+    /// Transport retry counter exceeded: the peer did not answer.
+    pub const RETRY_EXC_ERR: Self = Self(12);
+    /// RNR retry counter exceeded: the peer had no posted receive.
+    pub const RNR_RETRY_EXC_ERR: Self = Self(13);
+    /// Generic error.
+    pub const GENERAL_ERR: Self = Self(21);
+
+    /// True for a successful completion.
+    pub fn is_success(self) -> bool {
+        self == Self::SUCCESS
+    }
+
+    /// The verbs name of the status (`ibv_wc_status_str` spelling).
+    pub fn name(self) -> &'static str {
+        match self.0 {
+            0 => "success",
+            1 => "local length error",
+            2 => "local QP operation error",
+            3 => "local EE context operation error",
+            4 => "local protection error",
+            5 => "Work Request Flushed Error",
+            6 => "memory management operation error",
+            7 => "bad response error",
+            8 => "local access error",
+            9 => "remote invalid request error",
+            10 => "remote access error",
+            11 => "remote operation error",
+            12 => "transport retry counter exceeded",
+            13 => "RNR retry counter exceeded",
+            14 => "local RDD violation error",
+            15 => "remote invalid RD request",
+            16 => "operation aborted",
+            17 => "invalid EE context number",
+            18 => "invalid EE context state",
+            19 => "fatal error",
+            20 => "response timeout error",
+            21 => "general error",
+            _ => "unknown completion status",
+        }
+    }
+
+    /// A hint for the usual causes of this status, for the one WARN line a failure produces.
+    pub fn hint(self) -> &'static str {
+        match self.0 {
+            0 => "",
+            4 | 8 => {
+                "a buffer was not registered or was freed; with GPU memory check ACS/IOMMU settings and NCCL_NET_GDR_LEVEL"
+            }
+            5 => "the queue pair had already failed; look for the first error on this connection",
+            10 => {
+                "the peer rejected the access: its buffer was deregistered, too small, or the peer restarted"
+            }
+            12 => {
+                "the peer stopped answering: it died, or the path is down (check the link, GID index, NCCL_IB_TIMEOUT)"
+            }
+            13 => "the peer had no receive posted in time",
+            _ => "see the NIC's error counters and dmesg",
+        }
+    }
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.name(), self.0)
+    }
+}
+
+/// What a completion reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletionKind {
+    /// A send work request (signaled, or failed) finished. All earlier send work requests of the
+    /// same queue pair have finished too (RC ordering).
+    Send,
+    /// A posted receive was consumed by the peer's RDMA WRITE WITH IMMEDIATE.
+    RecvWriteImm {
+        /// The immediate in host order (see [`SendOp::WriteImm`]).
+        imm: u32,
+        /// Bytes the write placed in local memory.
+        byte_len: u32,
+    },
+    /// A failed completion of a receive work request (a flush, after the queue pair failed).
+    RecvFailed,
+}
+
+/// One completion polled from the connection's completion queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The `wr_id` of the work request this completion belongs to.
+    pub wr_id: u64,
+    /// Success or the error.
+    pub status: WcStatus,
+    /// Vendor-specific error syndrome, zero on success.
+    pub vendor_err: u32,
+    /// What completed.
+    pub kind: CompletionKind,
+}
+
+/// An error raised by a NIC implementation while posting or polling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NicError {
+    /// Posting failed with this errno (for example ENOMEM when a queue is full, EINVAL for a
+    /// malformed request). The core's credit accounting means this indicates a bug or a dead device.
+    Post {
+        /// The errno the provider returned.
+        errno: i32,
+    },
+    /// Polling the completion queue failed (the CQ overran or the device died).
+    Poll {
+        /// The errno or provider return code.
+        code: i32,
+    },
+    /// The device reported a fatal asynchronous event (port or device down, QP fatal).
+    Fatal {
+        /// Short description of the event.
+        event: &'static str,
+    },
+}
+
+impl fmt::Display for NicError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NicError::Post { errno } => write!(f, "posting a work request failed (errno {errno})"),
+            NicError::Poll { code } => write!(f, "polling the completion queue failed ({code})"),
+            NicError::Fatal { event } => write!(f, "device reported a fatal event: {event}"),
+        }
+    }
+}
+
+/// One connection's queue pair, completion queue and control regions.
+///
+/// Control regions: each connection owns an *inbound* region the peer RDMA-writes into (the
+/// sender's clear-to-send FIFO, the receiver's completion records) and an *outbound staging*
+/// region holding control bytes that do not fit inline. Their sizes are fixed by the protocol
+/// (see the `data` module's layout constants); the implementation allocates and registers them.
+pub trait Nic {
+    /// Largest inline payload the queue pair was granted (`max_inline_data` after create).
+    fn max_inline(&self) -> usize;
+
+    /// Post `chain` in order as one linked list of send work requests. Either all are posted or
+    /// none is (an error). The core guarantees the send queue has room (credit accounting).
+    fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError>;
+
+    /// Post one receive work request with no scatter entry (it is only consumed by WRITE WITH
+    /// IMMEDIATE).
+    fn post_recv(&mut self, wr_id: u64) -> Result<(), NicError>;
+
+    /// Poll up to `out.len()` completions into `out`; return how many were written.
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError>;
+
+    /// Copy `out.len()` bytes at `offset` of the inbound control region into `out`. The peer's
+    /// NIC writes that memory concurrently: the implementation reads it with volatile loads and
+    /// an acquire fence after, so a later read is not reordered before an earlier one.
+    fn read_inbound(&self, offset: usize, out: &mut [u8]);
+
+    /// Copy `bytes` into the outbound staging region at `offset`.
+    fn write_staging(&mut self, offset: usize, bytes: &[u8]);
+}
+
+/// A region of the peer's memory that this side may RDMA-write into: the peer's inbound
+/// control region, learned during the handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RemoteRegion {
+    /// Virtual address of the region's first byte in the peer's address space.
+    pub addr: u64,
+    /// Remote key the peer registered the region with.
+    pub rkey: u32,
+    /// Length of the region in bytes.
+    pub len: u32,
+}
