@@ -47,10 +47,10 @@ impl Payload<'_> {
     /// Number of bytes the work request carries.
     pub fn len(&self) -> usize {
         match self {
-            Payload::Empty => 0,
-            Payload::Inline(bytes) => bytes.len(),
-            Payload::Local(sge) => sge.len as usize,
-            Payload::Staged { len, .. } => *len as usize,
+            Self::Empty => 0,
+            Self::Inline(bytes) => bytes.len(),
+            Self::Local(sge) => sge.len as usize,
+            Self::Staged { len, .. } => *len as usize,
         }
     }
 
@@ -223,9 +223,9 @@ pub enum NicError {
 impl fmt::Display for NicError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            NicError::Post { errno } => write!(f, "posting a work request failed (errno {errno})"),
-            NicError::Poll { code } => write!(f, "polling the completion queue failed ({code})"),
-            NicError::Fatal { event } => write!(f, "device reported a fatal event: {event}"),
+            Self::Post { errno } => write!(f, "posting a work request failed (errno {errno})"),
+            Self::Poll { code } => write!(f, "polling the completion queue failed ({code})"),
+            Self::Fatal { event } => write!(f, "device reported a fatal event: {event}"),
         }
     }
 }
