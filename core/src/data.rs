@@ -1,1 +1,299 @@
-//! (being written)
+//! The data path: receiver-driven rendezvous over one reliable-connected queue pair per
+//! connection.
+//!
+//! # Protocol
+//!
+//! Both ends always run Rivet; the wire format is our own (layouts in [`codec`]).
+//!
+//! **Regions.** The sender owns an inbound region, the clear-to-send (CTS) FIFO: [`SLOTS`] slots of
+//! [`MAX_RECVS`] 32-byte entries ([`SEND_INBOUND_LEN`]). The receiver owns an inbound region of
+//! completion records: [`SLOTS`] records of [`MAX_RECVS`] little-endian `u32` sizes
+//! ([`RECV_INBOUND_LEN`]). Each side also has an outbound staging region for control bytes that
+//! do not fit inline: the receiver stages CTS entries at `slot × 256` ([`RECV_STAGING_LEN`]), the
+//! sender stages completion records at `slot × 32` ([`SEND_STAGING_LEN`]). A slot's staging bytes
+//! are rewritten only when the slot comes round again, which needs the previous use of the slot to
+//! have completed end to end, so the NIC has long read them.
+//!
+//! **Receive** ([`RecvConn::irecv`], 1..=8 buffers). Receive number `seq` takes slot
+//! `seq % SLOTS` (FIFO order), posts one empty receive work request, and writes its `n` CTS entries
+//! (address, capacity, rkey, tag, `n`, index, stamp `seq + 1`) into the sender's FIFO slot with
+//! one RDMA WRITE, inline when `32 n ≤ max_inline`, else from staging. The stamp tells a fresh
+//! entry from one of an earlier lap (or the zeroed first lap).
+//!
+//! **Send** ([`SendConn::isend`]). The sender reads the slot of the oldest receive not yet fully
+//! matched. When its entries are not all fresh yet, or none of its unmatched entries carries the
+//! send's tag, the answer is `Ok(None)` ("try later"): tags only choose among the buffers of the
+//! oldest outstanding receive. Every field is validated before use. For `n == 1` the send is one
+//! signaled RDMA WRITE WITH IMMEDIATE of the payload. For a group, each matched send writes its
+//! payload with a plain RDMA WRITE, and when the last entry of the slot is matched one signaled
+//! RDMA WRITE WITH IMMEDIATE writes the `n` sizes into the receiver's completion record of the
+//! slot. Zero-length payloads never target the user's buffer: an `n == 1` zero-length send is a
+//! zero-length write-with-immediate aimed at the receiver's completion record, and a grouped one
+//! writes no data at all (its size, 0, travels in the record).
+//!
+//! **Size mismatch.** A send larger than its matched buffer is refused, never truncated: no data
+//! is written, the send request fails, and the slot is still completed, with the `MISMATCH` flag
+//! in the immediate and the refused size in the record, so the receive request fails too.
+//!
+//! **Receive completions** arrive in FIFO order (RC): each write-with-immediate completion belongs
+//! to the oldest outstanding receive; its `wr_id`, the immediate's sequence number, group size and
+//! flags are checked against it. For `n == 1` without `RECORD` the size is the completion's byte
+//! count; otherwise the sizes come from the record, each checked against its buffer.
+//!
+//! **Send queue.** Selective signaling with credit accounting ([`queue`]): the write-with-immediate
+//! ending a slot is signaled; data and CTS writes are unsignaled except every 64th and while credits
+//! are low, so a queue carrying only unsignaled writes still drains. A call that would need more
+//! credits than are free polls once, then answers `Ok(None)` and posts nothing.
+//!
+//! **Errors.** A failed completion, a [`NicError`](crate::nic::NicError), a protocol violation, or
+//! [`SendConn::handle_fatal`] puts the connection into a sticky failed state: every outstanding
+//! request and every later call returns the first cause.
+//!
+//! **Queue depths.** [`SEND_QUEUE_DEPTH`] = 512: 256 outstanding sends of grouped receives need at
+//! most 256 data writes + 32 slot ends (288), a receiver at most 256 CTS writes, plus the
+//! ≤ 63-request unsignaled tail; credits make overrunning impossible in any case.
+//! [`RECV_QUEUE_DEPTH`] = [`SLOTS`]: one receive per outstanding slot. [`CQ_DEPTH`] = 768 = send
+//! depth + receive depth: even when the queue pair fails and flushes every outstanding work request
+//! (signaled or not) with an error completion, the completion queue cannot overrun.
+//!
+//! **Pools.** Every pool (requests, slots, staging) is a fixed-size array inside the connection;
+//! `isend`, `irecv` and `test` never allocate.
+
+pub mod codec;
+mod error;
+#[cfg(test)]
+mod pair_tests;
+pub(crate) mod queue;
+mod recv;
+mod send;
+
+pub use codec::WrKind;
+pub use error::{DataError, ProtocolError};
+pub use recv::RecvConn;
+pub use send::SendConn;
+
+use core::fmt;
+
+use crate::nic::{Completion, CompletionKind, WcStatus};
+
+/// Slots of the CTS FIFO, receives outstanding per connection at most.
+pub const SLOTS: usize = 256;
+/// Buffers of one grouped receive at most.
+pub const MAX_RECVS: usize = 8;
+/// Requests outstanding per direction at most (`NCCL_NET_MAX_REQUESTS` × [`MAX_RECVS`]).
+pub const MAX_REQUESTS: usize = 256;
+
+/// Bytes of the sender's inbound region (the CTS FIFO).
+pub const SEND_INBOUND_LEN: usize = SLOTS * codec::CTS_SLOT_LEN;
+/// Bytes of the sender's outbound staging region (completion records).
+pub const SEND_STAGING_LEN: usize = SLOTS * codec::RECORD_LEN;
+/// Bytes of the receiver's inbound region (completion records).
+pub const RECV_INBOUND_LEN: usize = SLOTS * codec::RECORD_LEN;
+/// Bytes of the receiver's outbound staging region (CTS entries).
+pub const RECV_STAGING_LEN: usize = SLOTS * codec::CTS_SLOT_LEN;
+
+/// Send-queue depth (`max_send_wr`) to create the queue pair with, on both sides.
+pub const SEND_QUEUE_DEPTH: usize = 512;
+/// Receive-queue depth (`max_recv_wr`) to create the queue pair with (the sender needs none).
+pub const RECV_QUEUE_DEPTH: usize = SLOTS;
+/// Completion-queue depth, on both sides: every send and receive work request may complete
+/// (with a flush error) at once.
+pub const CQ_DEPTH: usize = SEND_QUEUE_DEPTH + RECV_QUEUE_DEPTH;
+
+/// Completions polled per `poll` call.
+const POLL_BATCH: usize = 16;
+
+// Indices are `u8`: slot and request numbers can never be out of range.
+const _: () = assert!(SLOTS == 256 && MAX_REQUESTS == 256);
+const _: () = assert!(MAX_REQUESTS >= 32 * MAX_RECVS);
+const _: () = assert!(SEND_QUEUE_DEPTH >= MAX_REQUESTS + MAX_REQUESTS / MAX_RECVS);
+
+/// A registered local buffer to send from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendBuf {
+    /// Address of the first byte.
+    pub addr: u64,
+    /// Bytes to send (at most [`MAX_WR_BYTES`](crate::nic::MAX_WR_BYTES)).
+    pub len: u64,
+    /// Local key of the memory region covering the buffer.
+    pub lkey: u32,
+}
+
+/// A registered local buffer to receive into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvBuf {
+    /// Address of the first byte (may be 0 when `len` is 0).
+    pub addr: u64,
+    /// Capacity in bytes.
+    pub len: u64,
+    /// Remote key of the memory region covering the buffer.
+    pub rkey: u32,
+}
+
+/// Answer of `test`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completed {
+    /// Not complete yet.
+    Pending,
+    /// Complete; the request is freed and its id is no longer valid.
+    Done {
+        /// Number of valid sizes (1 for a send).
+        n: usize,
+        /// Bytes per buffer (for a send, `sizes[0]` is the bytes sent).
+        sizes: [u64; MAX_RECVS],
+    },
+}
+
+/// Which direction a request belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Side {
+    Send,
+    Recv,
+}
+
+/// Handle of an outstanding request: pool index and generation, so a stale id is detected.
+///
+/// Bits of [`to_bits`](Self::to_bits): 0–8 index + 1, 9–10 direction (1 send, 2 receive),
+/// 11–15 zero, 16–31 generation. Never 0, so it can travel as a non-NULL pointer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RequestId {
+    index: u8,
+    side: Side,
+    generation: u16,
+}
+
+impl RequestId {
+    /// The id packed into a non-zero `u32`.
+    pub fn to_bits(self) -> u32 {
+        let side = match self.side {
+            Side::Send => 1,
+            Side::Recv => 2,
+        };
+        (u32::from(self.index) + 1) | side << 9 | u32::from(self.generation) << 16
+    }
+
+    /// Unpack an id; `None` when the bits cannot be an id. An id that unpacks may still be stale:
+    /// `test` checks it against the pool.
+    pub fn from_bits(bits: u32) -> Option<Self> {
+        let index = bits & 0x1ff;
+        if index == 0 || index as usize > MAX_REQUESTS || bits & 0xf800 != 0 {
+            return None;
+        }
+        let side = match (bits >> 9) & 0x3 {
+            1 => Side::Send,
+            2 => Side::Recv,
+            _ => return None,
+        };
+        Some(Self {
+            index: (index - 1) as u8,
+            side,
+            generation: (bits >> 16) as u16,
+        })
+    }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.to_bits())
+    }
+}
+
+/// The sticky state of a connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Health {
+    /// Working.
+    Active,
+    /// Failed for good; every call returns the cause.
+    Failed(DataError),
+}
+
+impl Health {
+    /// Record `err` unless a cause is already recorded; return the recorded cause.
+    fn fail(&mut self, err: DataError) -> DataError {
+        match self {
+            Self::Failed(first) => *first,
+            Self::Active => {
+                *self = Self::Failed(err);
+                err
+            }
+        }
+    }
+
+    fn check(&self) -> Result<(), DataError> {
+        match self {
+            Self::Active => Ok(()),
+            Self::Failed(err) => Err(*err),
+        }
+    }
+
+    fn failure(&self) -> Option<&DataError> {
+        match self {
+            Self::Active => None,
+            Self::Failed(err) => Some(err),
+        }
+    }
+}
+
+/// An empty completion to initialise poll batches with.
+const NO_COMPLETION: Completion = Completion {
+    wr_id: 0,
+    status: WcStatus::SUCCESS,
+    vendor_err: 0,
+    kind: CompletionKind::Send,
+};
+
+/// The error a failed completion stands for.
+fn completion_error(c: &Completion) -> DataError {
+    DataError::Completion {
+        status: c.status,
+        vendor_err: c.vendor_err,
+        wr: codec::WrId::decode(c.wr_id).ok().map(|id| id.kind),
+    }
+}
+
+/// Address `offset` bytes into a peer region, refusing to leave it.
+fn region_addr(region: &crate::nic::RemoteRegion, offset: usize, len: usize) -> Option<u64> {
+    let end = offset.checked_add(len)?;
+    if end > region.len as usize {
+        return None;
+    }
+    region.addr.checked_add(offset as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_id_roundtrip() {
+        for index in [0u8, 1, 255] {
+            for side in [Side::Send, Side::Recv] {
+                for generation in [0u16, 1, u16::MAX] {
+                    let id = RequestId {
+                        index,
+                        side,
+                        generation,
+                    };
+                    assert_ne!(id.to_bits(), 0);
+                    assert_eq!(RequestId::from_bits(id.to_bits()), Some(id));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn request_id_rejects_bogus_bits() {
+        assert_eq!(RequestId::from_bits(0), None);
+        assert_eq!(RequestId::from_bits(257 | 1 << 9), None);
+        assert_eq!(RequestId::from_bits(1), None);
+        assert_eq!(RequestId::from_bits(1 | 3 << 9), None);
+        assert_eq!(RequestId::from_bits(1 | 1 << 9 | 1 << 12), None);
+    }
+
+    #[test]
+    fn layout_constants() {
+        assert_eq!(SEND_INBOUND_LEN, 64 * 1024);
+        assert_eq!(RECV_INBOUND_LEN, 8 * 1024);
+        assert_eq!(CQ_DEPTH, 768);
+    }
+}

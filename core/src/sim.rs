@@ -1,1 +1,671 @@
-//! (being written)
+//! A simulated RDMA fabric for tests, the fuzzer and the benches (feature `sim`).
+//!
+//! Endpoints own a simple address space ([`Fabric::alloc`] hands out zeroed buffers at
+//! increasing addresses) and memory regions with local and remote keys. [`Fabric::connect`]
+//! creates a connected pair of reliable-connected queue pairs, each with its own completion queue,
+//! inbound control region and staging region; each end is a [`SimNic`] implementing [`Nic`].
+//!
+//! Execution is step-driven: posting only queues a work request; [`Fabric::step`] executes the
+//! oldest queued one (of any queue pair) and [`Fabric::run_until_idle`] runs them all, so tests can
+//! interleave calls and delivery as they like.
+//!
+//! RC semantics: in order per queue pair; data is in memory before the write-with-immediate's
+//! receive completion is queued; every write-with-immediate consumes one posted receive (none
+//! posted: the requester fails with `RNR_RETRY_EXC_ERR`); successful send completions only for
+//! signaled work requests, failed ones for every work request.
+//!
+//! Faults: [`Fabric::fault_qp_error`] (every outstanding work request of both queues is flushed
+//! with `WR_FLUSH_ERR`); a bad rkey or out-of-bounds remote write fails the requester with
+//! `REM_ACCESS_ERR` and puts the responder queue pair into error too; a bad lkey fails with
+//! `LOC_PROT_ERR`; [`Fabric::vanish`] makes an endpoint disappear (requests towards it fail with
+//! `RETRY_EXC_ERR`, nothing more is delivered to or from it).
+//!
+//! The simulator checks what the core posts and **panics** on any breach of what the core
+//! promises: an inline payload longer than `max_inline`, a staged range outside the staging
+//! region, a send or receive queue posted beyond its depth, a completion queue overrun, an inbound
+//! read outside the region.
+
+mod pair;
+
+pub use pair::DataPair;
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::vec::Vec;
+
+use crate::nic::{
+    Completion, CompletionKind, MAX_WR_BYTES, Nic, NicError, Payload, RemoteRegion, SendOp, SendWr,
+    WcStatus,
+};
+
+/// Largest `max_inline` the simulator supports.
+pub const SIM_MAX_INLINE: usize = 256;
+
+/// Index of an endpoint of a [`Fabric`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EndpointId(usize);
+
+/// A registered memory region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryRegion {
+    /// First byte.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+/// Geometry of one end of a connected queue-pair pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpConfig {
+    /// Largest inline payload (at most [`SIM_MAX_INLINE`]).
+    pub max_inline: usize,
+    /// Send-queue depth.
+    pub sq_depth: usize,
+    /// Receive-queue depth.
+    pub rq_depth: usize,
+    /// Completion-queue depth.
+    pub cq_depth: usize,
+    /// Bytes of the inbound control region.
+    pub inbound_len: usize,
+    /// Bytes of the outbound staging region.
+    pub staging_len: usize,
+}
+
+/// The simulated fabric. Cheap to clone: clones share the same state.
+#[derive(Clone, Debug, Default)]
+pub struct Fabric {
+    inner: Rc<RefCell<Inner>>,
+}
+
+/// One end of a connected pair: a queue pair, its completion queue and its control regions.
+#[derive(Clone, Debug)]
+pub struct SimNic {
+    inner: Rc<RefCell<Inner>>,
+    qp: usize,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    endpoints: Vec<Endpoint>,
+    qps: Vec<Qp>,
+    /// Queue pair of every queued send work request, in post order.
+    order: VecDeque<usize>,
+    next_key: u32,
+}
+
+#[derive(Debug)]
+struct Endpoint {
+    allocs: Vec<Alloc>,
+    next_addr: u64,
+    mrs: Vec<MemoryRegion>,
+    alive: bool,
+}
+
+#[derive(Debug)]
+struct Alloc {
+    addr: u64,
+    bytes: Vec<u8>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum QpState {
+    Ready,
+    Error,
+}
+
+#[derive(Debug)]
+struct Qp {
+    endpoint: usize,
+    peer: usize,
+    state: QpState,
+    config: QpConfig,
+    sq: VecDeque<PendingWr>,
+    /// Send work requests ever posted; the position of the last one.
+    sq_posted: u64,
+    /// Position up to which the send queue is free again (advanced by polled completions).
+    sq_retired: u64,
+    rq: VecDeque<u64>,
+    cq: VecDeque<(Completion, u64)>,
+    inbound: MemoryRegion,
+    staging: MemoryRegion,
+}
+
+#[derive(Debug)]
+struct PendingWr {
+    wr_id: u64,
+    op: SendOp,
+    data: WrData,
+    remote_addr: u64,
+    rkey: u32,
+    signaled: bool,
+    position: u64,
+}
+
+// Inline bytes are kept in place rather than boxed: no allocation per post, like a real WQE.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum WrData {
+    Empty,
+    Inline([u8; SIM_MAX_INLINE], usize),
+    Local { addr: u64, len: u32, lkey: u32 },
+    Staged { offset: u32, len: u32 },
+}
+
+impl Fabric {
+    /// An empty fabric.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Add an endpoint with an empty address space.
+    pub fn endpoint(&self) -> EndpointId {
+        let mut inner = self.inner.borrow_mut();
+        let id = inner.endpoints.len();
+        inner.endpoints.push(Endpoint {
+            allocs: Vec::new(),
+            // Different bases per endpoint so an address of one is garbage at the other.
+            next_addr: 0x1_0000_0000 * (id as u64 + 1),
+            mrs: Vec::new(),
+            alive: true,
+        });
+        EndpointId(id)
+    }
+
+    /// Allocate `len` zeroed bytes in `ep`'s address space; returns the address (64-byte aligned).
+    pub fn alloc(&self, ep: EndpointId, len: usize) -> u64 {
+        self.inner.borrow_mut().alloc(ep.0, len)
+    }
+
+    /// Register `addr..addr+len` (inside one allocation) of `ep`.
+    pub fn register(&self, ep: EndpointId, addr: u64, len: u64) -> MemoryRegion {
+        self.inner.borrow_mut().register(ep.0, addr, len)
+    }
+
+    /// Allocate and register `len` bytes.
+    pub fn alloc_registered(&self, ep: EndpointId, len: usize) -> MemoryRegion {
+        let addr = self.alloc(ep, len);
+        self.register(ep, addr, len as u64)
+    }
+
+    /// Deregister the region named by `key` (its local or its remote key): both keys stop
+    /// working.
+    pub fn deregister(&self, ep: EndpointId, key: u32) {
+        let mut inner = self.inner.borrow_mut();
+        inner.endpoints[ep.0]
+            .mrs
+            .retain(|mr| mr.lkey != key && mr.rkey != key);
+    }
+
+    /// Copy `bytes` into `ep`'s memory at `addr` (panics outside an allocation).
+    pub fn write(&self, ep: EndpointId, addr: u64, bytes: &[u8]) {
+        let mut inner = self.inner.borrow_mut();
+        let dst = inner.endpoints[ep.0]
+            .slice_mut(addr, bytes.len())
+            .expect("sim: write outside any allocation");
+        dst.copy_from_slice(bytes);
+    }
+
+    /// Read `len` bytes of `ep`'s memory at `addr` (panics outside an allocation).
+    pub fn read(&self, ep: EndpointId, addr: u64, len: usize) -> Vec<u8> {
+        let inner = self.inner.borrow();
+        inner.endpoints[ep.0]
+            .slice(addr, len)
+            .expect("sim: read outside any allocation")
+            .to_vec()
+    }
+
+    /// Connect a queue pair on `a` with one on `b`. Each gets its own completion queue and
+    /// control regions (allocated and registered in its endpoint).
+    pub fn connect(
+        &self,
+        a: EndpointId,
+        a_config: QpConfig,
+        b: EndpointId,
+        b_config: QpConfig,
+    ) -> (SimNic, SimNic) {
+        assert!(a_config.max_inline <= SIM_MAX_INLINE && b_config.max_inline <= SIM_MAX_INLINE);
+        let mut inner = self.inner.borrow_mut();
+        let qa = inner.qps.len();
+        let qb = qa + 1;
+        for (ep, peer, config) in [(a.0, qb, a_config), (b.0, qa, b_config)] {
+            let inbound_addr = inner.alloc(ep, config.inbound_len);
+            let inbound = inner.register(ep, inbound_addr, config.inbound_len as u64);
+            let staging_addr = inner.alloc(ep, config.staging_len);
+            let staging = inner.register(ep, staging_addr, config.staging_len as u64);
+            inner.qps.push(Qp {
+                endpoint: ep,
+                peer,
+                state: QpState::Ready,
+                config,
+                sq: VecDeque::new(),
+                sq_posted: 0,
+                sq_retired: 0,
+                rq: VecDeque::new(),
+                cq: VecDeque::new(),
+                inbound,
+                staging,
+            });
+        }
+        (
+            SimNic {
+                inner: self.inner.clone(),
+                qp: qa,
+            },
+            SimNic {
+                inner: self.inner.clone(),
+                qp: qb,
+            },
+        )
+    }
+
+    /// Execute the oldest queued send work request. Returns false when none is queued.
+    pub fn step(&self) -> bool {
+        let mut inner = self.inner.borrow_mut();
+        while let Some(qp) = inner.order.pop_front() {
+            if inner.execute_front(qp) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Execute queued work requests until none is left; returns how many ran.
+    pub fn run_until_idle(&self) -> usize {
+        let mut ran = 0;
+        while self.step() {
+            ran += 1;
+        }
+        ran
+    }
+
+    /// Send work requests queued and not executed yet (all queue pairs).
+    pub fn pending(&self) -> usize {
+        self.inner.borrow().qps.iter().map(|qp| qp.sq.len()).sum()
+    }
+
+    /// Move `nic`'s queue pair into the error state: every outstanding work request of both its
+    /// queues is flushed with `WR_FLUSH_ERR`.
+    pub fn fault_qp_error(&self, nic: &SimNic) {
+        self.inner.borrow_mut().set_error(nic.qp);
+    }
+
+    /// Make endpoint `ep` vanish: its queue pairs stop executing and answering.
+    pub fn vanish(&self, ep: EndpointId) {
+        let mut inner = self.inner.borrow_mut();
+        inner.endpoints[ep.0].alive = false;
+        for qp in inner.qps.iter_mut().filter(|qp| qp.endpoint == ep.0) {
+            qp.sq.clear();
+            qp.rq.clear();
+        }
+    }
+}
+
+impl SimNic {
+    /// The inbound control region as the peer sees it.
+    pub fn inbound_region(&self) -> RemoteRegion {
+        let inner = self.inner.borrow();
+        let mr = inner.qps[self.qp].inbound;
+        RemoteRegion {
+            addr: mr.addr,
+            rkey: mr.rkey,
+            len: mr.len as u32,
+        }
+    }
+
+    /// Completions queued and not polled yet.
+    pub fn cq_len(&self) -> usize {
+        self.inner.borrow().qps[self.qp].cq.len()
+    }
+
+    /// Receive work requests posted and not consumed.
+    pub fn rq_len(&self) -> usize {
+        self.inner.borrow().qps[self.qp].rq.len()
+    }
+
+    /// Send work requests occupying the send queue (posted, not yet freed by a polled completion).
+    pub fn sq_occupancy(&self) -> usize {
+        let inner = self.inner.borrow();
+        let qp = &inner.qps[self.qp];
+        (qp.sq_posted - qp.sq_retired) as usize
+    }
+
+    /// True when the queue pair is in the error state.
+    pub fn is_error(&self) -> bool {
+        self.inner.borrow().qps[self.qp].state == QpState::Error
+    }
+}
+
+impl Nic for SimNic {
+    fn max_inline(&self) -> usize {
+        self.inner.borrow().qps[self.qp].config.max_inline
+    }
+
+    fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
+        let mut inner = self.inner.borrow_mut();
+        let inner = &mut *inner;
+        let qp = &mut inner.qps[self.qp];
+        if !inner.endpoints[qp.endpoint].alive {
+            return Err(NicError::Post { errno: 5 });
+        }
+        let occupied = (qp.sq_posted - qp.sq_retired) as usize;
+        assert!(
+            occupied + chain.len() <= qp.config.sq_depth,
+            "sim: send queue overrun: {occupied} occupied + {} posted > depth {}",
+            chain.len(),
+            qp.config.sq_depth
+        );
+        for wr in chain {
+            let data = match wr.payload {
+                Payload::Empty => WrData::Empty,
+                Payload::Inline(bytes) => {
+                    assert!(
+                        bytes.len() <= qp.config.max_inline,
+                        "sim: inline payload of {} bytes exceeds max_inline {}",
+                        bytes.len(),
+                        qp.config.max_inline
+                    );
+                    let mut copy = [0u8; SIM_MAX_INLINE];
+                    copy[..bytes.len()].copy_from_slice(bytes);
+                    WrData::Inline(copy, bytes.len())
+                }
+                Payload::Local(sge) => {
+                    assert!(sge.len <= MAX_WR_BYTES, "sim: SGE longer than MAX_WR_BYTES");
+                    WrData::Local {
+                        addr: sge.addr,
+                        len: sge.len,
+                        lkey: sge.lkey,
+                    }
+                }
+                Payload::Staged { offset, len } => {
+                    assert!(
+                        offset as u64 + len as u64 <= qp.staging.len,
+                        "sim: staged range {offset}+{len} outside the staging region"
+                    );
+                    WrData::Staged { offset, len }
+                }
+            };
+            qp.sq_posted += 1;
+            qp.sq.push_back(PendingWr {
+                wr_id: wr.wr_id,
+                op: wr.op,
+                data,
+                remote_addr: wr.remote_addr,
+                rkey: wr.rkey,
+                signaled: wr.signaled,
+                position: qp.sq_posted,
+            });
+            inner.order.push_back(self.qp);
+        }
+        if qp.state == QpState::Error {
+            inner.flush(self.qp);
+        }
+        Ok(())
+    }
+
+    fn post_recv(&mut self, wr_id: u64) -> Result<(), NicError> {
+        let mut inner = self.inner.borrow_mut();
+        let qp = &mut inner.qps[self.qp];
+        assert!(
+            qp.rq.len() < qp.config.rq_depth,
+            "sim: receive queue overrun (depth {})",
+            qp.config.rq_depth
+        );
+        qp.rq.push_back(wr_id);
+        if qp.state == QpState::Error {
+            inner.flush(self.qp);
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError> {
+        let mut inner = self.inner.borrow_mut();
+        let qp = &mut inner.qps[self.qp];
+        let mut got = 0;
+        while got < out.len() {
+            let Some((c, position)) = qp.cq.pop_front() else {
+                break;
+            };
+            if position > qp.sq_retired {
+                qp.sq_retired = position;
+            }
+            out[got] = c;
+            got += 1;
+        }
+        Ok(got)
+    }
+
+    fn read_inbound(&self, offset: usize, out: &mut [u8]) {
+        let inner = self.inner.borrow();
+        let qp = &inner.qps[self.qp];
+        assert!(
+            offset + out.len() <= qp.inbound.len as usize,
+            "sim: inbound read {offset}+{} outside the region",
+            out.len()
+        );
+        let src = inner.endpoints[qp.endpoint]
+            .slice(qp.inbound.addr + offset as u64, out.len())
+            .expect("sim: inbound region not allocated");
+        out.copy_from_slice(src);
+    }
+
+    fn write_staging(&mut self, offset: usize, bytes: &[u8]) {
+        let mut inner = self.inner.borrow_mut();
+        let staging = inner.qps[self.qp].staging;
+        let ep = inner.qps[self.qp].endpoint;
+        assert!(
+            offset + bytes.len() <= staging.len as usize,
+            "sim: staging write {offset}+{} outside the region",
+            bytes.len()
+        );
+        let dst = inner.endpoints[ep]
+            .slice_mut(staging.addr + offset as u64, bytes.len())
+            .expect("sim: staging region not allocated");
+        dst.copy_from_slice(bytes);
+    }
+}
+
+impl Endpoint {
+    fn slice(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        let alloc = self
+            .allocs
+            .iter()
+            .find(|a| addr >= a.addr && addr - a.addr <= a.bytes.len() as u64)?;
+        let start = (addr - alloc.addr) as usize;
+        alloc.bytes.get(start..start.checked_add(len)?)
+    }
+
+    fn slice_mut(&mut self, addr: u64, len: usize) -> Option<&mut [u8]> {
+        let alloc = self
+            .allocs
+            .iter_mut()
+            .find(|a| addr >= a.addr && addr - a.addr <= a.bytes.len() as u64)?;
+        let start = (addr - alloc.addr) as usize;
+        alloc.bytes.get_mut(start..start.checked_add(len)?)
+    }
+
+    /// The region `key` names (as lkey or rkey) if it covers `addr..addr+len`.
+    fn check(&self, addr: u64, len: u64, key: u32, remote: bool) -> bool {
+        self.mrs.iter().any(|mr| {
+            let k = if remote { mr.rkey } else { mr.lkey };
+            k == key
+                && addr >= mr.addr
+                && addr
+                    .checked_add(len)
+                    .is_some_and(|end| end <= mr.addr + mr.len)
+        })
+    }
+}
+
+impl Inner {
+    fn alloc(&mut self, ep: usize, len: usize) -> u64 {
+        let endpoint = &mut self.endpoints[ep];
+        let addr = endpoint.next_addr;
+        // Leave a gap so out-of-bounds writes do not land in a neighbour.
+        endpoint.next_addr += (len as u64).div_ceil(64) * 64 + 4096;
+        endpoint.allocs.push(Alloc {
+            addr,
+            bytes: std::vec![0; len],
+        });
+        addr
+    }
+
+    fn register(&mut self, ep: usize, addr: u64, len: u64) -> MemoryRegion {
+        assert!(
+            self.endpoints[ep].slice(addr, len as usize).is_some(),
+            "sim: registering memory that is not allocated"
+        );
+        self.next_key += 1;
+        let mr = MemoryRegion {
+            addr,
+            len,
+            lkey: 0x1000 + self.next_key,
+            rkey: 0x8000_0000 | (self.next_key * 7919),
+        };
+        self.endpoints[ep].mrs.push(mr);
+        mr
+    }
+
+    fn push_cqe(&mut self, qp: usize, c: Completion, position: u64) {
+        let q = &mut self.qps[qp];
+        assert!(
+            q.cq.len() < q.config.cq_depth,
+            "sim: completion queue overrun (depth {})",
+            q.config.cq_depth
+        );
+        q.cq.push_back((c, position));
+    }
+
+    /// Put `qp` into error and flush both its queues.
+    fn set_error(&mut self, qp: usize) {
+        self.qps[qp].state = QpState::Error;
+        self.flush(qp);
+    }
+
+    fn flush(&mut self, qp: usize) {
+        while let Some(wr) = self.qps[qp].sq.pop_front() {
+            let c = Completion {
+                wr_id: wr.wr_id,
+                status: WcStatus::WR_FLUSH_ERR,
+                vendor_err: 0xf5,
+                kind: CompletionKind::Send,
+            };
+            self.push_cqe(qp, c, wr.position);
+        }
+        while let Some(wr_id) = self.qps[qp].rq.pop_front() {
+            let c = Completion {
+                wr_id,
+                status: WcStatus::WR_FLUSH_ERR,
+                vendor_err: 0xf5,
+                kind: CompletionKind::RecvFailed,
+            };
+            self.push_cqe(qp, c, 0);
+        }
+    }
+
+    /// Fail the front work request of `qp` with `status` and put the queue pair into error.
+    fn fail_front(&mut self, qp: usize, wr: PendingWr, status: WcStatus) {
+        let c = Completion {
+            wr_id: wr.wr_id,
+            status,
+            vendor_err: 0x80 | status.0,
+            kind: CompletionKind::Send,
+        };
+        self.push_cqe(qp, c, wr.position);
+        self.set_error(qp);
+    }
+
+    /// Execute the front work request of `qp`; false when there is none.
+    fn execute_front(&mut self, qp: usize) -> bool {
+        let q = &self.qps[qp];
+        if !self.endpoints[q.endpoint].alive {
+            return false;
+        }
+        let Some(wr) = self.qps[qp].sq.pop_front() else {
+            return false;
+        };
+        let (ep, peer) = (self.qps[qp].endpoint, self.qps[qp].peer);
+        let peer_ep = self.qps[peer].endpoint;
+
+        // Gather the payload at execution time, as a NIC's DMA would.
+        let mut gathered = [0u8; SIM_MAX_INLINE];
+        let mut big = Vec::new();
+        let bytes: &[u8] = match wr.data {
+            WrData::Empty => &[],
+            WrData::Inline(ref bytes, len) => {
+                gathered[..len].copy_from_slice(&bytes[..len]);
+                &gathered[..len]
+            }
+            WrData::Local { addr, len, lkey } => {
+                if !self.endpoints[ep].check(addr, u64::from(len), lkey, false) {
+                    self.fail_front(qp, wr, WcStatus::LOC_PROT_ERR);
+                    return true;
+                }
+                big.extend_from_slice(
+                    self.endpoints[ep]
+                        .slice(addr, len as usize)
+                        .expect("registered memory is allocated"),
+                );
+                &big
+            }
+            WrData::Staged { offset, len } => {
+                let staging = self.qps[qp].staging;
+                big.extend_from_slice(
+                    self.endpoints[ep]
+                        .slice(staging.addr + u64::from(offset), len as usize)
+                        .expect("staging is allocated"),
+                );
+                &big
+            }
+        };
+
+        if !self.endpoints[peer_ep].alive || self.qps[peer].state == QpState::Error {
+            // Nobody answers: the transport retries, then gives up.
+            self.fail_front(qp, wr, WcStatus::RETRY_EXC_ERR);
+            return true;
+        }
+        if !self.endpoints[peer_ep].check(wr.remote_addr, bytes.len() as u64, wr.rkey, true) {
+            self.fail_front(qp, wr, WcStatus::REM_ACCESS_ERR);
+            self.set_error(peer);
+            return true;
+        }
+        if matches!(wr.op, SendOp::WriteImm(_)) && self.qps[peer].rq.is_empty() {
+            self.fail_front(qp, wr, WcStatus::RNR_RETRY_EXC_ERR);
+            return true;
+        }
+        let len = bytes.len();
+        if len > 0 {
+            let dst = self.endpoints[peer_ep]
+                .slice_mut(wr.remote_addr, len)
+                .expect("a registered region is allocated");
+            dst.copy_from_slice(bytes);
+        }
+        if let SendOp::WriteImm(imm) = wr.op {
+            let recv_id = self.qps[peer].rq.pop_front().expect("checked above");
+            let c = Completion {
+                wr_id: recv_id,
+                status: WcStatus::SUCCESS,
+                vendor_err: 0,
+                kind: CompletionKind::RecvWriteImm {
+                    imm,
+                    byte_len: len as u32,
+                },
+            };
+            self.push_cqe(peer, c, 0);
+        }
+        if wr.signaled {
+            let c = Completion {
+                wr_id: wr.wr_id,
+                status: WcStatus::SUCCESS,
+                vendor_err: 0,
+                kind: CompletionKind::Send,
+            };
+            self.push_cqe(qp, c, wr.position);
+        }
+        true
+    }
+}

@@ -1,0 +1,385 @@
+//! The receiving side of one connection.
+
+use super::codec::{
+    CTS_ENTRY_LEN, CTS_SLOT_LEN, CtsEntry, Imm, RECORD_LEN, SizeRecord, WrId, WrKind, stamp_for,
+};
+use super::error::{DataError, ProtocolError};
+use super::queue::SendQueue;
+use super::{
+    CQ_DEPTH, Completed, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH, RecvBuf, RequestId,
+    SEND_INBOUND_LEN, SLOTS, Side, completion_error, region_addr,
+};
+use crate::nic::{Completion, CompletionKind, Nic, Payload, RemoteRegion, SendOp, SendWr};
+
+/// One receive slot; a receive request is named by its slot.
+#[derive(Clone, Copy, Debug)]
+struct RecvSlot {
+    generation: u16,
+    state: RecvState,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RecvState {
+    /// Not in use.
+    Free,
+    /// Receive and clear-to-send posted; waiting for the slot's write-with-immediate.
+    Posted {
+        seq: u32,
+        n: u8,
+        capacity: [u64; MAX_RECVS],
+    },
+    /// Data arrived.
+    Done { n: u8, sizes: [u64; MAX_RECVS] },
+    /// The sender refused a send that did not fit.
+    Refused(DataError),
+}
+
+/// The receiving side of one connection: posts receives and clear-to-send entries, and turns
+/// write-with-immediate completions into finished receives.
+#[derive(Debug)]
+pub struct RecvConn {
+    /// The sender's CTS FIFO.
+    peer_fifo: RemoteRegion,
+    sq: SendQueue,
+    /// Sequence number the next receive gets.
+    next_seq: u32,
+    /// Oldest receive whose write-with-immediate has not arrived.
+    oldest: u32,
+    slots: [RecvSlot; SLOTS],
+    /// Receive work requests posted and not completed.
+    recvs_posted: usize,
+    outstanding: usize,
+    health: Health,
+}
+
+impl RecvConn {
+    /// A receiver writing clear-to-send entries into `peer_fifo` (the sender's inbound region,
+    /// from the handshake). A region shorter than [`SEND_INBOUND_LEN`] fails the connection.
+    pub fn new(peer_fifo: RemoteRegion) -> Self {
+        let mut health = Health::Active;
+        if (peer_fifo.len as usize) < SEND_INBOUND_LEN
+            || peer_fifo
+                .addr
+                .checked_add(u64::from(peer_fifo.len))
+                .is_none()
+        {
+            health = Health::Failed(DataError::PeerRegion {
+                len: peer_fifo.len,
+                need: SEND_INBOUND_LEN,
+            });
+        }
+        Self {
+            peer_fifo,
+            sq: SendQueue::default(),
+            next_seq: 0,
+            oldest: 0,
+            slots: [RecvSlot {
+                generation: 0,
+                state: RecvState::Free,
+            }; SLOTS],
+            recvs_posted: 0,
+            outstanding: 0,
+            health,
+        }
+    }
+
+    /// Post a receive of `bufs.len()` (1..=8) buffers, `tags[i]` choosing the send for `bufs[i]`.
+    ///
+    /// `Ok(None)` means "try later": the next slot is still in use or the send queue is full.
+    pub fn irecv(
+        &mut self,
+        nic: &mut impl Nic,
+        bufs: &[RecvBuf],
+        tags: &[u32],
+    ) -> Result<Option<RequestId>, DataError> {
+        self.health.check()?;
+        let n = bufs.len();
+        if n == 0 || n > MAX_RECVS {
+            return Err(DataError::InvalidArgument("a receive takes 1 to 8 buffers"));
+        }
+        if tags.len() != n {
+            return Err(DataError::InvalidArgument("one tag per receive buffer"));
+        }
+        if bufs.iter().any(|b| b.addr.checked_add(b.len).is_none()) {
+            return Err(DataError::InvalidArgument(
+                "receive buffer wraps the address space",
+            ));
+        }
+        let seq = self.next_seq;
+        let slot = seq as u8;
+        if self.slots[usize::from(slot)].state != RecvState::Free {
+            return Ok(None);
+        }
+        if !self.sq.has_room(1, self.recvs_posted + 1) {
+            self.poll_cq(nic)?;
+            if !self.sq.has_room(1, self.recvs_posted + 1) {
+                return Ok(None);
+            }
+        }
+        let offset = usize::from(slot) * CTS_SLOT_LEN;
+        let len = n * CTS_ENTRY_LEN;
+        let remote_addr =
+            region_addr(&self.peer_fifo, offset, len).ok_or(DataError::PeerRegion {
+                len: self.peer_fifo.len,
+                need: SEND_INBOUND_LEN,
+            })?;
+
+        let mut bytes = [0u8; CTS_SLOT_LEN];
+        let mut capacity = [0u64; MAX_RECVS];
+        for (i, ((buf, tag), out)) in bufs
+            .iter()
+            .zip(tags)
+            .zip(bytes.chunks_exact_mut(CTS_ENTRY_LEN))
+            .enumerate()
+        {
+            capacity[i] = buf.len;
+            let entry = CtsEntry {
+                addr: buf.addr,
+                size: buf.len,
+                rkey: buf.rkey,
+                tag: *tag,
+                n: n as u8,
+                index: i as u8,
+                stamp: stamp_for(seq),
+            };
+            out.copy_from_slice(&entry.encode());
+        }
+
+        let recv_id = WrId {
+            kind: WrKind::Recv,
+            index: slot.into(),
+            seq,
+        }
+        .encode();
+        if let Err(err) = nic.post_recv(recv_id) {
+            return Err(self.health.fail(err.into()));
+        }
+        self.recvs_posted += 1;
+        let payload = if len <= nic.max_inline() {
+            Payload::Inline(&bytes[..len])
+        } else {
+            nic.write_staging(offset, &bytes[..len]);
+            Payload::Staged {
+                offset: offset as u32,
+                len: len as u32,
+            }
+        };
+        let posted = self.sq.next(WrKind::Cts, slot.into(), false);
+        let wr = SendWr {
+            wr_id: posted.wr_id,
+            op: SendOp::Write,
+            payload,
+            remote_addr,
+            rkey: self.peer_fifo.rkey,
+            signaled: posted.signaled,
+        };
+        if let Err(err) = nic.post_send(&[wr]) {
+            return Err(self.health.fail(err.into()));
+        }
+
+        let entry = &mut self.slots[usize::from(slot)];
+        entry.state = RecvState::Posted {
+            seq,
+            n: n as u8,
+            capacity,
+        };
+        self.next_seq = seq.wrapping_add(1);
+        self.outstanding += 1;
+        Ok(Some(RequestId {
+            index: slot,
+            side: Side::Recv,
+            generation: entry.generation,
+        }))
+    }
+
+    /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
+    pub fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
+        let index = self.lookup(req)?;
+        if matches!(self.slots[index].state, RecvState::Posted { .. }) {
+            if let Err(err) = self.health.check().and_then(|()| self.poll_cq(nic)) {
+                self.release(index);
+                return Err(err);
+            }
+        }
+        match self.slots[index].state {
+            RecvState::Free => Err(DataError::InvalidRequest {
+                bits: req.to_bits(),
+            }),
+            RecvState::Posted { .. } => Ok(Completed::Pending),
+            RecvState::Done { n, sizes } => {
+                self.release(index);
+                Ok(Completed::Done {
+                    n: usize::from(n),
+                    sizes,
+                })
+            }
+            RecvState::Refused(err) => {
+                self.release(index);
+                Err(err)
+            }
+        }
+    }
+
+    /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it
+    /// failed already.
+    pub fn handle_fatal(&mut self, err: DataError) {
+        self.health.fail(err);
+    }
+
+    /// The cause the connection failed with, if it did.
+    pub fn failure(&self) -> Option<&DataError> {
+        self.health.failure()
+    }
+
+    /// Requests handed out and not yet freed by `test`.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    /// Process every completion the queue holds (bounded by its depth).
+    fn poll_cq(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
+        let mut batch = [NO_COMPLETION; POLL_BATCH];
+        for _ in 0..CQ_DEPTH / POLL_BATCH + 1 {
+            let got = nic
+                .poll(&mut batch)
+                .map_err(|e| self.health.fail(e.into()))?;
+            for c in batch.iter().take(got) {
+                self.handle_completion(nic, c)
+                    .map_err(|e| self.health.fail(e))?;
+            }
+            if got < POLL_BATCH {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn handle_completion(&mut self, nic: &impl Nic, c: &Completion) -> Result<(), DataError> {
+        if !c.status.is_success() {
+            return Err(completion_error(c));
+        }
+        let id = WrId::decode(c.wr_id).map_err(|err| ProtocolError::WrId {
+            wr_id: c.wr_id,
+            err,
+        })?;
+        match (c.kind, id.kind) {
+            (CompletionKind::Send, WrKind::Cts) => {
+                self.sq.complete(id.seq, id.kind)?;
+                Ok(())
+            }
+            (CompletionKind::RecvWriteImm { imm, byte_len }, WrKind::Recv) => {
+                self.handle_arrival(nic, id, imm, byte_len)
+            }
+            (_, kind) => Err(ProtocolError::UnexpectedCompletion { wr: kind }.into()),
+        }
+    }
+
+    /// The write-with-immediate of the oldest outstanding receive arrived.
+    fn handle_arrival(
+        &mut self,
+        nic: &impl Nic,
+        id: WrId,
+        imm: u32,
+        byte_len: u32,
+    ) -> Result<(), DataError> {
+        let seq = self.oldest;
+        let slot = seq as u8;
+        let RecvState::Posted {
+            seq: posted_seq,
+            n,
+            capacity,
+        } = self.slots[usize::from(slot)].state
+        else {
+            return Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }.into());
+        };
+        if seq == self.next_seq || posted_seq != seq || id.seq != seq || id.index != u16::from(slot)
+        {
+            return Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }.into());
+        }
+        let imm = Imm::decode(imm).map_err(|err| ProtocolError::Immediate { imm, err })?;
+        if imm.seq16 != seq as u16 {
+            return Err(ProtocolError::Sequence {
+                expected: seq as u16,
+                got: imm.seq16,
+            }
+            .into());
+        }
+        if imm.n != n {
+            return Err(ProtocolError::GroupSize {
+                expected: n,
+                got: imm.n,
+            }
+            .into());
+        }
+        let mut sizes = [0u64; MAX_RECVS];
+        let state = if imm.record {
+            let len = 4 * usize::from(n);
+            if byte_len as usize != len {
+                return Err(ProtocolError::Record(super::codec::DecodeError::Truncated).into());
+            }
+            let mut raw = [0u8; RECORD_LEN];
+            nic.read_inbound(usize::from(slot) * RECORD_LEN, &mut raw[..len]);
+            let record = SizeRecord::decode(&raw[..len], n).map_err(ProtocolError::Record)?;
+            for (size, &got) in sizes.iter_mut().zip(&record.sizes) {
+                *size = u64::from(got);
+            }
+            let oversize = (0..usize::from(n)).find(|&i| sizes[i] > capacity[i]);
+            match (imm.mismatch, oversize) {
+                (true, Some(index)) => RecvState::Refused(DataError::SizeMismatch {
+                    index,
+                    sent: sizes[index],
+                    capacity: capacity[index],
+                }),
+                (true, None) => return Err(ProtocolError::BogusMismatch.into()),
+                (false, Some(index)) => {
+                    return Err(ProtocolError::Overflow {
+                        index,
+                        size: sizes[index],
+                        capacity: capacity[index],
+                    }
+                    .into());
+                }
+                (false, None) => RecvState::Done { n, sizes },
+            }
+        } else {
+            sizes[0] = u64::from(byte_len);
+            if sizes[0] > capacity[0] {
+                return Err(ProtocolError::Overflow {
+                    index: 0,
+                    size: sizes[0],
+                    capacity: capacity[0],
+                }
+                .into());
+            }
+            RecvState::Done { n, sizes }
+        };
+        self.slots[usize::from(slot)].state = state;
+        self.oldest = seq.wrapping_add(1);
+        self.recvs_posted -= 1;
+        Ok(())
+    }
+
+    fn lookup(&self, req: RequestId) -> Result<usize, DataError> {
+        let index = usize::from(req.index);
+        let entry = &self.slots[index];
+        if req.side != Side::Recv
+            || entry.generation != req.generation
+            || entry.state == RecvState::Free
+        {
+            return Err(DataError::InvalidRequest {
+                bits: req.to_bits(),
+            });
+        }
+        Ok(index)
+    }
+
+    fn release(&mut self, index: usize) {
+        let slot = &mut self.slots[index];
+        if slot.state == RecvState::Free {
+            return;
+        }
+        slot.state = RecvState::Free;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.outstanding -= 1;
+    }
+}

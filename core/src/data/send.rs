@@ -1,0 +1,531 @@
+//! The sending side of one connection.
+
+use super::codec::{
+    CTS_ENTRY_LEN, CTS_SLOT_LEN, CtsEntry, Imm, RECORD_LEN, SizeRecord, WrId, WrKind, stamp_for,
+};
+use super::error::{DataError, ProtocolError};
+use super::queue::SendQueue;
+use super::{
+    CQ_DEPTH, Completed, Health, MAX_RECVS, MAX_REQUESTS, NO_COMPLETION, POLL_BATCH,
+    RECV_INBOUND_LEN, RequestId, SLOTS, SendBuf, Side, completion_error, region_addr,
+};
+use crate::nic::{
+    Completion, CompletionKind, MAX_WR_BYTES, Nic, Payload, RemoteRegion, SendOp, SendWr, Sge,
+};
+
+/// One send request of the pool.
+#[derive(Clone, Copy, Debug)]
+struct SendReq {
+    generation: u16,
+    state: SendState,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SendState {
+    /// In the free list.
+    Free,
+    /// Posted (or waiting for the rest of its group); done when its slot's end completes.
+    InFlight { size: u64 },
+    /// The slot's end completed.
+    Done { size: u64 },
+    /// Refused: it did not fit its buffer.
+    Refused(DataError),
+}
+
+/// A slot whose end (write-with-immediate) is posted and not yet completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EndState {
+    Idle,
+    Ending {
+        /// Post position of the write-with-immediate (as carried in its `wr_id`).
+        post: u32,
+        /// Requests completed by it (refused ones are not listed).
+        reqs: [u8; MAX_RECVS],
+        count: u8,
+    },
+}
+
+/// The oldest receive not yet fully matched.
+// Boxing the large variant would allocate on the data path; the connection is one fixed block.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Copy, Debug)]
+enum Head {
+    /// Its entries have not been read (completely) yet.
+    Unread,
+    /// Entries read and validated; matching in progress.
+    Matching(Matching),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Matching {
+    n: u8,
+    entries: [CtsEntry; MAX_RECVS],
+    /// Bit i set: entry i is matched.
+    matched: u8,
+    reqs: [u8; MAX_RECVS],
+    count: u8,
+    record: SizeRecord,
+    mismatch: bool,
+}
+
+/// The sending side of one connection: matches sends against the receiver's clear-to-send
+/// entries and writes the data.
+#[derive(Debug)]
+pub struct SendConn {
+    /// The receiver's completion records.
+    peer_records: RemoteRegion,
+    sq: SendQueue,
+    /// Sequence number of the oldest receive not yet fully matched.
+    seq: u32,
+    head: Head,
+    ends: [EndState; SLOTS],
+    reqs: [SendReq; MAX_REQUESTS],
+    free: [u8; MAX_REQUESTS],
+    free_len: usize,
+    health: Health,
+}
+
+impl SendConn {
+    /// A sender writing completion records into `peer_records` (the receiver's inbound region,
+    /// from the handshake). A region shorter than [`RECV_INBOUND_LEN`] fails the connection.
+    pub fn new(peer_records: RemoteRegion) -> Self {
+        let mut free = [0u8; MAX_REQUESTS];
+        for (i, slot) in free.iter_mut().enumerate() {
+            // Popped from the end: request 0 is handed out first.
+            *slot = (MAX_REQUESTS - 1 - i) as u8;
+        }
+        let mut health = Health::Active;
+        if (peer_records.len as usize) < RECV_INBOUND_LEN
+            || peer_records
+                .addr
+                .checked_add(u64::from(peer_records.len))
+                .is_none()
+        {
+            health = Health::Failed(DataError::PeerRegion {
+                len: peer_records.len,
+                need: RECV_INBOUND_LEN,
+            });
+        }
+        Self {
+            peer_records,
+            sq: SendQueue::default(),
+            seq: 0,
+            head: Head::Unread,
+            ends: [EndState::Idle; SLOTS],
+            reqs: [SendReq {
+                generation: 0,
+                state: SendState::Free,
+            }; MAX_REQUESTS],
+            free,
+            free_len: MAX_REQUESTS,
+            health,
+        }
+    }
+
+    /// Send `buf` to the oldest outstanding receive's first unmatched buffer tagged `tag`.
+    ///
+    /// `Ok(None)` means "try later": the receiver has not posted that receive yet, no unmatched
+    /// buffer of the oldest receive carries `tag`, or a pool or the send queue is full.
+    pub fn isend(
+        &mut self,
+        nic: &mut impl Nic,
+        buf: SendBuf,
+        tag: u32,
+    ) -> Result<Option<RequestId>, DataError> {
+        self.health.check()?;
+        if buf.len > u64::from(MAX_WR_BYTES) {
+            return Err(DataError::InvalidArgument("send larger than 1 GiB"));
+        }
+        if buf.addr.checked_add(buf.len).is_none() {
+            return Err(DataError::InvalidArgument(
+                "send buffer wraps the address space",
+            ));
+        }
+        let Some(mut head) = self.load_head(nic)? else {
+            return Ok(None);
+        };
+        let n = head.n;
+        let Some(pos) = (0..n)
+            .find(|&i| head.matched & (1 << i) == 0 && head.entries[usize::from(i)].tag == tag)
+        else {
+            return Ok(None);
+        };
+        if self.free_len == 0 {
+            return Ok(None);
+        }
+        let slot = self.seq as u8;
+        let entry = head.entries[usize::from(pos)];
+        let mismatch = buf.len > entry.size;
+        let last = head.matched.count_ones() + 1 == u32::from(n);
+        let writes_data = !mismatch && buf.len > 0;
+        let wr_count = if n == 1 {
+            1
+        } else {
+            usize::from(writes_data) + usize::from(last)
+        };
+        if !self.sq.has_room(wr_count, 0) {
+            self.poll_cq(nic)?;
+            if !self.sq.has_room(wr_count, 0) {
+                return Ok(None);
+            }
+        }
+
+        let req_index = self.free[self.free_len - 1];
+        // `buf.len <= MAX_WR_BYTES` was checked above, so it fits `u32`.
+        let len32 = buf.len as u32;
+        head.record.sizes[usize::from(pos)] = len32;
+        head.mismatch |= mismatch;
+        let record_offset = usize::from(slot) * RECORD_LEN;
+        let record_addr = region_addr(&self.peer_records, record_offset, RECORD_LEN).ok_or(
+            DataError::PeerRegion {
+                len: self.peer_records.len,
+                need: RECV_INBOUND_LEN,
+            },
+        )?;
+        let data = Payload::Local(Sge {
+            addr: buf.addr,
+            len: len32,
+            lkey: buf.lkey,
+        });
+
+        let mut chain = [EMPTY_WR; 2];
+        let mut used = 0;
+        let (record_bytes, record_len) = if n == 1 {
+            SizeRecord {
+                n: 1,
+                sizes: head.record.sizes,
+            }
+            .encode()
+        } else {
+            head.record.encode()
+        };
+        let max_inline = nic.max_inline();
+        let imm = Imm {
+            seq16: self.seq as u16,
+            n,
+            record: n > 1 || mismatch,
+            mismatch: head.mismatch,
+        }
+        .encode();
+        let end_post;
+        if n == 1 {
+            let (payload, remote_addr, rkey) = if mismatch {
+                let payload =
+                    record_payload(nic, max_inline, record_offset, &record_bytes[..record_len]);
+                (payload, record_addr, self.peer_records.rkey)
+            } else if buf.len == 0 {
+                (Payload::Empty, record_addr, self.peer_records.rkey)
+            } else {
+                (data, entry.addr, entry.rkey)
+            };
+            let posted = self.sq.next(WrKind::SlotEnd, u16::from(slot), true);
+            end_post = Some(self.sq.posted() as u32);
+            chain[0] = SendWr {
+                wr_id: posted.wr_id,
+                op: SendOp::WriteImm(imm),
+                payload,
+                remote_addr,
+                rkey,
+                signaled: true,
+            };
+            used = 1;
+        } else {
+            if writes_data {
+                let posted = self.sq.next(WrKind::Data, u16::from(req_index), false);
+                chain[used] = SendWr {
+                    wr_id: posted.wr_id,
+                    op: SendOp::Write,
+                    payload: data,
+                    remote_addr: entry.addr,
+                    rkey: entry.rkey,
+                    signaled: posted.signaled,
+                };
+                used += 1;
+            }
+            if last {
+                let payload =
+                    record_payload(nic, max_inline, record_offset, &record_bytes[..record_len]);
+                let posted = self.sq.next(WrKind::SlotEnd, u16::from(slot), true);
+                end_post = Some(self.sq.posted() as u32);
+                chain[used] = SendWr {
+                    wr_id: posted.wr_id,
+                    op: SendOp::WriteImm(imm),
+                    payload,
+                    remote_addr: record_addr,
+                    rkey: self.peer_records.rkey,
+                    signaled: true,
+                };
+                used += 1;
+            } else {
+                end_post = None;
+            }
+        }
+        if used > 0 {
+            if let Err(err) = nic.post_send(&chain[..used]) {
+                return Err(self.health.fail(err.into()));
+            }
+        }
+
+        // Posted: commit the request.
+        self.free_len -= 1;
+        let req = &mut self.reqs[usize::from(req_index)];
+        req.state = if mismatch {
+            SendState::Refused(DataError::SizeMismatch {
+                index: usize::from(pos),
+                sent: buf.len,
+                capacity: entry.size,
+            })
+        } else {
+            head.reqs[usize::from(head.count)] = req_index;
+            head.count += 1;
+            SendState::InFlight { size: buf.len }
+        };
+        let id = RequestId {
+            index: req_index,
+            side: Side::Send,
+            generation: req.generation,
+        };
+        head.matched |= 1 << pos;
+        match end_post {
+            Some(post) => {
+                self.ends[usize::from(slot)] = EndState::Ending {
+                    post,
+                    reqs: head.reqs,
+                    count: head.count,
+                };
+                self.head = Head::Unread;
+                self.seq = self.seq.wrapping_add(1);
+            }
+            None => self.head = Head::Matching(head),
+        }
+        Ok(Some(id))
+    }
+
+    /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
+    pub fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
+        let index = self.lookup(req)?;
+        if matches!(self.reqs[index].state, SendState::InFlight { .. }) {
+            if let Err(err) = self.health.check().and_then(|()| self.poll_cq(nic)) {
+                self.release(index);
+                return Err(err);
+            }
+        }
+        match self.reqs[index].state {
+            SendState::Free => Err(DataError::InvalidRequest {
+                bits: req.to_bits(),
+            }),
+            SendState::InFlight { .. } => Ok(Completed::Pending),
+            SendState::Done { size } => {
+                self.release(index);
+                let mut sizes = [0; MAX_RECVS];
+                sizes[0] = size;
+                Ok(Completed::Done { n: 1, sizes })
+            }
+            SendState::Refused(err) => {
+                self.release(index);
+                Err(err)
+            }
+        }
+    }
+
+    /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it
+    /// failed already.
+    pub fn handle_fatal(&mut self, err: DataError) {
+        self.health.fail(err);
+    }
+
+    /// The cause the connection failed with, if it did.
+    pub fn failure(&self) -> Option<&DataError> {
+        self.health.failure()
+    }
+
+    /// Requests handed out and not yet freed by `test`.
+    pub fn outstanding(&self) -> usize {
+        MAX_REQUESTS - self.free_len
+    }
+
+    /// The oldest receive's entries, read and validated on first use. `None` while they are not
+    /// all there or while the slot's previous lap has not completed here yet.
+    fn load_head(&mut self, nic: &mut impl Nic) -> Result<Option<Matching>, DataError> {
+        if let Head::Matching(head) = self.head {
+            return Ok(Some(head));
+        }
+        let slot = self.seq as u8;
+        if self.ends[usize::from(slot)] != EndState::Idle {
+            self.poll_cq(nic)?;
+            if self.ends[usize::from(slot)] != EndState::Idle {
+                return Ok(None);
+            }
+        }
+        let base = usize::from(slot) * CTS_SLOT_LEN;
+        let stamp = stamp_for(self.seq);
+        let mut raw = [0u8; CTS_SLOT_LEN];
+        nic.read_inbound(base, &mut raw[..CTS_ENTRY_LEN]);
+        if raw[28..32] != stamp.to_le_bytes() {
+            return Ok(None);
+        }
+        let first = decode_entry(&raw, slot, 0).map_err(|e| self.health.fail(e))?;
+        let n = first.n;
+        let len = usize::from(n) * CTS_ENTRY_LEN;
+        nic.read_inbound(base + CTS_ENTRY_LEN, &mut raw[CTS_ENTRY_LEN..len]);
+        let mut head = Matching {
+            n,
+            entries: [CtsEntry::default(); MAX_RECVS],
+            matched: 0,
+            reqs: [0; MAX_RECVS],
+            count: 0,
+            record: SizeRecord {
+                n,
+                sizes: [0; MAX_RECVS],
+            },
+            mismatch: false,
+        };
+        head.entries[0] = first;
+        for i in 1..n {
+            let at = usize::from(i) * CTS_ENTRY_LEN;
+            if raw[at + 28..at + 32] != stamp.to_le_bytes() {
+                // The rest of the write has not landed yet.
+                return Ok(None);
+            }
+            let entry = decode_entry(&raw, slot, i).map_err(|e| self.health.fail(e))?;
+            if entry.n != n || entry.index != i {
+                return Err(self
+                    .health
+                    .fail(ProtocolError::CtsGroup { slot: slot.into() }.into()));
+            }
+            head.entries[usize::from(i)] = entry;
+        }
+        if first.index != 0 {
+            return Err(self
+                .health
+                .fail(ProtocolError::CtsGroup { slot: slot.into() }.into()));
+        }
+        self.head = Head::Matching(head);
+        Ok(Some(head))
+    }
+
+    /// Process every completion the queue holds (bounded by its depth).
+    fn poll_cq(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
+        let mut batch = [NO_COMPLETION; POLL_BATCH];
+        for _ in 0..CQ_DEPTH / POLL_BATCH + 1 {
+            let got = nic
+                .poll(&mut batch)
+                .map_err(|e| self.health.fail(e.into()))?;
+            for c in batch.iter().take(got) {
+                self.handle_completion(c).map_err(|e| self.health.fail(e))?;
+            }
+            if got < POLL_BATCH {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn handle_completion(&mut self, c: &Completion) -> Result<(), DataError> {
+        if !c.status.is_success() {
+            return Err(completion_error(c));
+        }
+        let id = WrId::decode(c.wr_id).map_err(|err| ProtocolError::WrId {
+            wr_id: c.wr_id,
+            err,
+        })?;
+        if c.kind != CompletionKind::Send {
+            return Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }.into());
+        }
+        match id.kind {
+            WrKind::Data => {
+                self.sq.complete(id.seq, id.kind)?;
+            }
+            WrKind::SlotEnd => {
+                let slot = usize::from(id.index as u8);
+                let EndState::Ending { post, reqs, count } = self.ends[slot] else {
+                    return Err(ProtocolError::UnexpectedCompletion { wr: id.kind }.into());
+                };
+                if post != id.seq {
+                    return Err(ProtocolError::UnexpectedCompletion { wr: id.kind }.into());
+                }
+                self.sq.complete(id.seq, id.kind)?;
+                for &req in reqs.iter().take(usize::from(count)) {
+                    let req = &mut self.reqs[usize::from(req)];
+                    if let SendState::InFlight { size } = req.state {
+                        req.state = SendState::Done { size };
+                    }
+                }
+                self.ends[slot] = EndState::Idle;
+            }
+            WrKind::Cts | WrKind::Recv => {
+                return Err(ProtocolError::UnexpectedCompletion { wr: id.kind }.into());
+            }
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, req: RequestId) -> Result<usize, DataError> {
+        let index = usize::from(req.index);
+        let entry = &self.reqs[index];
+        if req.side != Side::Send
+            || entry.generation != req.generation
+            || entry.state == SendState::Free
+        {
+            return Err(DataError::InvalidRequest {
+                bits: req.to_bits(),
+            });
+        }
+        Ok(index)
+    }
+
+    fn release(&mut self, index: usize) {
+        let req = &mut self.reqs[index];
+        if req.state == SendState::Free {
+            return;
+        }
+        req.state = SendState::Free;
+        req.generation = req.generation.wrapping_add(1);
+        if self.free_len < MAX_REQUESTS {
+            self.free[self.free_len] = index as u8;
+            self.free_len += 1;
+        }
+    }
+}
+
+/// Decode entry `i` of a raw slot into a protocol error when malformed.
+fn decode_entry(raw: &[u8; CTS_SLOT_LEN], slot: u8, i: u8) -> Result<CtsEntry, DataError> {
+    let at = usize::from(i) * CTS_ENTRY_LEN;
+    let mut bytes = [0u8; CTS_ENTRY_LEN];
+    bytes.copy_from_slice(&raw[at..at + CTS_ENTRY_LEN]);
+    CtsEntry::decode(&bytes).map_err(|err| {
+        ProtocolError::CtsEntry {
+            slot: slot.into(),
+            entry: i,
+            err,
+        }
+        .into()
+    })
+}
+
+/// The record bytes as a payload: inline when they fit, else staged at the slot's staging offset.
+fn record_payload<'a>(
+    nic: &mut impl Nic,
+    max_inline: usize,
+    offset: usize,
+    bytes: &'a [u8],
+) -> Payload<'a> {
+    if bytes.len() <= max_inline {
+        Payload::Inline(bytes)
+    } else {
+        nic.write_staging(offset, bytes);
+        Payload::Staged {
+            offset: offset as u32,
+            len: bytes.len() as u32,
+        }
+    }
+}
+
+const EMPTY_WR: SendWr<'static> = SendWr {
+    wr_id: 0,
+    op: SendOp::Write,
+    payload: Payload::Empty,
+    remote_addr: 0,
+    rkey: 0,
+    signaled: false,
+};

@@ -1,0 +1,90 @@
+//! A connected data-path pair on the simulated fabric: the harness of the pair tests, the
+//! `data_ops` fuzzer and the `core_sim` bench.
+
+use super::{EndpointId, Fabric, QpConfig, SimNic};
+use crate::data::{
+    CQ_DEPTH, RECV_INBOUND_LEN, RECV_QUEUE_DEPTH, RECV_STAGING_LEN, RecvBuf, RecvConn,
+    SEND_INBOUND_LEN, SEND_QUEUE_DEPTH, SEND_STAGING_LEN, SendBuf, SendConn,
+};
+
+/// A sender and a receiver connected through one simulated RC queue-pair pair, with the queue
+/// depths and region sizes the `data` module asks for.
+#[derive(Debug)]
+pub struct DataPair {
+    /// The fabric (step it to deliver).
+    pub fabric: Fabric,
+    /// The sending endpoint.
+    pub send_ep: EndpointId,
+    /// The receiving endpoint.
+    pub recv_ep: EndpointId,
+    /// The sender's NIC.
+    pub send_nic: SimNic,
+    /// The receiver's NIC.
+    pub recv_nic: SimNic,
+    /// The sending machine.
+    pub send: SendConn,
+    /// The receiving machine.
+    pub recv: RecvConn,
+}
+
+impl DataPair {
+    /// A connected pair whose queue pairs allow `max_inline` inline bytes.
+    pub fn new(max_inline: usize) -> Self {
+        let fabric = Fabric::new();
+        let send_ep = fabric.endpoint();
+        let recv_ep = fabric.endpoint();
+        let send_config = QpConfig {
+            max_inline,
+            sq_depth: SEND_QUEUE_DEPTH,
+            rq_depth: RECV_QUEUE_DEPTH,
+            cq_depth: CQ_DEPTH,
+            inbound_len: SEND_INBOUND_LEN,
+            staging_len: SEND_STAGING_LEN,
+        };
+        let recv_config = QpConfig {
+            inbound_len: RECV_INBOUND_LEN,
+            staging_len: RECV_STAGING_LEN,
+            ..send_config
+        };
+        let (send_nic, recv_nic) = fabric.connect(send_ep, send_config, recv_ep, recv_config);
+        let send = SendConn::new(recv_nic.inbound_region());
+        let recv = RecvConn::new(send_nic.inbound_region());
+        Self {
+            fabric,
+            send_ep,
+            recv_ep,
+            send_nic,
+            recv_nic,
+            send,
+            recv,
+        }
+    }
+
+    /// Allocate and register a send buffer of `len` bytes filled with `bytes` (repeated).
+    pub fn send_buf(&self, bytes: &[u8]) -> SendBuf {
+        let mr = self
+            .fabric
+            .alloc_registered(self.send_ep, bytes.len().max(1));
+        self.fabric.write(self.send_ep, mr.addr, bytes);
+        SendBuf {
+            addr: mr.addr,
+            len: bytes.len() as u64,
+            lkey: mr.lkey,
+        }
+    }
+
+    /// Allocate and register a zeroed receive buffer of `len` bytes.
+    pub fn recv_buf(&self, len: usize) -> RecvBuf {
+        let mr = self.fabric.alloc_registered(self.recv_ep, len.max(1));
+        RecvBuf {
+            addr: mr.addr,
+            len: len as u64,
+            rkey: mr.rkey,
+        }
+    }
+
+    /// The first `len` bytes of a receive buffer.
+    pub fn received(&self, buf: &RecvBuf, len: usize) -> std::vec::Vec<u8> {
+        self.fabric.read(self.recv_ep, buf.addr, len)
+    }
+}
