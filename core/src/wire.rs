@@ -1,1 +1,102 @@
-//! (being written)
+//! Wire formats of the connection handshake: the listen handle NCCL carries between ranks, and
+//! the framed messages the two ends exchange over the out-of-band TCP socket.
+//!
+//! # Design
+//!
+//! Both ends always run Rivet, so the formats are our own, not NCCL's. Every format is
+//! *versioned*, *magic-tagged* and *fully validated*:
+//!
+//! - Everything is encoded explicitly, little-endian, field by field; nothing is transmuted.
+//! - Every reserved or padding byte must be zero, every enumeration must hold a known code, every
+//!   number must be in its range. A decoder accepts exactly the canonical encodings of valid
+//!   values, so `encode(decode(x)) == x` for every `x` it accepts.
+//! - Every format begins with a 4-byte magic and the little-endian `u16` [`WIRE_VERSION`]. That
+//!   prefix is permanent: no later version may move it, so a mismatch is always recognised from the
+//!   first six bytes and reported as [`WireError::VersionMismatch`] instead of as garbage.
+//!
+//! # Listen handle ([`ListenHandle`], [`HANDLE_LEN`] = 64 bytes)
+//!
+//! NCCL's handle is 128 bytes; bytes 64..128 belong to the driver (it keeps its connect-retry
+//! state there), so [`ListenHandle::decode`] reads only the first 64 bytes.
+//!
+//! | offset | size | field |
+//! |---:|---:|---|
+//! | 0 | 4 | magic `"RVTH"` |
+//! | 4 | 2 | wire version |
+//! | 6 | 1 | Rivet version length, 1..=16 |
+//! | 7 | 16 | Rivet version (printable ASCII, zero padded) |
+//! | 23 | 1 | address family: 4 or 6 |
+//! | 24 | 16 | IP address (IPv4 in the first 4 bytes, the rest zero) |
+//! | 40 | 2 | TCP port, not 0 |
+//! | 42 | 2 | reserved, zero |
+//! | 44 | 4 | IPv6 flow info (zero for IPv4) |
+//! | 48 | 4 | IPv6 scope id (zero for IPv4) |
+//! | 52 | 8 | listen id (a random nonce of the listen comm) |
+//! | 60 | 4 | CRC-32C of bytes 0..60 |
+//!
+//! Bytes 0..23 (magic, wire version, Rivet version) and the checksum position are permanent, so a
+//! handle from another wire version names the Rivet release that wrote it.
+//!
+//! # Frames ([`Message`])
+//!
+//! Every message is a 12-byte [`FrameHeader`] followed by a body of exactly the length its kind
+//! prescribes (and never more than [`MAX_BODY_LEN`]):
+//!
+//! | offset | size | field |
+//! |---:|---:|---|
+//! | 0 | 4 | magic `"RVTF"` |
+//! | 4 | 2 | wire version |
+//! | 6 | 1 | message kind ([`MessageKind`]) |
+//! | 7 | 1 | flags, zero |
+//! | 8 | 4 | body length |
+//!
+//! | kind | code | body |
+//! |---|---:|---|
+//! | [`ConnectRequest`] | 1 | listen id `u64` @0, Rivet version length @8, Rivet version (16 bytes) @9, reserved zero (3 bytes) @25, sender [`EndpointInfo`] @28; 108 bytes |
+//! | [`AcceptReply`] | 2 | receiver [`EndpointInfo`]; 80 bytes |
+//! | `Ready` | 3 | empty |
+//! | [`Reject`] | 4 | reason code `u16` @0, reserved zero `u16` @2; 4 bytes |
+//!
+//! # Endpoint info ([`EndpointInfo`], [`ENDPOINT_INFO_LEN`] = 80 bytes)
+//!
+//! | offset | size | field |
+//! |---:|---:|---|
+//! | 0 | 16 | GID |
+//! | 16 | 2 | LID |
+//! | 18 | 1 | port number, 1..=254 |
+//! | 19 | 1 | MTU (`ibv_mtu`), 1..=5 |
+//! | 20 | 1 | link layer: 1 InfiniBand, 2 Ethernet |
+//! | 21 | 1 | traffic class |
+//! | 22 | 1 | service level, 0..=15 |
+//! | 23 | 1 | device name length, 1..=32 |
+//! | 24 | 4 | QP number, < 2^24 |
+//! | 28 | 4 | first PSN, < 2^24 |
+//! | 32 | 8 | inbound region address |
+//! | 40 | 4 | inbound region rkey |
+//! | 44 | 4 | inbound region length, not 0, address + length must not overflow |
+//! | 48 | 32 | device name (printable ASCII, zero padded) |
+//!
+//! InfiniBand endpoints carry a unicast LID (1..=0xBFFF); Ethernet (RoCE) endpoints carry LID 0
+//! and a non-zero GID.
+
+mod ascii;
+mod bytes;
+mod crc;
+mod endpoint;
+mod error;
+mod handle;
+mod message;
+#[cfg(test)]
+pub(crate) mod tests;
+
+pub use ascii::{DeviceName, RivetVersion};
+pub use endpoint::{ENDPOINT_INFO_LEN, EndpointInfo, LinkLayer};
+pub use error::{MagicBytes, WireError};
+pub use handle::{HANDLE_LEN, HANDLE_MAGIC, ListenHandle};
+pub use message::{
+    AcceptReply, ConnectRequest, FRAME_MAGIC, FrameHeader, HEADER_LEN, MAX_BODY_LEN, MAX_FRAME_LEN,
+    Message, MessageKind, Reject, RejectReason,
+};
+
+/// The version of every format in this module. Both ends of a connection must speak the same one.
+pub const WIRE_VERSION: u16 = 1;

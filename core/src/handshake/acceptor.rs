@@ -1,0 +1,337 @@
+//! The receiving side of a connection (NCCL `accept`).
+
+use alloc::collections::VecDeque;
+
+use super::HandshakeError;
+use super::error::Incompatibility;
+use super::io::{FrameReader, Outbox, ReadError, Timer, unexpected};
+use crate::time::{Duration, Instant};
+use crate::wire::{AcceptReply, EndpointInfo, Message, MessageKind, RejectReason, RivetVersion};
+
+/// What the driver must act on, from [`Acceptor::poll_event`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AcceptorEvent {
+    /// A valid connect request for this listener arrived. Create the QP and control memory, move
+    /// the QP to RTR and RTS towards `remote`, then call [`Acceptor::handle_local_ready`] (or
+    /// [`Acceptor::reject`]).
+    Request {
+        /// The connector's endpoint.
+        remote: EndpointInfo,
+    },
+    /// The connector's ready arrived: its QP is at RTS and may be written to. The recvComm is
+    /// usable; the socket may be closed.
+    Established,
+}
+
+/// Where an [`Acceptor`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AcceptorStage {
+    /// Waiting for the connect request.
+    AwaitingRequest,
+    /// Waiting for the driver's [`Acceptor::handle_local_ready`].
+    BringingUp,
+    /// The accept reply is not fully written yet.
+    SendingReply,
+    /// Waiting for ready (or a reject).
+    AwaitingReady,
+    /// Done.
+    Established,
+    /// Failed; see [`Acceptor::error`].
+    Failed,
+}
+
+impl AcceptorStage {
+    /// The name used in error messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::AwaitingRequest => "awaiting connect request",
+            Self::BringingUp => "bringing up the queue pair",
+            Self::SendingReply => "sending accept reply",
+            Self::AwaitingReady => "awaiting ready",
+            Self::Established => "established",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Debug)]
+enum State {
+    AwaitingRequest(FrameReader),
+    BringingUp {
+        remote: EndpointInfo,
+    },
+    /// The reply is queued (possibly not yet written); reading ready once it is.
+    AwaitingReady {
+        remote: EndpointInfo,
+        reader: FrameReader,
+    },
+    Established {
+        remote: EndpointInfo,
+    },
+    Failed(HandshakeError),
+}
+
+/// The acceptor's handshake, one per accepted TCP connection: receive and check the connect
+/// request, let the driver bring its QP up, send the accept reply, wait for ready.
+///
+/// Driven exactly like [`Connector`](super::Connector) (see its docs). The acceptor never reports
+/// [`AcceptorEvent::Established`] before ready arrived, so the driver never writes to a peer QP
+/// that is not yet at RTS.
+#[derive(Debug)]
+pub struct Acceptor {
+    state: State,
+    outbox: Outbox,
+    events: VecDeque<AcceptorEvent>,
+    timer: Timer,
+    listen_id: u64,
+    peer_version: Option<RivetVersion>,
+}
+
+impl Acceptor {
+    /// Starts accepting on a freshly accepted socket of the listen comm with id `listen_id`. The
+    /// whole handshake must finish by `now + timeout`.
+    pub fn new(listen_id: u64, now: Instant, timeout: Duration) -> Self {
+        Self {
+            state: State::AwaitingRequest(FrameReader::new()),
+            outbox: Outbox::default(),
+            events: VecDeque::new(),
+            timer: Timer::new(now, timeout),
+            listen_id,
+            peer_version: None,
+        }
+    }
+
+    /// Where the machine is.
+    pub fn stage(&self) -> AcceptorStage {
+        match &self.state {
+            State::AwaitingRequest(_) => AcceptorStage::AwaitingRequest,
+            State::BringingUp { .. } => AcceptorStage::BringingUp,
+            State::AwaitingReady { .. } if !self.outbox.is_empty() => AcceptorStage::SendingReply,
+            State::AwaitingReady { .. } => AcceptorStage::AwaitingReady,
+            State::Established { .. } => AcceptorStage::Established,
+            State::Failed(_) => AcceptorStage::Failed,
+        }
+    }
+
+    /// True once ready arrived.
+    pub fn is_established(&self) -> bool {
+        matches!(self.state, State::Established { .. })
+    }
+
+    /// The error the machine failed with, if it failed.
+    pub fn error(&self) -> Option<&HandshakeError> {
+        match &self.state {
+            State::Failed(error) => Some(error),
+            _ => None,
+        }
+    }
+
+    /// The connector's endpoint, once its request was accepted.
+    pub fn remote(&self) -> Option<&EndpointInfo> {
+        match &self.state {
+            State::BringingUp { remote }
+            | State::AwaitingReady { remote, .. }
+            | State::Established { remote } => Some(remote),
+            State::AwaitingRequest(_) | State::Failed(_) => None,
+        }
+    }
+
+    /// The connector's Rivet release, once its request was decoded.
+    pub fn peer_version(&self) -> Option<&RivetVersion> {
+        self.peer_version.as_ref()
+    }
+
+    /// Bytes to write to the socket now (possibly none).
+    #[must_use]
+    pub fn poll_transmit(&self) -> &[u8] {
+        self.outbox.pending()
+    }
+
+    /// Records that the first `n` bytes of [`poll_transmit`](Self::poll_transmit) were written.
+    /// More than were pending is [`HandshakeError::Misuse`].
+    pub fn handle_transmitted(&mut self, n: usize) {
+        if !self.outbox.consume(n) && !matches!(self.state, State::Failed(_)) {
+            self.fail_misuse("handle_transmitted reported more bytes than poll_transmit gave");
+        }
+    }
+
+    /// How many bytes the machine takes now: 0 while it has bytes to send or expects none, else
+    /// the rest of the current frame's header or body (at most
+    /// [`MAX_FRAME_LEN`](crate::wire::MAX_FRAME_LEN)).
+    pub fn input_wanted(&self) -> usize {
+        if !self.outbox.is_empty() {
+            return 0;
+        }
+        match &self.state {
+            State::AwaitingRequest(reader) | State::AwaitingReady { reader, .. } => reader.wanted(),
+            _ => 0,
+        }
+    }
+
+    /// Takes bytes read from the socket: at most [`input_wanted`](Self::input_wanted), or it is
+    /// [`HandshakeError::Misuse`]. A bad header byte fails at once.
+    pub fn handle_input(&mut self, bytes: &[u8]) -> Result<(), HandshakeError> {
+        if let State::Failed(error) = &self.state {
+            return Err(error.clone());
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        if bytes.len() > self.input_wanted() {
+            return Err(self.fail_misuse("handle_input got more bytes than input_wanted allowed"));
+        }
+        let stage = self.stage().name();
+        let pushed = match &mut self.state {
+            State::AwaitingRequest(reader) => reader.push(bytes, &[MessageKind::ConnectRequest]),
+            State::AwaitingReady { reader, .. } => {
+                reader.push(bytes, &[MessageKind::Ready, MessageKind::Reject])
+            }
+            _ => return Err(self.fail_misuse("handle_input while no input is expected")),
+        };
+        let message = match pushed {
+            Ok(None) => return Ok(()),
+            Ok(Some(message)) => message,
+            Err(ReadError::Wire(error)) => {
+                return Err(self.fail(HandshakeError::Wire { stage, error }));
+            }
+            Err(ReadError::Unexpected(kind)) => {
+                return Err(self.fail(HandshakeError::Protocol {
+                    stage,
+                    what: unexpected(kind),
+                }));
+            }
+        };
+        match (&self.state, message) {
+            (State::AwaitingRequest(_), Message::ConnectRequest(request)) => {
+                self.peer_version = Some(request.rivet_version);
+                if request.listen_id != self.listen_id {
+                    return Err(self.fail(HandshakeError::WrongListener {
+                        expected: self.listen_id,
+                        found: request.listen_id,
+                    }));
+                }
+                let remote = request.sender;
+                self.state = State::BringingUp { remote };
+                self.events.push_back(AcceptorEvent::Request { remote });
+                Ok(())
+            }
+            (State::AwaitingReady { remote, .. }, Message::Ready) => {
+                self.state = State::Established { remote: *remote };
+                self.events.push_back(AcceptorEvent::Established);
+                Ok(())
+            }
+            (_, Message::Reject(reject)) => Err(self.fail(HandshakeError::Rejected {
+                stage,
+                reason: reject.reason,
+            })),
+            (_, other) => Err(self.fail(HandshakeError::Protocol {
+                stage,
+                what: unexpected(other.kind()),
+            })),
+        }
+    }
+
+    /// The driver's QP is at RTR and RTS towards the connector (after
+    /// [`AcceptorEvent::Request`]): queues the accept reply carrying `local`.
+    ///
+    /// An invalid `local`, or one on another link layer than the connector's, fails the machine
+    /// and queues a Reject.
+    pub fn handle_local_ready(&mut self, local: EndpointInfo) -> Result<(), HandshakeError> {
+        let remote = match &self.state {
+            State::BringingUp { remote } => *remote,
+            State::Failed(error) => return Err(error.clone()),
+            _ => return Err(self.fail_misuse("handle_local_ready before a Request event")),
+        };
+        let stage = self.stage().name();
+        if let Err(error) = local.validate() {
+            return Err(self.fail(HandshakeError::InvalidLocalInfo { stage, error }));
+        }
+        if local.link_layer != remote.link_layer {
+            let what = Incompatibility::LinkLayer {
+                ours: local.link_layer,
+                theirs: remote.link_layer,
+            };
+            return Err(self.fail(HandshakeError::Incompatible { stage, what }));
+        }
+        self.outbox
+            .push(&Message::AcceptReply(AcceptReply { receiver: local }));
+        self.state = State::AwaitingReady {
+            remote,
+            reader: FrameReader::new(),
+        };
+        Ok(())
+    }
+
+    /// The driver refuses the connector after [`AcceptorEvent::Request`] (for example a link layer
+    /// mismatch, or it could not create its QP): queues a Reject and fails with
+    /// [`HandshakeError::RejectedLocally`].
+    pub fn reject(&mut self, reason: RejectReason) -> Result<(), HandshakeError> {
+        match &self.state {
+            State::BringingUp { .. } => {
+                let stage = self.stage().name();
+                self.fail(HandshakeError::RejectedLocally { stage, reason });
+                Ok(())
+            }
+            State::Failed(error) => Err(error.clone()),
+            _ => Err(self.fail_misuse("reject before a Request event")),
+        }
+    }
+
+    /// The peer closed the socket (EOF). Fine once established; a failure before.
+    pub fn handle_peer_closed(&mut self) -> Result<(), HandshakeError> {
+        let partial = match &self.state {
+            State::Established { .. } => return Ok(()),
+            State::Failed(error) => return Err(error.clone()),
+            State::AwaitingRequest(reader) | State::AwaitingReady { reader, .. } => {
+                reader.buffered()
+            }
+            State::BringingUp { .. } => 0,
+        };
+        let stage = self.stage().name();
+        Err(self.fail(HandshakeError::PeerClosed { stage, partial }))
+    }
+
+    /// The next event for the driver.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<AcceptorEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) must be called next; `None` once established
+    /// or failed.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.state {
+            State::Established { .. } | State::Failed(_) => None,
+            _ => Some(self.timer.deadline),
+        }
+    }
+
+    /// The clock reached `now`: fails with [`HandshakeError::Timeout`] if the deadline passed.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.poll_timeout().is_none() {
+            return;
+        }
+        if let Some(waited) = self.timer.expired(now) {
+            let stage = self.stage().name();
+            self.fail(HandshakeError::Timeout { stage, waited });
+        }
+    }
+
+    /// Enters the failed state, queuing a Reject for the peer when the error calls for one.
+    fn fail(&mut self, error: HandshakeError) -> HandshakeError {
+        if let Some(reason) = error.reject_reason() {
+            self.outbox
+                .push(&Message::Reject(crate::wire::Reject { reason }));
+        }
+        self.events.clear();
+        self.state = State::Failed(error.clone());
+        error
+    }
+
+    fn fail_misuse(&mut self, what: &'static str) -> HandshakeError {
+        let stage = self.stage().name();
+        self.fail(HandshakeError::Misuse { stage, what })
+    }
+}
