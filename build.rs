@@ -1,1 +1,34 @@
-fn main() {}
+//! Builds the C test programs that load the plugin the way NCCL does (with the `cc` crate's
+//! compiler detection), and tells the tests where they are through `RIVET_C_LOADER`.
+
+use std::path::PathBuf;
+
+fn main() {
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let programs = [("loader", "tests/c/loader.c", "RIVET_C_LOADER")];
+    for (name, source, env) in programs {
+        println!("cargo:rerun-if-changed={source}");
+        let exe = out.join(name);
+        let compiler = cc::Build::new().cargo_metadata(false).get_compiler();
+        let status = compiler
+            .to_command()
+            .args([
+                "-std=c11",
+                "-O1",
+                "-g",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-Itests/c",
+            ])
+            .arg(source)
+            .arg("-o")
+            .arg(&exe)
+            .arg("-ldl")
+            .status()
+            .unwrap_or_else(|e| panic!("running the C compiler for {source}: {e}"));
+        assert!(status.success(), "compiling {source} failed");
+        println!("cargo:rustc-env={env}={}", exe.display());
+    }
+    println!("cargo:rerun-if-changed=tests/c/nccl_net_abi.h");
+}

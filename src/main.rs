@@ -1,1 +1,48 @@
-fn main() {}
+//! `rivet`: the command-line companion of the Rivet NCCL net plugin.
+//!
+//! - `rivet info`: the RDMA ports the plugin would expose to NCCL, one line each, or why there are none.
+
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: rivet <command>
+
+commands:
+  info      list the RDMA ports the plugin exposes to NCCL (or say why there are none)
+  version   print the version
+  help      print this text
+";
+
+fn info() -> ExitCode {
+    match nccl_net_rivet::devices::discover() {
+        Ok(ports) => {
+            for (index, port) in ports.iter().enumerate() {
+                println!("{index}: {port}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            println!("Rivet: {why}.");
+            // Not a failure of the command: it answered the question.
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("info") => info(),
+        Some("version" | "--version" | "-V") => {
+            println!("rivet {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        Some("help" | "--help" | "-h") | None => {
+            print!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        Some(other) => {
+            eprintln!("rivet: unknown command {other:?}\n\n{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,1 +1,17 @@
-//! (being written)
+//! The Rivet NCCL net plugin: the C tables `ncclNetPlugin_v6` … `ncclNetPlugin_v12` over one
+//! implementation that drives `rivet-core` with the libibverbs backend.
+//!
+//! Module map: [`abi`] (C types, tables, per-version shims) → `net` (lifecycle, devices) and
+//! `comm` (listen/connect/accept, registrations, data path) → `rivet-core` machines.
+
+pub mod abi;
+mod comm;
+pub mod devices;
+mod error;
+mod guard;
+mod log;
+mod net;
+pub mod props;
+mod registry;
+
+pub use error::{ErrorClass, NetError};

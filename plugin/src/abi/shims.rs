@@ -1,0 +1,582 @@
+//! Per-version `extern "C"` entry points: check pointers, convert C types (int vs size_t sizes,
+//! versioned property structs, config and context arguments), then call the one implementation.
+//!
+//! Unsafe: these functions receive raw pointers from NCCL. Each one is checked for NULL before
+//! use; buffers NCCL passes (`handle`, arrays of `n` elements) are trusted to have the sizes the
+//! ABI documents, as NCCL's own transports do.
+
+use super::types::*;
+use crate::comm;
+use crate::error::{NetError, NetResult};
+use crate::guard::ffi_call;
+use crate::log;
+use crate::net;
+use crate::props::{MAX_MESSAGE_BYTES, MAX_RECVS, VersionedProps};
+use core::ffi::{c_int, c_void};
+
+type Ptr = *mut c_void;
+
+/// Write `value` through the out-pointer `out`, or fail with a misuse error naming `what`.
+///
+/// # Safety
+/// `out` must be NULL or valid for a write of `T`.
+unsafe fn put<T>(out: *mut T, value: T, what: &str) -> NetResult<()> {
+    if out.is_null() {
+        return Err(NetError::misuse(format!("{what} is NULL")));
+    }
+    // SAFETY: non-null, and the caller guarantees it is valid for writes.
+    unsafe { out.write(value) };
+    Ok(())
+}
+
+/// View NCCL's 128-byte connection handle.
+///
+/// # Safety
+/// `handle` must be NULL or point to `NCCL_NET_HANDLE_MAXSIZE` writable bytes.
+unsafe fn handle_bytes<'a>(handle: Ptr) -> NetResult<&'a mut [u8; NCCL_NET_HANDLE_MAXSIZE]> {
+    // SAFETY: NCCL's handles are `char[NCCL_NET_HANDLE_MAXSIZE]` buffers (caller's guarantee).
+    unsafe { handle.cast::<[u8; NCCL_NET_HANDLE_MAXSIZE]>().as_mut() }
+        .ok_or_else(|| NetError::misuse("connection handle is NULL"))
+}
+
+fn size_from_int(size: c_int, what: &str) -> NetResult<usize> {
+    usize::try_from(size)
+        .map_err(|_| NetError::invalid_argument(format!("{what}: negative size {size}")))
+}
+
+fn size_checked(size: usize, what: &str) -> NetResult<usize> {
+    if size > MAX_MESSAGE_BYTES {
+        return Err(NetError::invalid_argument(format!(
+            "{what}: size {size} exceeds the largest message Rivet advertises ({MAX_MESSAGE_BYTES} bytes, maxP2pBytes)"
+        )));
+    }
+    Ok(size)
+}
+
+fn traffic_class(config: *const NcclNetCommConfig) -> Option<i32> {
+    // SAFETY: NCCL passes NULL or a valid config for the duration of the call.
+    let tc = unsafe { config.as_ref() }?.traffic_class;
+    (tc != NCCL_NET_TRAFFIC_CLASS_UNDEF).then_some(tc)
+}
+
+// ---- lifecycle ----
+
+pub(super) unsafe extern "C" fn init_v6(logger: NcclDebugLogger) -> NcclResult {
+    log::set_logger(logger);
+    ffi_call("init", net::init)
+}
+
+pub(super) unsafe extern "C" fn init_v10(
+    logger: NcclDebugLogger,
+    _profiler: NcclProfilerCallback,
+) -> NcclResult {
+    log::set_logger(logger);
+    ffi_call("init", net::init)
+}
+
+pub(super) unsafe extern "C" fn init_v11(
+    ctx: *mut Ptr,
+    comm_id: u64,
+    config: *mut NcclNetCommConfig,
+    logger: NcclDebugLogger,
+    _profiler: NcclProfilerCallback,
+) -> NcclResult {
+    log::set_logger(logger);
+    ffi_call("init", || {
+        if ctx.is_null() {
+            return Err(NetError::misuse("init: ctx out-pointer is NULL"));
+        }
+        let handle = net::init_context(comm_id, traffic_class(config))?;
+        // SAFETY: checked non-null above; NCCL passes `&comm->netContext`.
+        unsafe { put(ctx, handle, "init: ctx") }
+    })
+}
+
+pub(super) unsafe extern "C" fn finalize(ctx: Ptr) -> NcclResult {
+    ffi_call("finalize", || net::finalize(ctx))
+}
+
+pub(super) unsafe extern "C" fn set_net_attr(ctx: Ptr, _attr: *mut NcclNetAttr) -> NcclResult {
+    // The hints describe NCCL's traffic pattern; Rivet's protocol does not use them yet.
+    ffi_call("setNetAttr", || net::context(ctx).map(drop))
+}
+
+// ---- devices ----
+
+pub(super) unsafe extern "C" fn devices(ndev: *mut c_int) -> NcclResult {
+    // SAFETY: NCCL passes a valid `int*` (NULL is rejected by `put`).
+    ffi_call("devices", || unsafe {
+        put(ndev, net::devices()?, "devices: ndev")
+    })
+}
+
+pub(super) unsafe extern "C" fn get_properties<P: VersionedProps>(
+    dev: c_int,
+    props: *mut P,
+) -> NcclResult {
+    ffi_call("getProperties", || {
+        let p = net::properties(dev)?;
+        // SAFETY: NCCL passes a pointer to its `ncclNetProperties_vN_t` matching this table's version.
+        unsafe { put(props, P::from_props(&p), "getProperties: props") }
+    })
+}
+
+/// Member list of a virtual-device request, whatever its version.
+pub(super) trait VDeviceProps {
+    /// The member device indices.
+    fn members(&self) -> &[c_int];
+}
+impl VDeviceProps for NcclNetVDevicePropsV9 {
+    fn members(&self) -> &[c_int] {
+        let n = usize::try_from(self.ndevs)
+            .unwrap_or(0)
+            .min(self.devs.len());
+        &self.devs[..n]
+    }
+}
+impl VDeviceProps for NcclNetVDevicePropsV12 {
+    fn members(&self) -> &[c_int] {
+        let n = usize::try_from(self.ndevs)
+            .unwrap_or(0)
+            .min(self.devs.len());
+        &self.devs[..n]
+    }
+}
+
+pub(super) unsafe extern "C" fn make_vdevice<V: VDeviceProps>(
+    d: *mut c_int,
+    props: *mut V,
+) -> NcclResult {
+    ffi_call("makeVDevice", || {
+        // SAFETY: NCCL passes NULL or a valid props struct of this table's version.
+        let props = unsafe { props.as_ref() }
+            .ok_or_else(|| NetError::misuse("makeVDevice: props is NULL"))?;
+        let dev = net::make_vdevice(props.members())?;
+        // SAFETY: NCCL passes a valid `int*` (NULL rejected).
+        unsafe { put(d, dev, "makeVDevice: d") }
+    })
+}
+
+// ---- connection setup ----
+
+unsafe fn listen_common(ctx: Ptr, dev: c_int, handle: Ptr, listen_comm: *mut Ptr) -> NcclResult {
+    ffi_call("listen", || {
+        let ctx = net::context(ctx)?;
+        // SAFETY: NCCL's handle buffer is NCCL_NET_HANDLE_MAXSIZE bytes.
+        let handle = unsafe { handle_bytes(handle) }?;
+        let comm = comm::listen(ctx, dev, handle)?;
+        // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
+        unsafe { put(listen_comm, comm, "listen: listenComm") }
+    })
+}
+
+pub(super) unsafe extern "C" fn listen_v6(
+    dev: c_int,
+    handle: Ptr,
+    listen_comm: *mut Ptr,
+) -> NcclResult {
+    // SAFETY: forwarded unchanged.
+    unsafe { listen_common(core::ptr::null_mut(), dev, handle, listen_comm) }
+}
+
+pub(super) unsafe extern "C" fn listen_v11(
+    ctx: Ptr,
+    dev: c_int,
+    handle: Ptr,
+    listen_comm: *mut Ptr,
+) -> NcclResult {
+    // SAFETY: forwarded unchanged.
+    unsafe { listen_common(ctx, dev, handle, listen_comm) }
+}
+
+unsafe fn connect_common(
+    ctx: Ptr,
+    dev: c_int,
+    tc: Option<i32>,
+    handle: Ptr,
+    send_comm: *mut Ptr,
+) -> NcclResult {
+    ffi_call("connect", || {
+        let ctx = net::context(ctx)?;
+        let tc = tc.or_else(|| ctx.and_then(|c| c.traffic_class));
+        // SAFETY: NCCL's handle buffer is NCCL_NET_HANDLE_MAXSIZE bytes.
+        let handle = unsafe { handle_bytes(handle) }?;
+        let comm = comm::connect(ctx, dev, tc, handle)?;
+        // NULL until the connection is established: NCCL polls again with the same handle.
+        // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
+        unsafe {
+            put(
+                send_comm,
+                comm.unwrap_or(core::ptr::null_mut()),
+                "connect: sendComm",
+            )
+        }
+    })
+}
+
+pub(super) unsafe extern "C" fn connect_v6(
+    dev: c_int,
+    handle: Ptr,
+    send_comm: *mut Ptr,
+) -> NcclResult {
+    // SAFETY: forwarded unchanged.
+    unsafe { connect_common(core::ptr::null_mut(), dev, None, handle, send_comm) }
+}
+
+/// v7–v9: the device-handle out-parameter is left untouched (a host plugin has none).
+pub(super) unsafe extern "C" fn connect_v7(
+    dev: c_int,
+    handle: Ptr,
+    send_comm: *mut Ptr,
+    _dev_comm: *mut *mut NcclNetDeviceHandle,
+) -> NcclResult {
+    // SAFETY: forwarded unchanged.
+    unsafe { connect_common(core::ptr::null_mut(), dev, None, handle, send_comm) }
+}
+
+pub(super) unsafe extern "C" fn connect_v10(
+    dev: c_int,
+    config: *mut NcclNetCommConfig,
+    handle: Ptr,
+    send_comm: *mut Ptr,
+    _dev_comm: *mut *mut NcclNetDeviceHandle,
+) -> NcclResult {
+    // SAFETY: forwarded unchanged; `config` is NULL or valid for the call.
+    unsafe {
+        connect_common(
+            core::ptr::null_mut(),
+            dev,
+            traffic_class(config),
+            handle,
+            send_comm,
+        )
+    }
+}
+
+pub(super) unsafe extern "C" fn connect_v11(
+    ctx: Ptr,
+    dev: c_int,
+    handle: Ptr,
+    send_comm: *mut Ptr,
+    _dev_comm: *mut *mut NcclNetDeviceHandle,
+) -> NcclResult {
+    // SAFETY: forwarded unchanged.
+    unsafe { connect_common(ctx, dev, None, handle, send_comm) }
+}
+
+pub(super) unsafe extern "C" fn accept_v6(listen_comm: Ptr, recv_comm: *mut Ptr) -> NcclResult {
+    ffi_call("accept", || {
+        let comm = comm::accept(listen_comm)?;
+        // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
+        unsafe {
+            put(
+                recv_comm,
+                comm.unwrap_or(core::ptr::null_mut()),
+                "accept: recvComm",
+            )
+        }
+    })
+}
+
+pub(super) unsafe extern "C" fn accept_v7(
+    listen_comm: Ptr,
+    recv_comm: *mut Ptr,
+    _dev_comm: *mut *mut NcclNetDeviceHandle,
+) -> NcclResult {
+    // SAFETY: forwarded unchanged.
+    unsafe { accept_v6(listen_comm, recv_comm) }
+}
+
+// ---- memory registration ----
+
+unsafe fn reg_common(
+    comm: Ptr,
+    data: Ptr,
+    size: usize,
+    kind: c_int,
+    dmabuf: Option<(u64, c_int)>,
+    mh: *mut Ptr,
+) -> NcclResult {
+    ffi_call("regMr", || {
+        let handle = comm::reg_mr(comm, data, size, kind, dmabuf)?;
+        // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
+        unsafe { put(mh, handle, "regMr: mhandle") }
+    })
+}
+
+pub(super) unsafe extern "C" fn reg_mr_int(
+    comm: Ptr,
+    data: Ptr,
+    size: c_int,
+    kind: c_int,
+    mh: *mut Ptr,
+) -> NcclResult {
+    match size_from_int(size, "regMr") {
+        // SAFETY: forwarded unchanged.
+        Ok(size) => unsafe { reg_common(comm, data, size, kind, None, mh) },
+        Err(e) => ffi_call("regMr", || Err(e)),
+    }
+}
+
+pub(super) unsafe extern "C" fn reg_mr(
+    comm: Ptr,
+    data: Ptr,
+    size: usize,
+    kind: c_int,
+    mh: *mut Ptr,
+) -> NcclResult {
+    // SAFETY: forwarded unchanged.
+    unsafe { reg_common(comm, data, size, kind, None, mh) }
+}
+
+pub(super) unsafe extern "C" fn reg_mr_dma_buf(
+    comm: Ptr,
+    data: Ptr,
+    size: usize,
+    kind: c_int,
+    offset: u64,
+    fd: c_int,
+    mh: *mut Ptr,
+) -> NcclResult {
+    let dmabuf = (fd >= 0).then_some((offset, fd));
+    // SAFETY: forwarded unchanged.
+    unsafe { reg_common(comm, data, size, kind, dmabuf, mh) }
+}
+
+pub(super) unsafe extern "C" fn dereg_mr(comm: Ptr, mh: Ptr) -> NcclResult {
+    ffi_call("deregMr", || comm::dereg_mr(comm, mh))
+}
+
+// ---- data path ----
+
+unsafe fn isend_common(
+    comm: Ptr,
+    data: Ptr,
+    size: NetResult<usize>,
+    tag: c_int,
+    mh: Ptr,
+    request: *mut Ptr,
+) -> NcclResult {
+    ffi_call("isend", || {
+        let size = size_checked(size?, "isend")?;
+        let req = comm::isend(comm, data, size, tag, mh)?;
+        // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
+        unsafe {
+            put(
+                request,
+                req.unwrap_or(core::ptr::null_mut()),
+                "isend: request",
+            )
+        }
+    })
+}
+
+pub(super) unsafe extern "C" fn isend_int(
+    comm: Ptr,
+    data: Ptr,
+    size: c_int,
+    tag: c_int,
+    mh: Ptr,
+    request: *mut Ptr,
+) -> NcclResult {
+    // SAFETY: forwarded unchanged.
+    unsafe { isend_common(comm, data, size_from_int(size, "isend"), tag, mh, request) }
+}
+
+pub(super) unsafe extern "C" fn isend_v9(
+    comm: Ptr,
+    data: Ptr,
+    size: usize,
+    tag: c_int,
+    mh: Ptr,
+    request: *mut Ptr,
+) -> NcclResult {
+    // SAFETY: forwarded unchanged.
+    unsafe { isend_common(comm, data, Ok(size), tag, mh, request) }
+}
+
+pub(super) unsafe extern "C" fn isend_v10(
+    comm: Ptr,
+    data: Ptr,
+    size: usize,
+    tag: c_int,
+    mh: Ptr,
+    _phandle: Ptr,
+    request: *mut Ptr,
+) -> NcclResult {
+    // SAFETY: forwarded unchanged.
+    unsafe { isend_common(comm, data, Ok(size), tag, mh, request) }
+}
+
+/// Copy NCCL's `n`-element arrays into fixed arrays (no allocation), validating `n` first.
+///
+/// # Safety
+/// Each non-NULL pointer must point to at least `n` elements.
+unsafe fn recv_arrays<S: Copy>(
+    n: c_int,
+    data: *mut Ptr,
+    sizes: *mut S,
+    tags: *mut c_int,
+    mhs: *mut Ptr,
+    size_of: impl Fn(S) -> NetResult<usize>,
+) -> NetResult<comm::RecvArgs> {
+    let n = usize::try_from(n)
+        .ok()
+        .filter(|n| (1..=MAX_RECVS as usize).contains(n))
+        .ok_or_else(|| {
+            NetError::invalid_argument(format!("irecv: n = {n} outside 1..={MAX_RECVS}"))
+        })?;
+    if data.is_null() || sizes.is_null() || tags.is_null() || mhs.is_null() {
+        return Err(NetError::misuse(
+            "irecv: NULL data, sizes, tags or mhandles array",
+        ));
+    }
+    let mut args = comm::RecvArgs {
+        n,
+        data: [core::ptr::null_mut(); 8],
+        sizes: [0; 8],
+        tags: [0; 8],
+        mhandles: [core::ptr::null_mut(); 8],
+    };
+    for i in 0..n {
+        // SAFETY: the arrays hold `n` elements (caller's guarantee) and `i < n`.
+        unsafe {
+            args.data[i] = *data.add(i);
+            args.sizes[i] = size_checked(size_of(*sizes.add(i))?, "irecv")?;
+            args.tags[i] = *tags.add(i);
+            args.mhandles[i] = *mhs.add(i);
+        }
+    }
+    Ok(args)
+}
+
+#[allow(clippy::too_many_arguments)] // mirrors the C signature plus a size converter
+unsafe fn irecv_common<S: Copy>(
+    comm: Ptr,
+    n: c_int,
+    data: *mut Ptr,
+    sizes: *mut S,
+    tags: *mut c_int,
+    mhs: *mut Ptr,
+    request: *mut Ptr,
+    size_of: impl Fn(S) -> NetResult<usize>,
+) -> NcclResult {
+    ffi_call("irecv", || {
+        // SAFETY: NCCL's arrays hold `n` elements.
+        let args = unsafe { recv_arrays(n, data, sizes, tags, mhs, size_of) }?;
+        // `*request` may hold the NCCL_NET_OPTIONAL_RECV_COMPLETION hint on input; Rivet always
+        // completes receives normally (allowed by the contract) and overwrites it.
+        let req = comm::irecv(comm, &args)?;
+        // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
+        unsafe {
+            put(
+                request,
+                req.unwrap_or(core::ptr::null_mut()),
+                "irecv: request",
+            )
+        }
+    })
+}
+
+pub(super) unsafe extern "C" fn irecv_int(
+    comm: Ptr,
+    n: c_int,
+    data: *mut Ptr,
+    sizes: *mut c_int,
+    tags: *mut c_int,
+    mhs: *mut Ptr,
+    request: *mut Ptr,
+) -> NcclResult {
+    // SAFETY: forwarded unchanged.
+    unsafe {
+        irecv_common(comm, n, data, sizes, tags, mhs, request, |s| {
+            size_from_int(s, "irecv")
+        })
+    }
+}
+
+pub(super) unsafe extern "C" fn irecv_v9(
+    comm: Ptr,
+    n: c_int,
+    data: *mut Ptr,
+    sizes: *mut usize,
+    tags: *mut c_int,
+    mhs: *mut Ptr,
+    request: *mut Ptr,
+) -> NcclResult {
+    // SAFETY: forwarded unchanged.
+    unsafe { irecv_common(comm, n, data, sizes, tags, mhs, request, Ok) }
+}
+
+#[allow(clippy::too_many_arguments)] // the C signature
+pub(super) unsafe extern "C" fn irecv_v10(
+    comm: Ptr,
+    n: c_int,
+    data: *mut Ptr,
+    sizes: *mut usize,
+    tags: *mut c_int,
+    mhs: *mut Ptr,
+    _phandles: *mut Ptr,
+    request: *mut Ptr,
+) -> NcclResult {
+    // SAFETY: forwarded unchanged.
+    unsafe { irecv_common(comm, n, data, sizes, tags, mhs, request, Ok) }
+}
+
+pub(super) unsafe extern "C" fn iflush(
+    comm: Ptr,
+    n: c_int,
+    _data: *mut Ptr,
+    _sizes: *mut c_int,
+    _mhs: *mut Ptr,
+    request: *mut Ptr,
+) -> NcclResult {
+    ffi_call("iflush", || {
+        comm::iflush(comm, n)?;
+        // Rivet reports host memory only (no GPUDirect), so there is never anything to flush:
+        // a NULL request tells NCCL the flush is complete.
+        // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
+        unsafe { put(request, core::ptr::null_mut(), "iflush: request") }
+    })
+}
+
+pub(super) unsafe extern "C" fn test(
+    request: Ptr,
+    done: *mut c_int,
+    sizes: *mut c_int,
+) -> NcclResult {
+    ffi_call("test", || {
+        if done.is_null() {
+            return Err(NetError::misuse("test: done is NULL"));
+        }
+        // SAFETY: non-null; NCCL passes a valid `int*`.
+        unsafe { done.write(0) };
+        if let Some(reported) = comm::test(request)? {
+            if !sizes.is_null() {
+                for (i, size) in reported.sizes[..reported.n].iter().enumerate() {
+                    // SAFETY: NCCL passes an array with one entry per buffer of the request.
+                    unsafe {
+                        sizes
+                            .add(i)
+                            .write(c_int::try_from(*size).unwrap_or(c_int::MAX))
+                    };
+                }
+            }
+            // SAFETY: non-null (checked above).
+            unsafe { done.write(1) };
+        }
+        Ok(())
+    })
+}
+
+pub(super) unsafe extern "C" fn close_send(comm: Ptr) -> NcclResult {
+    ffi_call("closeSend", || comm::close_send(comm))
+}
+
+pub(super) unsafe extern "C" fn close_recv(comm: Ptr) -> NcclResult {
+    ffi_call("closeRecv", || comm::close_recv(comm))
+}
+
+pub(super) unsafe extern "C" fn close_listen(comm: Ptr) -> NcclResult {
+    ffi_call("closeListen", || comm::close_listen(comm))
+}

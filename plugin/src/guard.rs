@@ -1,0 +1,34 @@
+//! The C boundary guard: no panic and no Rust error crosses into NCCL.
+//!
+//! Every exported function runs its body through [`ffi_call`], which catches unwinding panics
+//! (turning them into `ncclInternalError` plus one WARN line) and maps [`NetError`] onto
+//! `ncclResult_t`, logging it once.
+
+use crate::abi::types::{NCCL_INTERNAL_ERROR, NCCL_SUCCESS, NcclResult};
+use crate::error::NetResult;
+use crate::log::warn;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+/// Run `body` for the exported function `name` and convert the outcome to `ncclResult_t`.
+pub(crate) fn ffi_call(name: &'static str, body: impl FnOnce() -> NetResult<()>) -> NcclResult {
+    // AssertUnwindSafe: after a panic the plugin reports an internal error; state touched by the
+    // panicking call is inside a comm whose mutex is poisoned, and later calls on it fail.
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => NCCL_SUCCESS,
+        Ok(Err(err)) => {
+            if !err.was_logged() {
+                warn!("{name}: {err}");
+            }
+            err.class().code()
+        }
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("(no message)");
+            warn!("{name}: internal error: a panic was caught at the C boundary: {what}");
+            NCCL_INTERNAL_ERROR
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The one implementation behind every ABI version: version-independent entry points that the
+//! per-version shims in [`crate::abi::shims`] call after converting their arguments.
+
+use crate::devices::{self, NoDevice, Port};
+use crate::error::{NetError, NetResult};
+use crate::log::{INIT_NET, info, warn};
+use crate::props::DeviceProps;
+use crate::registry::{Handle, Registry};
+use core::ffi::{c_int, c_void};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Per-communicator context of the v11+ ABI (`init(&ctx, commId, config, …)`).
+#[derive(Debug)]
+pub(crate) struct NetContext {
+    /// NCCL's communicator hash, for log lines.
+    pub(crate) comm_id: u64,
+    /// `config->trafficClass`, when NCCL set one.
+    pub(crate) traffic_class: Option<i32>,
+}
+
+/// Process-wide plugin state, present between the first successful `init` and the last `finalize`.
+struct Global {
+    ports: Arc<Vec<Port>>,
+    /// Live v11+ contexts plus one for a v6–v10 `init` (which has no `finalize`).
+    users: usize,
+}
+
+static GLOBAL: Mutex<Option<Global>> = Mutex::new(None);
+
+/// Live v11+ contexts.
+static CONTEXTS: Registry<NetContext, 4096> = Registry::new(0x0c7c);
+
+fn global() -> MutexGuard<'static, Option<Global>> {
+    GLOBAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether NCCL was told to use Rivet specifically (then a missing device is worth a WARN).
+fn rivet_requested() -> bool {
+    std::env::var("NCCL_NET").is_ok_and(|v| v.eq_ignore_ascii_case("rivet"))
+}
+
+/// Open the devices on first use; later calls share them. `users` counts who must `finalize`.
+fn acquire(counted: bool) -> NetResult<()> {
+    let mut global = global();
+    if let Some(g) = global.as_mut() {
+        if counted {
+            g.users += 1;
+        }
+        return Ok(());
+    }
+    match devices::discover() {
+        Ok(ports) => {
+            info!(INIT_NET, "initialized with {} port(s)", ports.len());
+            *global = Some(Global {
+                ports: Arc::new(ports),
+                users: usize::from(counted),
+            });
+            Ok(())
+        }
+        Err(why) => Err(no_device(&why)),
+    }
+}
+
+fn no_device(why: &NoDevice) -> NetError {
+    let line = format!("{why}; NCCL will use another network");
+    if rivet_requested() {
+        warn!("{line}");
+    } else {
+        info!(INIT_NET, "{line}");
+    }
+    NetError::system(line).logged()
+}
+
+/// `init(logger)` of v6–v10: process-wide, idempotent, never finalized.
+pub(crate) fn init() -> NetResult<()> {
+    let first = global().is_none();
+    acquire(first)
+}
+
+/// `init(&ctx, commId, config, …)` of v11+: one context per communicator.
+pub(crate) fn init_context(comm_id: u64, traffic_class: Option<i32>) -> NetResult<*mut c_void> {
+    acquire(true)?;
+    let ctx = Box::new(NetContext {
+        comm_id,
+        traffic_class,
+    });
+    match CONTEXTS.insert(ctx) {
+        Some(handle) => Ok(handle.to_ptr()),
+        None => {
+            release();
+            Err(NetError::system(
+                "too many live NCCL communicators (4096) for one process",
+            ))
+        }
+    }
+}
+
+/// `finalize(ctx)`: drop the context; the last one closes the devices.
+pub(crate) fn finalize(ctx: *mut c_void) -> NetResult<()> {
+    let handle = Handle::from_ptr(ctx)
+        .filter(|h| CONTEXTS.is_own_kind(*h))
+        .ok_or_else(|| NetError::misuse("finalize: NULL or unknown context"))?;
+    let ctx = CONTEXTS
+        .remove(handle)
+        .ok_or_else(|| NetError::misuse("finalize: context already finalized"))?;
+    info!(INIT_NET, "finalize for communicator {:#x}", ctx.comm_id);
+    release();
+    Ok(())
+}
+
+fn release() {
+    let mut global = global();
+    if let Some(g) = global.as_mut() {
+        g.users = g.users.saturating_sub(1);
+        if g.users == 0 {
+            *global = None;
+        }
+    }
+}
+
+/// Look up a v11+ context (`None` for NULL: the v6–v10 entry points pass none).
+pub(crate) fn context(ctx: *mut c_void) -> NetResult<Option<&'static NetContext>> {
+    if ctx.is_null() {
+        return Ok(None);
+    }
+    let handle = Handle::from_ptr(ctx)
+        .filter(|h| CONTEXTS.is_own_kind(*h))
+        .ok_or_else(|| NetError::misuse("unknown plugin context"))?;
+    // SAFETY: NCCL finalizes a context only after closing every comm created under it, so no
+    // call using it runs concurrently with its removal.
+    let ctx = unsafe { CONTEXTS.get(handle) }
+        .ok_or_else(|| NetError::misuse("plugin context already finalized"))?;
+    Ok(Some(ctx))
+}
+
+fn ports() -> NetResult<Arc<Vec<Port>>> {
+    global()
+        .as_ref()
+        .map(|g| Arc::clone(&g.ports))
+        .ok_or_else(|| {
+            NetError::misuse("the plugin is not initialized (init failed or was not called)")
+        })
+}
+
+/// `devices(&n)`.
+pub(crate) fn devices() -> NetResult<c_int> {
+    Ok(c_int::try_from(ports()?.len()).unwrap_or(c_int::MAX))
+}
+
+/// `getProperties(dev)`.
+pub(crate) fn properties(dev: c_int) -> NetResult<DeviceProps> {
+    let ports = ports()?;
+    usize::try_from(dev)
+        .ok()
+        .and_then(|i| ports.get(i))
+        .map(|p| p.props)
+        .ok_or_else(|| {
+            NetError::invalid_argument(format!(
+                "device {dev} does not exist ({} devices)",
+                ports.len()
+            ))
+        })
+}
+
+/// `makeVDevice`: fusing NICs is not supported yet; NCCL then uses the physical devices.
+pub(crate) fn make_vdevice(members: &[c_int]) -> NetResult<c_int> {
+    Err(NetError::invalid_usage(format!(
+        "makeVDevice: fusing devices {members:?} into one virtual NIC is not supported; set NCCL_NET_MERGE_LEVEL=LOC"
+    )))
+}

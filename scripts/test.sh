@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Rivet's whole test suite, from a fresh Debian machine: installs what it needs, then runs
+# formatting, lints, the no_std build of the core, unit/integration tests, docs, fuzz smoke runs
+# and the Soft-RoCE VM lane. `.ci/run` calls exactly this.
+#
+#   scripts/test.sh            everything
+#   RIVET_SKIP_VM=1 ...        skip the Soft-RoCE VM lane (it needs qemu and ~10 minutes)
+#   RIVET_SKIP_FUZZ=1 ...      skip the fuzz smoke runs
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$repo"
+
+stage() { printf '\n=== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+stage "dependencies"
+# Headers for the bindgen layout test (libibverbs-dev, libclang-dev), the C compiler for the C
+# test programs, and binutils' nm for the export check.
+need_apt=()
+for pkg in libibverbs-dev libclang-dev clang gcc binutils pkg-config; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+fi
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+rustup target add x86_64-unknown-none >/dev/null
+
+stage "format"
+cargo fmt --all --check
+
+stage "clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+stage "core without std (x86_64-unknown-none)"
+cargo build -p rivet-core --locked --target x86_64-unknown-none
+
+stage "build"
+# The plugin's cdylib must exist before the loader test runs (cargo test builds only rlibs of
+# dependencies).
+cargo build --workspace --locked
+
+stage "tests"
+cargo test --workspace --locked
+
+stage "docs"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+
+if [ "${RIVET_SKIP_FUZZ:-0}" != 1 ] && [ -x scripts/fuzz-smoke.sh ]; then
+  stage "fuzz smoke"
+  scripts/fuzz-smoke.sh
+fi
+
+if [ "${RIVET_SKIP_VM:-0}" != 1 ] && [ -x scripts/vm-lane.sh ]; then
+  stage "Soft-RoCE VM lane"
+  scripts/vm-lane.sh
+fi
+
+stage "all passed"

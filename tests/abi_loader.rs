@@ -1,0 +1,90 @@
+//! Loads the built plugin library the way NCCL does, through the C loader program
+//! (`tests/c/loader.c`, built by `build.rs`), and checks its exported symbols with `nm`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The plugin library next to this test's target directory, or `RIVET_PLUGIN_LIB`.
+fn plugin_library() -> PathBuf {
+    if let Some(path) = std::env::var_os("RIVET_PLUGIN_LIB") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/abi_loader-<hash> -> target/<profile>/libnccl_net_rivet.so
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>");
+    let lib = profile_dir.join("libnccl_net_rivet.so");
+    assert!(
+        lib.exists(),
+        "{} is missing: build the workspace first (cargo build)",
+        lib.display()
+    );
+    lib
+}
+
+/// Whether this machine has RDMA devices the plugin should find.
+fn machine_has_rdma() -> bool {
+    std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut entries| entries.next().is_some())
+}
+
+#[test]
+fn c_loader_accepts_every_exported_version() {
+    let lib = plugin_library();
+    let mode = if machine_has_rdma() {
+        "devices"
+    } else {
+        "no-device"
+    };
+    let output = Command::new(env!("RIVET_C_LOADER"))
+        .arg(&lib)
+        .arg(mode)
+        .output()
+        .expect("run the C loader");
+    let report = String::from_utf8_lossy(&output.stderr);
+    let failures: Vec<&str> = report.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert!(
+        output.status.success() && failures.is_empty(),
+        "C loader ({mode}) failed:\n{}",
+        failures.join("\n")
+    );
+    for version in 6..=12 {
+        assert!(
+            report.contains(&format!("PASS v{version} name is \"Rivet\"")),
+            "no check of v{version} ran:\n{report}"
+        );
+    }
+    assert!(
+        output.stdout.is_empty(),
+        "the plugin must never print to stdout, got: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+}
+
+#[test]
+fn exports_exactly_the_seven_plugin_tables() {
+    let lib = plugin_library();
+    let output = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&lib)
+        .output()
+        .expect("run nm");
+    assert!(
+        output.status.success(),
+        "nm failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut symbols: Vec<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(2).map(str::to_owned))
+        .collect();
+    symbols.sort();
+    let expected: Vec<String> = (6..=12).map(|v| format!("ncclNetPlugin_v{v}")).collect();
+    let mut expected_sorted = expected.clone();
+    expected_sorted.sort();
+    assert_eq!(
+        symbols, expected_sorted,
+        "the library must export the seven tables and nothing else"
+    );
+}

@@ -1,0 +1,261 @@
+/* Loads a net plugin the way NCCL's loader does (dlopen RTLD_NOW|RTLD_LOCAL, dlsym of each
+ * ncclNetPlugin_vN), then checks every exported table: name, non-NULL mandatory entries,
+ * init/devices behaviour, getProperties writing exactly sizeof(props) bytes, errors (not crashes)
+ * for NULL and bogus handles, no thread left behind, and unload/reload.
+ *
+ * usage: loader LIB {no-device|devices}
+ * Results go to stderr ("PASS ..."/"FAIL ..."), so a test can assert the plugin printed nothing
+ * on stdout. Exit status 0 only if every check passed. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "nccl_net_abi.h"
+
+static int failures;
+static int expect_devices;
+
+#define CHECK(cond, ...)                                   \
+  do {                                                     \
+    if (cond) {                                            \
+      fprintf(stderr, "PASS ");                            \
+    } else {                                               \
+      fprintf(stderr, "FAIL ");                            \
+      failures++;                                          \
+    }                                                      \
+    fprintf(stderr, __VA_ARGS__);                          \
+    fprintf(stderr, "\n");                                 \
+  } while (0)
+
+/* The logger NCCL would pass: count lines per level and keep the last one. */
+static int log_lines[6];
+static char last_line[1024];
+static void logger(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
+  (void)flags; (void)file; (void)line;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_line, sizeof last_line, fmt, ap);
+  va_end(ap);
+  if (level >= 0 && level < 6) log_lines[level]++;
+}
+static void reset_log(void) { memset(log_lines, 0, sizeof log_lines); last_line[0] = 0; }
+
+static int thread_count(void) {
+  DIR* d = opendir("/proc/self/task");
+  int n = 0;
+  struct dirent* e;
+  if (!d) return -1;
+  while ((e = readdir(d))) if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n;
+}
+
+/* Check an init result against the expected machine. */
+static void check_init(int v, nccl_result r) {
+  if (expect_devices) {
+    CHECK(r == NCCL_OK, "v%d init succeeds on a machine with RDMA devices (got %d: %s)", v, r, last_line);
+  } else {
+    CHECK(r != NCCL_OK, "v%d init fails cleanly without RDMA devices (got %d)", v, r);
+    CHECK(log_lines[LOG_WARN] + log_lines[LOG_INFO] == 1, "v%d init logs exactly one line (got %d): %s", v,
+          log_lines[LOG_WARN] + log_lines[LOG_INFO], last_line);
+    CHECK(strstr(last_line, "RDMA") != NULL || strstr(last_line, "disabled") != NULL,
+          "v%d the line says why: %s", v, last_line);
+  }
+}
+
+/* getProperties(0) into a canary-filled buffer: exactly sizeof(props) bytes may change. */
+#define CHECK_PROPS(v, table, props_t)                                                          \
+  do {                                                                                          \
+    int ndev = -1;                                                                              \
+    nccl_result r = table->devices(&ndev);                                                      \
+    if (!expect_devices) {                                                                      \
+      CHECK(r != NCCL_OK || ndev == 0, "v%d devices() reports none (r=%d n=%d)", v, r, ndev);   \
+      break;                                                                                    \
+    }                                                                                           \
+    CHECK(r == NCCL_OK && ndev >= 1, "v%d devices() >= 1 (r=%d n=%d)", v, r, ndev);             \
+    unsigned char buf[sizeof(props_t) + 64];                                                    \
+    memset(buf, 0xa5, sizeof buf);                                                              \
+    r = table->get_properties(0, (props_t*)buf);                                                \
+    props_t p;                                                                                  \
+    memcpy(&p, buf, sizeof p);                                                                  \
+    int untouched = 1;                                                                          \
+    for (size_t i = sizeof(props_t); i < sizeof buf; i++) untouched &= buf[i] == 0xa5;          \
+    CHECK(r == NCCL_OK, "v%d getProperties(0) succeeds", v);                                    \
+    CHECK(untouched, "v%d getProperties writes no byte past sizeof(props)=%zu", v,              \
+          sizeof(props_t));                                                                     \
+    CHECK(p.name && p.name[0], "v%d device 0 has a name (%s)", v, p.name ? p.name : "(null)");  \
+    CHECK(p.max_recvs == 8 && (p.ptr_support & PTR_HOST) && p.speed > 0,                        \
+          "v%d maxRecvs=8, host pointers, speed %d Mb/s", v, p.speed);                          \
+    CHECK(table->get_properties(ndev, (props_t*)buf) != NCCL_OK,                                \
+          "v%d getProperties(out of range) is an error", v);                                    \
+  } while (0)
+
+/* Calls NCCL never makes with valid state must return errors, not crash. */
+#define CHECK_BOGUS(v, table, isend_call, irecv_call)                                           \
+  do {                                                                                          \
+    int done = 0, size = 0;                                                                     \
+    void* bogus = (void*)0x12345678;                                                            \
+    CHECK(isend_call != NCCL_OK, "v%d isend on a NULL comm is an error", v);                    \
+    CHECK(irecv_call != NCCL_OK, "v%d irecv on a bogus comm is an error", v);                   \
+    CHECK(table->test(NULL, &done, &size) != NCCL_OK && done == 0, "v%d test(NULL) is an error", v); \
+    CHECK(table->test(bogus, &done, &size) != NCCL_OK, "v%d test(bogus) is an error", v);       \
+    CHECK(table->close_send(bogus) != NCCL_OK, "v%d closeSend(bogus) is an error", v);          \
+    CHECK(table->close_recv(NULL) != NCCL_OK, "v%d closeRecv(NULL) is an error", v);            \
+    CHECK(table->close_listen(bogus) != NCCL_OK, "v%d closeListen(bogus) is an error", v);      \
+    CHECK(table->dereg_mr(bogus, bogus) != NCCL_OK, "v%d deregMr(bogus) is an error", v);       \
+  } while (0)
+
+#define CHECK_COMMON(v, table)                                                                  \
+  do {                                                                                          \
+    CHECK(table != NULL, "v%d symbol ncclNetPlugin_v%d resolves", v, v);                        \
+    if (!table) break;                                                                          \
+    CHECK(table->name && strcmp(table->name, "Rivet") == 0, "v%d name is \"Rivet\"", v);        \
+    CHECK(table->init && table->devices && table->get_properties && table->listen &&            \
+              table->connect && table->accept && table->reg_mr && table->reg_mr_dma_buf &&      \
+              table->dereg_mr && table->isend && table->irecv && table->iflush && table->test && \
+              table->close_send && table->close_recv && table->close_listen,                    \
+          "v%d every mandatory entry is set", v);                                               \
+  } while (0)
+
+static void run(void* lib) {
+  int threads_before = thread_count();
+
+  net_v6* v6 = dlsym(lib, "ncclNetPlugin_v6");
+  CHECK_COMMON(6, v6);
+  if (v6) {
+    reset_log();
+    check_init(6, v6->init(logger));
+    CHECK_PROPS(6, v6, props_v6);
+    void* buf[1] = {0}; int sz[1] = {8}, tag[1] = {0}; void* mh[1] = {0}; void* req = NULL;
+    CHECK_BOGUS(6, v6, v6->isend(NULL, buf, 8, 0, NULL, &req),
+                v6->irecv((void*)0x999, 1, buf, sz, tag, mh, &req));
+    CHECK(v6->isend(NULL, buf, -1, 0, NULL, &req) != NCCL_OK, "v6 isend with a negative int size is rejected");
+  }
+
+  net_v7* v7 = dlsym(lib, "ncclNetPlugin_v7");
+  CHECK_COMMON(7, v7);
+  if (v7) {
+    reset_log();
+    check_init(7, v7->init(logger));
+    CHECK_PROPS(7, v7, props_v7);
+    void* buf[1] = {0}; int sz[1] = {8}, tag[1] = {0}; void* mh[1] = {0}; void* req = NULL;
+    CHECK_BOGUS(7, v7, v7->isend(NULL, buf, 8, 0, NULL, &req),
+                v7->irecv((void*)0x999, 1, buf, sz, tag, mh, &req));
+  }
+
+  net_v8* v8 = dlsym(lib, "ncclNetPlugin_v8");
+  CHECK_COMMON(8, v8);
+  if (v8) {
+    reset_log();
+    check_init(8, v8->init(logger));
+    CHECK_PROPS(8, v8, props_v8);
+    void* buf[1] = {0}; int sz[1] = {8}, tag[1] = {0}; void* mh[1] = {0}; void* req = NULL;
+    CHECK_BOGUS(8, v8, v8->isend(NULL, buf, 8, 0, NULL, &req),
+                v8->irecv((void*)0x999, 1, buf, sz, tag, mh, &req));
+  }
+
+  net_v9* v9 = dlsym(lib, "ncclNetPlugin_v9");
+  CHECK_COMMON(9, v9);
+  if (v9) {
+    reset_log();
+    check_init(9, v9->init(logger));
+    CHECK_PROPS(9, v9, props_v9);
+    void* buf[1] = {0}; size_t sz[1] = {8}; int tag[1] = {0}; void* mh[1] = {0}; void* req = NULL;
+    CHECK_BOGUS(9, v9, v9->isend(NULL, buf, 8, 0, NULL, &req),
+                v9->irecv((void*)0x999, 1, buf, sz, tag, mh, &req));
+    CHECK(v9->make_vdevice != NULL, "v9 makeVDevice is set");
+    CHECK(v9->isend(NULL, buf, (size_t)1 << 31, 0, NULL, &req) != NCCL_OK,
+          "v9 isend larger than maxP2pBytes is rejected");
+  }
+
+  net_v10* v10 = dlsym(lib, "ncclNetPlugin_v10");
+  CHECK_COMMON(10, v10);
+  if (v10) {
+    reset_log();
+    check_init(10, v10->init(logger, NULL));
+    CHECK_PROPS(10, v10, props_v9);
+    void* buf[1] = {0}; size_t sz[1] = {8}; int tag[1] = {0}; void* mh[1] = {0}; void* ph[1] = {0};
+    void* req = NULL;
+    CHECK_BOGUS(10, v10, v10->isend(NULL, buf, 8, 0, NULL, NULL, &req),
+                v10->irecv((void*)0x999, 1, buf, sz, tag, mh, ph, &req));
+    comm_config cfg = {.traffic_class = -1};
+    char handle[NET_HANDLE_MAXSIZE] = {0};
+    void* send = NULL;
+    CHECK(v10->connect(99, &cfg, handle, &send, NULL) != NCCL_OK && send == NULL,
+          "v10 connect to a device that does not exist is an error");
+  }
+
+  net_v11* v11 = dlsym(lib, "ncclNetPlugin_v11");
+  CHECK_COMMON(11, v11);
+  if (v11) {
+    CHECK(v11->finalize && v11->set_net_attr && v11->make_vdevice, "v11 finalize, setNetAttr, makeVDevice set");
+    reset_log();
+    void* ctx = NULL;
+    comm_config cfg = {.traffic_class = -1};
+    check_init(11, v11->init(&ctx, 0x1234, &cfg, logger, NULL));
+    CHECK_PROPS(11, v11, props_v11);
+    if (ctx) {
+      net_attr attr;
+      memset(&attr, 0xff, sizeof attr);
+      CHECK(v11->set_net_attr(ctx, &attr) == NCCL_OK, "v11 setNetAttr on a live context");
+      CHECK(v11->finalize(ctx) == NCCL_OK, "v11 finalize");
+      CHECK(v11->finalize(ctx) != NCCL_OK, "v11 finalize twice is an error");
+    }
+    CHECK(v11->finalize((void*)0x4242) != NCCL_OK, "v11 finalize(bogus) is an error");
+  }
+
+  net_v12* v12 = dlsym(lib, "ncclNetPlugin_v12");
+  CHECK_COMMON(12, v12);
+  if (v12) {
+    CHECK(v12->finalize && v12->set_net_attr && v12->make_vdevice, "v12 finalize, setNetAttr, makeVDevice set");
+    /* NCCL 2.30 inits and finalizes once per communicator. */
+    int ok = 1;
+    for (int i = 0; i < 100; i++) {
+      void* ctx = NULL;
+      comm_config cfg = {.traffic_class = 3};
+      reset_log();
+      nccl_result r = v12->init(&ctx, (uint64_t)i, &cfg, logger, NULL);
+      if (expect_devices) {
+        ok &= r == NCCL_OK && ctx != NULL && v12->finalize(ctx) == NCCL_OK;
+      } else {
+        ok &= r != NCCL_OK;
+      }
+    }
+    CHECK(ok, "v12 init/finalize per communicator, 100 times");
+    void* ctx = NULL;
+    comm_config cfg = {.traffic_class = -1};
+    reset_log();
+    check_init(12, v12->init(&ctx, 7, &cfg, logger, NULL));
+    CHECK_PROPS(12, v12, props_v12);
+    if (expect_devices) {
+      props_v12 p;
+      if (v12->get_properties(0, &p) == NCCL_OK)
+        CHECK(p.vprops.ndevs == 1 && p.vprops.devs[0] == 0 && p.max_p2p_bytes > 0,
+              "v12 device 0 lists itself as its only member");
+    }
+    if (ctx) CHECK(v12->finalize(ctx) == NCCL_OK, "v12 finalize");
+  }
+
+  CHECK(thread_count() == threads_before, "no thread left behind (%d before, %d after)", threads_before,
+        thread_count());
+}
+
+int main(int argc, char** argv) {
+  if (argc != 3 || (strcmp(argv[2], "no-device") && strcmp(argv[2], "devices"))) {
+    fprintf(stderr, "usage: %s LIB {no-device|devices}\n", argv[0]);
+    return 2;
+  }
+  expect_devices = strcmp(argv[2], "devices") == 0;
+  for (int round = 1; round <= 2; round++) {
+    void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    CHECK(lib != NULL, "round %d: dlopen(%s, RTLD_NOW|RTLD_LOCAL): %s", round, argv[1], lib ? "ok" : dlerror());
+    if (!lib) break;
+    run(lib);
+    CHECK(dlclose(lib) == 0, "round %d: dlclose", round);
+  }
+  fprintf(stderr, "%d failure(s)\n", failures);
+  return failures ? 1 : 0;
+}
