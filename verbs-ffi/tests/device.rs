@@ -1,0 +1,60 @@
+//! Tests that need a real RDMA device (Soft-RoCE in the VM lane). Ignored by default; run with
+//! `vm/run.sh -- cargo test -p rivet-verbs-ffi --test device -- --ignored` (or the built test binary).
+
+use std::time::Duration;
+
+use rivet_verbs_ffi::discover::{DiscoverOptions, HcaFilter};
+use rivet_verbs_ffi::selftest::loopback_write_imm;
+use rivet_verbs_ffi::{Context, DeviceList, discover};
+
+fn first_port() -> rivet_verbs_ffi::PortInfo {
+    discover(&DiscoverOptions::default())
+        .expect("a usable RDMA port")
+        .remove(0)
+}
+
+#[test]
+#[ignore = "needs an RDMA device (vm/run.sh)"]
+fn discovers_an_active_port_with_a_gid() {
+    let port = first_port();
+    assert!(port.port >= 1);
+    assert!(port.gid.iter().any(|b| *b != 0), "{port:?}");
+    assert!(port.speed_mbps > 0, "{port:?}");
+    assert!(port.max_qp > 0, "{port:?}");
+    assert!(port.ptr_support.0 & 1 == 1);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (vm/run.sh)"]
+fn filter_can_remove_every_port() {
+    let port = first_port();
+    let options = DiscoverOptions {
+        filter: HcaFilter::parse(&format!("^{}", port.name)).unwrap(),
+        ..Default::default()
+    };
+    match discover(&options) {
+        Err(rivet_verbs_ffi::DiscoverError::AllFilteredOut { ports, .. }) => {
+            assert!(ports.contains(&format!("{}:{}", port.name, port.port)))
+        }
+        Ok(ports) => assert!(ports.iter().all(|p| p.name != port.name)),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (vm/run.sh)"]
+fn async_events_do_not_block() {
+    let list = DeviceList::new().unwrap();
+    let context: std::sync::Arc<Context> = list.get(0).expect("a device").open().unwrap();
+    // Nothing has happened on a fresh context: this must return at once with None.
+    assert!(context.get_async_event().unwrap().is_none());
+    let attr = context.query_device().unwrap();
+    assert!(attr.phys_port_cnt >= 1);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (vm/run.sh)"]
+fn loopback_write_with_imm_moves_one_mib() {
+    let report = loopback_write_imm(&first_port(), 1 << 20, Duration::from_secs(30)).unwrap();
+    assert_eq!(report.bytes, 1 << 20);
+}
