@@ -16,6 +16,18 @@ use crate::sys::{
     ibv_port_attr,
 };
 
+/// `verbs_context.query_port`: `int (*)(ctx, uint8_t port, struct ibv_port_attr *, size_t len)`.
+type QueryPortExFn = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
+/// Bytes from an `ibv_context` back to `verbs_context.sz` (reference §0; same in v44 and HEAD).
+const VERBS_CONTEXT_SZ_BACK: usize = 8;
+/// Bytes from an `ibv_context` back to `verbs_context.query_port`.
+const VERBS_CONTEXT_QUERY_PORT_BACK: usize = 320;
+/// `sizeof(ibv_context) + 320`: the smallest `sz` whose verbs_context contains `query_port`.
+const VERBS_CONTEXT_MIN_SZ_FOR_QUERY_PORT: usize = 648;
+const _: () = assert!(
+    VERBS_CONTEXT_MIN_SZ_FOR_QUERY_PORT == size_of::<ibv_context>() + VERBS_CONTEXT_QUERY_PORT_BACK
+);
+
 /// An open RDMA device. Shared with `Arc` by the PDs and CQs created on it; closed when the last one
 /// goes.
 #[derive(Debug)]
@@ -114,6 +126,58 @@ impl Context {
             (self.verbs.query_port)(self.ptr.as_ptr(), port, &mut attr)
         })?;
         Ok(attr)
+    }
+
+    /// Port attributes including the fields the compat symbol leaves out (`port_cap_flags2`,
+    /// `active_speed_ex`), the way `verbs.h`'s inline `ibv_query_port` gets them: through the
+    /// extended `verbs_context.query_port` op. Falls back to [`Self::query_port`] when the context is
+    /// not extended or the op is absent.
+    pub fn query_port_ex(&self, port: u8) -> Result<ibv_port_attr, VerbsError> {
+        let Some(query) = self.extended_query_port() else {
+            return self.query_port(port);
+        };
+        if port == 0 {
+            return Err(VerbsError::InvalidArgument {
+                what: "port numbers start at 1",
+            });
+        }
+        let mut attr = ibv_port_attr::default();
+        // SAFETY: live context; the library clears `len` bytes and lets the provider fill at most
+        // min(len, its own struct size) of them, so a 56-byte buffer is always large enough.
+        let ret = unsafe {
+            query(
+                self.ptr.as_ptr(),
+                port,
+                &mut attr,
+                size_of::<ibv_port_attr>(),
+            )
+        };
+        check("ibv_query_port", ret)?;
+        Ok(attr)
+    }
+
+    /// `verbs_get_ctx_op(ctx, query_port)`: the extended op, if this context has it.
+    fn extended_query_port(&self) -> Option<QueryPortExFn> {
+        let ctx = self.ptr.as_ptr();
+        // SAFETY: live context; abi_compat is set at open.
+        let abi_compat = unsafe { (*ctx).abi_compat };
+        if abi_compat as usize != usize::MAX {
+            return None;
+        }
+        let base = ctx.cast::<u8>();
+        // SAFETY: abi_compat == UINTPTR_MAX means the context is the last member of a
+        // `struct verbs_context`, whose `size_t sz` sits right before it; the allocation covers it.
+        let sz = unsafe { base.sub(VERBS_CONTEXT_SZ_BACK).cast::<usize>().read() };
+        if sz < VERBS_CONTEXT_MIN_SZ_FOR_QUERY_PORT {
+            return None;
+        }
+        // SAFETY: sz says the (backwards-growing) verbs_context reaches the query_port slot, a
+        // pointer-aligned function pointer (or NULL) at a fixed distance before the context.
+        unsafe {
+            base.sub(VERBS_CONTEXT_QUERY_PORT_BACK)
+                .cast::<Option<QueryPortExFn>>()
+                .read()
+        }
     }
 
     /// `ibv_query_gid`. An empty table entry is returned as an all-zero GID.

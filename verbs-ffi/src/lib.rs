@@ -8,7 +8,7 @@
 //! - Owners: [`DeviceList`] → [`Context`] → [`ProtectionDomain`] / [`CompletionQueue`] →
 //!   [`MemoryRegion`] / [`QueuePair`]. Children hold an `Arc` to their parent, so a context is
 //!   closed only after its PDs and CQs, and a PD/CQ only after its QPs.
-//! - [`discover`]: the usable ports, with GID, speed and PCI path, as an NCCL plugin reports them.
+//! - [`mod@discover`]: the usable ports, with GID, speed and PCI path, as an NCCL plugin reports them.
 //!
 //! The data path (`post_send`, `post_recv`, `poll`) calls the provider's context ops directly
 //! (these are `static inline` in C) and does not allocate.

@@ -54,6 +54,42 @@ fn async_events_do_not_block() {
 
 #[test]
 #[ignore = "needs an RDMA device (vm/run.sh)"]
+fn extended_port_query_agrees_with_the_compat_symbol() {
+    let list = DeviceList::new().unwrap();
+    let context = list.get(0).expect("a device").open().unwrap();
+    let compat = context.query_port(1).unwrap();
+    let extended = context.query_port_ex(1).unwrap();
+    // The first 48 bytes come from the same provider call.
+    let head = |a: &rivet_verbs_ffi::sys::ibv_port_attr| {
+        (
+            a.state,
+            a.max_mtu,
+            a.active_mtu,
+            a.gid_tbl_len,
+            a.port_cap_flags,
+            a.lid,
+            a.active_speed,
+            a.active_width,
+        )
+    };
+    assert_eq!(head(&compat), head(&extended));
+    assert_eq!(
+        (compat.link_layer, compat.flags),
+        (extended.link_layer, extended.flags)
+    );
+    assert_eq!(
+        (compat.port_cap_flags2, compat.active_speed_ex),
+        (0, 0),
+        "compat leaves the tail zeroed"
+    );
+    println!(
+        "port_cap_flags2 {:#x} active_speed_ex {:#x}",
+        extended.port_cap_flags2, extended.active_speed_ex
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device (vm/run.sh)"]
 fn loopback_write_with_imm_moves_one_mib() {
     let report = loopback_write_imm(&first_port(), 1 << 20, Duration::from_secs(30)).unwrap();
     assert_eq!(report.bytes, 1 << 20);

@@ -234,7 +234,7 @@ pub fn discover(options: &DiscoverOptions) -> Result<Vec<PortInfo>, DiscoverErro
         };
         let mut dmabuf: Option<bool> = None;
         for port in 1..=attr.phys_port_cnt {
-            let port_attr = match context.query_port(port) {
+            let port_attr = match context.query_port_ex(port) {
                 Ok(p) => p,
                 Err(e) => {
                     inactive_notes.push(format!("{name}:{port}: {e}"));
