@@ -127,8 +127,10 @@ pub fn verbs() -> Result<&'static Verbs, VerbsError> {
     static VERBS: OnceLock<Result<Verbs, VerbsError>> = OnceLock::new();
     VERBS
         .get_or_init(|| {
-            let library =
-                std::env::var(IBVERBS_LIB_ENV).unwrap_or_else(|_| IBVERBS_SONAME.to_owned());
+            let library = std::env::var(IBVERBS_LIB_ENV)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| IBVERBS_SONAME.to_owned());
             Verbs::load(&library)
         })
         .as_ref()
@@ -136,6 +138,9 @@ pub fn verbs() -> Result<&'static Verbs, VerbsError> {
 }
 
 /// The process-wide libmlx5 table, loaded on first use after libibverbs; `Err` when absent.
+///
+/// `libmlx5.so.1` links the system `libibverbs.so.1`; with `RIVET_IBVERBS_LIB` pointing elsewhere
+/// the two may not share one libibverbs, and mlx5dv calls on our objects would fail.
 pub fn mlx5() -> Result<&'static Mlx5, VerbsError> {
     static MLX5: OnceLock<Result<Mlx5, VerbsError>> = OnceLock::new();
     MLX5.get_or_init(|| {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use rivet_verbs_ffi::discover::{DiscoverOptions, HcaFilter};
+use rivet_verbs_ffi::discover::{DiscoverOptions, HcaFilter, LinkLayer};
 use rivet_verbs_ffi::selftest::loopback_write_imm;
 use rivet_verbs_ffi::{Context, DeviceList, discover};
 
@@ -93,4 +93,47 @@ fn extended_port_query_agrees_with_the_compat_symbol() {
 fn loopback_write_with_imm_moves_one_mib() {
     let report = loopback_write_imm(&first_port(), 1 << 20, Duration::from_secs(30)).unwrap();
     assert_eq!(report.bytes, 1 << 20);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (vm/run.sh)"]
+fn sysfs_gid_types_agree_with_query_gid_ex() {
+    use rivet_verbs_ffi::discover::Sysfs;
+    let port = first_port();
+    if port.link_layer != LinkLayer::Ethernet {
+        return; // GID types only matter on RoCE
+    }
+    let list = DeviceList::new().unwrap();
+    let context = list
+        .iter()
+        .find(|d| d.name() == port.name)
+        .unwrap()
+        .open()
+        .unwrap();
+    let table_len = context.query_port(port.port).unwrap().gid_tbl_len as u32;
+    let sysfs = Sysfs::system();
+    let mut compared = 0;
+    for index in 0..table_len {
+        let Ok(entry) = context.query_gid_ex(port.port, index) else {
+            continue;
+        };
+        let from_ex = if entry.gid_type == rivet_verbs_ffi::sys::gid_type::ROCE_V2 {
+            2
+        } else {
+            1
+        };
+        assert_eq!(
+            sysfs.gid_roce_version(&port.name, port.port, index),
+            Some(from_ex),
+            "GID index {index}"
+        );
+        assert_eq!(
+            context.query_gid(port.port, index).unwrap(),
+            entry.gid,
+            "GID index {index}"
+        );
+        compared += 1;
+    }
+    assert!(compared > 0, "no populated GID entries");
+    println!("{compared} GID entries agree");
 }
