@@ -75,6 +75,7 @@ cleanup() {
     # The VM must never outlive this script (killing `timeout` makes it kill QEMU).
     local pid
     for pid in $qemu_pid $out_pid $err_pid; do
+        pkill -P "$pid" 2>/dev/null || true # a relay's cat
         kill "$pid" 2>/dev/null || true
     done
     if [[ ${RIVET_VM_KEEP:-0} == 1 ]]; then
@@ -86,6 +87,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'say "interrupted"; exit 130' INT
 trap 'say "terminated"; exit 143' TERM
+# A relay lost its reader (e.g. `vm/run.sh -- cmd | head -1`): behave like SIGPIPE would natively,
+# rather than leaving the guest blocked on a full port until the timeout.
+trap 'say "output closed; stopping the VM"; exit 141' USR1
 
 # cmd.sh: what the guest runs inside the chroot (under `env -i`). Every value is quoted with %q.
 {
@@ -123,10 +127,13 @@ trap 'say "terminated"; exit 143' TERM
 
 # QEMU "pipe" chardevs write to <path>.out and read <path>.in; a cat on each .out relays to our
 # stdout/stderr as the guest writes.
+relay() { # relay FIFO FD
+    cat "$1" >&"$2" || kill -USR1 $$
+}
 mkfifo "$rundir"/stdout.{in,out} "$rundir"/stderr.{in,out}
-cat "$rundir/stdout.out" &
+relay "$rundir/stdout.out" 1 &
 out_pid=$!
-cat "$rundir/stderr.out" >&2 &
+relay "$rundir/stderr.out" 2 &
 err_pid=$!
 
 # shellcheck disable=SC2054 # commas belong to QEMU's option syntax
@@ -135,7 +142,7 @@ qemu=(
     -accel tcg,thread=multi -cpu max -smp "$smp" -m "$mem"
     -nodefaults -no-user-config -display none -no-reboot
     -kernel "$KIT_KERNEL" -initrd "$KIT_INITRD"
-    -append "console=ttyS0 quiet loglevel=0 panic=-1 rivet.run=$rundir rivet.msize=${RIVET_VM_MSIZE:-512000} rivet.cache=${RIVET_VM_9P_CACHE:-loose} ${RIVET_VM_APPEND:-}"
+    -append "console=ttyS0 quiet panic=-1 rivet.run=$rundir rivet.msize=${RIVET_VM_MSIZE:-512000} rivet.cache=${RIVET_VM_9P_CACHE:-loose} ${RIVET_VM_APPEND:-}"
     -chardev "file,id=con,path=$rundir/console.log" -serial chardev:con
     # The host root, read-write. multidevs=remap keeps inode numbers unique across host mounts.
     -virtfs "local,path=/,mount_tag=hostroot,security_model=none,multidevs=remap"
