@@ -40,7 +40,7 @@
 //! flags are checked against it. For `n == 1` without `RECORD` the size is the completion's byte
 //! count; otherwise the sizes come from the record, each checked against its buffer.
 //!
-//! **Send queue.** Selective signaling with credit accounting ([`queue`]): the write-with-immediate
+//! **Send queue.** Selective signaling with credit accounting (module `queue`): the write-with-immediate
 //! ending a slot is signaled; data and CTS writes are unsignaled except every 64th and while credits
 //! are low, so a queue carrying only unsignaled writes still drains. A call that would need more
 //! credits than are free polls once, then answers `Ok(None)` and posts nothing.
@@ -61,6 +61,8 @@
 
 pub mod codec;
 mod error;
+#[cfg(test)]
+mod mock;
 #[cfg(test)]
 mod pair_tests;
 pub(crate) mod queue;

@@ -29,6 +29,9 @@ mod pair;
 
 pub use pair::DataPair;
 
+#[cfg(test)]
+mod tests;
+
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::rc::Rc;

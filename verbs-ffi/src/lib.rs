@@ -1,1 +1,37 @@
-//! (being written)
+//! Hand-written FFI to libibverbs (and the mlx5 direct-verbs entry points), loaded at run time with
+//! `dlopen`, plus safe wrappers that own every verbs object and destroy it in order.
+//!
+//! - [`loader`]: `dlopen("libibverbs.so.1")` once per process ([`verbs()`]); `RIVET_IBVERBS_LIB`
+//!   overrides the path. Optional symbols of newer rdma-core are `Option`s. [`mlx5()`] loads
+//!   `libmlx5.so.1` on demand.
+//! - [`sys`]: `repr(C)` structs with compile-time-checked layouts and the C enum values.
+//! - Owners: [`DeviceList`] → [`Context`] → [`ProtectionDomain`] / [`CompletionQueue`] →
+//!   [`MemoryRegion`] / [`QueuePair`]. Children hold an `Arc` to their parent, so a context is
+//!   closed only after its PDs and CQs, and a PD/CQ only after its QPs.
+//! - [`mod@discover`]: the usable ports, with GID, speed and PCI path, as an NCCL plugin reports them.
+//!
+//! The data path (`post_send`, `post_recv`, `poll`) calls the provider's context ops directly
+//! (these are `static inline` in C) and does not allocate.
+#![deny(unsafe_code)]
+
+pub mod context;
+pub mod cq;
+pub mod device;
+pub mod discover;
+mod error;
+pub mod loader;
+pub mod mr;
+pub mod pd;
+pub mod qp;
+pub mod selftest;
+pub mod sys;
+
+pub use context::{AsyncEvent, Context};
+pub use cq::CompletionQueue;
+pub use device::{Device, DeviceList};
+pub use discover::{DiscoverError, DiscoverOptions, PortInfo, discover};
+pub use error::VerbsError;
+pub use loader::{Mlx5, Verbs, fork_init, fork_status, mlx5, verbs};
+pub use mr::{MemoryRegion, dmabuf_supported};
+pub use pd::ProtectionDomain;
+pub use qp::{QpCaps, QueuePair, RtrParams, RtsParams};

@@ -383,3 +383,6 @@ impl RecvConn {
         self.outstanding -= 1;
     }
 }
+
+#[cfg(test)]
+mod tests;

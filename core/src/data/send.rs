@@ -529,3 +529,6 @@ const EMPTY_WR: SendWr<'static> = SendWr {
     rkey: 0,
     signaled: false,
 };
+
+#[cfg(test)]
+mod tests;

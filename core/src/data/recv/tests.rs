@@ -1,0 +1,372 @@
+//! Per-state unit tests of the receiver: `<state>_<event>`.
+//!
+//! States of a slot: `free`, `posted` (receive and CTS posted), `done` (data arrived, not tested),
+//! `refused` (size mismatch arrived); and of the connection: `failed`. `any` means every state.
+
+use std::vec::Vec;
+
+use super::*;
+use crate::data::codec::SizeRecord;
+use crate::data::mock::{MockNic, peer_region};
+use crate::data::{MAX_RECVS, RECV_INBOUND_LEN, RECV_STAGING_LEN};
+use crate::nic::{NicError, WcStatus};
+
+fn receiver(max_inline: usize) -> (RecvConn, MockNic) {
+    (
+        RecvConn::new(peer_region(SEND_INBOUND_LEN)),
+        MockNic::new(max_inline, RECV_INBOUND_LEN, RECV_STAGING_LEN),
+    )
+}
+
+fn bufs(caps: &[u64]) -> Vec<RecvBuf> {
+    caps.iter()
+        .enumerate()
+        .map(|(i, &len)| RecvBuf {
+            addr: 0x4000_0000 + 0x1_0000 * i as u64,
+            len,
+            rkey: 0x200 + i as u32,
+        })
+        .collect()
+}
+
+/// A receiver with receive 0 posted: buffers of the given capacities, tags 0..n.
+fn posted(caps: &[u64]) -> (RecvConn, MockNic, RequestId, u64) {
+    let (mut r, mut nic) = receiver(256);
+    let tags: Vec<u32> = (0..caps.len() as u32).collect();
+    let id = r.irecv(&mut nic, &bufs(caps), &tags).unwrap().unwrap();
+    let recv_wr = *nic.recvs.last().unwrap();
+    (r, nic, id, recv_wr)
+}
+
+fn imm(seq: u32, n: u8, record: bool, mismatch: bool) -> u32 {
+    Imm {
+        seq16: seq as u16,
+        n,
+        record,
+        mismatch,
+    }
+    .encode()
+}
+
+fn write_record(nic: &mut MockNic, slot: usize, sizes: &[u32]) {
+    let mut record = SizeRecord {
+        n: sizes.len() as u8,
+        sizes: [0; MAX_RECVS],
+    };
+    record.sizes[..sizes.len()].copy_from_slice(sizes);
+    let (bytes, len) = record.encode();
+    nic.inbound[slot * RECORD_LEN..slot * RECORD_LEN + len].copy_from_slice(&bytes[..len]);
+}
+
+fn protocol_error(r: &mut RecvConn, nic: &mut MockNic, id: RequestId) -> ProtocolError {
+    match r.test(nic, id) {
+        Err(DataError::Protocol(err)) => {
+            assert_eq!(r.failure(), Some(&DataError::Protocol(err)), "sticky");
+            err
+        }
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+}
+
+#[test]
+fn free_irecv_posts_the_receive_then_one_inline_cts_write() {
+    let (r, nic, _, recv_wr) = posted(&[10, 20, 30]);
+    let recv = WrId::decode(recv_wr).unwrap();
+    assert_eq!((recv.kind, recv.index, recv.seq), (WrKind::Recv, 0, 0));
+    assert_eq!(nic.sent.len(), 1);
+    let cts = nic.last();
+    assert!(cts.inline && !cts.signaled);
+    assert_eq!(cts.op, SendOp::Write);
+    assert_eq!((cts.remote_addr, cts.rkey), (0x5000_0000, 0x77));
+    assert_eq!(cts.bytes.len(), 3 * CTS_ENTRY_LEN);
+    for (i, chunk) in cts.bytes.chunks_exact(CTS_ENTRY_LEN).enumerate() {
+        let entry = CtsEntry::decode(chunk.try_into().unwrap()).unwrap();
+        assert_eq!(
+            (entry.size, entry.tag, entry.n, entry.index, entry.stamp),
+            (10 * (i as u64 + 1), i as u32, 3, i as u8, 1)
+        );
+    }
+    assert_eq!(r.outstanding(), 1);
+}
+
+#[test]
+fn free_irecv_stages_cts_entries_beyond_max_inline() {
+    let (mut r, mut nic) = receiver(64);
+    r.irecv(&mut nic, &bufs(&[1, 2, 3]), &[0, 1, 2])
+        .unwrap()
+        .unwrap();
+    let cts = nic.last();
+    assert_eq!(cts.staged, Some((0, 96)));
+    assert_eq!(nic.staging[..96], cts.bytes[..]);
+}
+
+#[test]
+fn free_irecv_every_64th_cts_is_signaled() {
+    let (mut r, mut nic) = receiver(64);
+    let b = bufs(&[8]);
+    for seq in 0..128u32 {
+        let id = r.irecv(&mut nic, &b, &[0]).unwrap().unwrap();
+        nic.arrive(*nic.recvs.last().unwrap(), imm(seq, 1, false, false), 8);
+        assert!(matches!(r.test(&mut nic, id), Ok(Completed::Done { .. })));
+    }
+    let signaled: Vec<usize> = (0..nic.sent.len())
+        .filter(|&i| nic.sent[i].signaled)
+        .collect();
+    assert_eq!(signaled, [63, 127]);
+}
+
+#[test]
+fn posted_irecv_of_the_same_slot_is_try_later() {
+    let (mut r, mut nic) = receiver(64);
+    let b = bufs(&[8]);
+    for _ in 0..SLOTS {
+        r.irecv(&mut nic, &b, &[0]).unwrap().unwrap();
+    }
+    let before = (nic.sent.len(), nic.recvs.len());
+    assert_eq!(r.irecv(&mut nic, &b, &[0]), Ok(None));
+    assert_eq!((nic.sent.len(), nic.recvs.len()), before);
+}
+
+#[test]
+fn posted_arrival_single_reports_the_byte_count() {
+    let (mut r, mut nic, id, recv_wr) = posted(&[100]);
+    nic.arrive(recv_wr, imm(0, 1, false, false), 77);
+    let mut sizes = [0; MAX_RECVS];
+    sizes[0] = 77;
+    assert_eq!(r.test(&mut nic, id), Ok(Completed::Done { n: 1, sizes }));
+    assert_eq!(r.outstanding(), 0);
+}
+
+#[test]
+fn posted_arrival_grouped_reads_the_record() {
+    let (mut r, mut nic, id, recv_wr) = posted(&[10, 20, 30]);
+    write_record(&mut nic, 0, &[10, 0, 29]);
+    nic.arrive(recv_wr, imm(0, 3, true, false), 12);
+    match r.test(&mut nic, id) {
+        Ok(Completed::Done { n: 3, sizes }) => assert_eq!(sizes[..3], [10, 0, 29]),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn posted_arrival_flagged_mismatch_fails_the_request_only() {
+    let (mut r, mut nic, id, recv_wr) = posted(&[10, 20]);
+    write_record(&mut nic, 0, &[10, 21]);
+    nic.arrive(recv_wr, imm(0, 2, true, true), 8);
+    assert_eq!(
+        r.test(&mut nic, id),
+        Err(DataError::SizeMismatch {
+            index: 1,
+            sent: 21,
+            capacity: 20
+        })
+    );
+    assert!(r.failure().is_none());
+    assert_eq!(r.outstanding(), 0);
+}
+
+#[test]
+fn posted_arrival_wrong_sequence_is_a_protocol_error() {
+    let (mut r, mut nic, id, recv_wr) = posted(&[10]);
+    nic.arrive(recv_wr, imm(1, 1, false, false), 1);
+    assert_eq!(
+        protocol_error(&mut r, &mut nic, id),
+        ProtocolError::Sequence {
+            expected: 0,
+            got: 1
+        }
+    );
+}
+
+#[test]
+fn posted_arrival_wrong_group_size_is_a_protocol_error() {
+    let (mut r, mut nic, id, recv_wr) = posted(&[10]);
+    nic.arrive(recv_wr, imm(0, 2, true, false), 8);
+    assert_eq!(
+        protocol_error(&mut r, &mut nic, id),
+        ProtocolError::GroupSize {
+            expected: 1,
+            got: 2
+        }
+    );
+}
+
+#[test]
+fn posted_arrival_malformed_immediate_is_a_protocol_error() {
+    let (mut r, mut nic, id, recv_wr) = posted(&[10]);
+    nic.arrive(recv_wr, 0xdead_beef, 1);
+    assert!(matches!(
+        protocol_error(&mut r, &mut nic, id),
+        ProtocolError::Immediate {
+            imm: 0xdead_beef,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn posted_arrival_beyond_capacity_is_a_protocol_error() {
+    let (mut r, mut nic, id, recv_wr) = posted(&[10]);
+    nic.arrive(recv_wr, imm(0, 1, false, false), 11);
+    assert!(matches!(
+        protocol_error(&mut r, &mut nic, id),
+        ProtocolError::Overflow {
+            index: 0,
+            size: 11,
+            capacity: 10
+        }
+    ));
+}
+
+#[test]
+fn posted_arrival_record_beyond_capacity_without_flag_is_a_protocol_error() {
+    let (mut r, mut nic, id, recv_wr) = posted(&[10, 10]);
+    write_record(&mut nic, 0, &[10, 11]);
+    nic.arrive(recv_wr, imm(0, 2, true, false), 8);
+    assert!(matches!(
+        protocol_error(&mut r, &mut nic, id),
+        ProtocolError::Overflow { index: 1, .. }
+    ));
+}
+
+#[test]
+fn posted_arrival_mismatch_flag_without_oversize_is_a_protocol_error() {
+    let (mut r, mut nic, id, recv_wr) = posted(&[10, 10]);
+    write_record(&mut nic, 0, &[10, 10]);
+    nic.arrive(recv_wr, imm(0, 2, true, true), 8);
+    assert_eq!(
+        protocol_error(&mut r, &mut nic, id),
+        ProtocolError::BogusMismatch
+    );
+}
+
+#[test]
+fn posted_arrival_record_of_wrong_length_is_a_protocol_error() {
+    let (mut r, mut nic, id, recv_wr) = posted(&[10, 10]);
+    nic.arrive(recv_wr, imm(0, 2, true, false), 4);
+    assert!(matches!(
+        protocol_error(&mut r, &mut nic, id),
+        ProtocolError::Record(_)
+    ));
+}
+
+#[test]
+fn posted_arrival_for_another_receive_wr_is_a_protocol_error() {
+    let (mut r, mut nic, id, recv_wr) = posted(&[10]);
+    let mut other = WrId::decode(recv_wr).unwrap();
+    other.seq = 7;
+    nic.arrive(other.encode(), imm(0, 1, false, false), 1);
+    assert!(matches!(
+        protocol_error(&mut r, &mut nic, id),
+        ProtocolError::UnexpectedCompletion { .. }
+    ));
+}
+
+#[test]
+fn posted_flush_fails_every_request_with_the_status() {
+    let (mut r, mut nic, first, recv_wr) = posted(&[10]);
+    let second = r.irecv(&mut nic, &bufs(&[10]), &[0]).unwrap().unwrap();
+    nic.fail(recv_wr, WcStatus::WR_FLUSH_ERR, CompletionKind::RecvFailed);
+    let err = r.test(&mut nic, second).unwrap_err();
+    assert_eq!(
+        err,
+        DataError::Completion {
+            status: WcStatus::WR_FLUSH_ERR,
+            vendor_err: 0x42,
+            wr: Some(WrKind::Recv)
+        }
+    );
+    assert_eq!(r.test(&mut nic, first), Err(err));
+    assert_eq!(r.outstanding(), 0);
+}
+
+#[test]
+fn posted_cts_failure_names_the_cts_write() {
+    let (mut r, mut nic, id, _) = posted(&[10]);
+    let cts = nic.last().wr_id;
+    nic.fail(cts, WcStatus::REM_ACCESS_ERR, CompletionKind::Send);
+    let err = r.test(&mut nic, id).unwrap_err();
+    assert!(
+        std::format!("{err}").starts_with("clear-to-send RDMA write failed: remote access error")
+    );
+}
+
+#[test]
+fn posted_send_completion_of_a_foreign_kind_is_a_protocol_error() {
+    let (mut r, mut nic, id, _) = posted(&[10]);
+    let bogus = WrId {
+        kind: WrKind::SlotEnd,
+        index: 0,
+        seq: 1,
+    };
+    nic.complete_send(bogus.encode());
+    assert!(matches!(
+        protocol_error(&mut r, &mut nic, id),
+        ProtocolError::UnexpectedCompletion {
+            wr: WrKind::SlotEnd
+        }
+    ));
+}
+
+#[test]
+fn free_arrival_is_a_protocol_error() {
+    let (mut r, mut nic, id, recv_wr) = posted(&[10]);
+    nic.arrive(recv_wr, imm(0, 1, false, false), 1);
+    nic.arrive(recv_wr, imm(0, 1, false, false), 1);
+    // The first arrival completes receive 0; the second has no receive to belong to.
+    assert!(matches!(
+        protocol_error(&mut r, &mut nic, id),
+        ProtocolError::UnexpectedCompletion { .. }
+    ));
+}
+
+#[test]
+fn done_test_frees_and_a_second_test_is_an_invalid_request() {
+    let (mut r, mut nic, id, recv_wr) = posted(&[10]);
+    nic.arrive(recv_wr, imm(0, 1, false, false), 1);
+    assert!(matches!(r.test(&mut nic, id), Ok(Completed::Done { .. })));
+    assert_eq!(
+        r.test(&mut nic, id),
+        Err(DataError::InvalidRequest { bits: id.to_bits() })
+    );
+    // The slot's next lap gets a new generation: the old id stays invalid.
+    for _ in 0..SLOTS {
+        let next = r.irecv(&mut nic, &bufs(&[1]), &[0]).unwrap().unwrap();
+        assert_ne!(next, id);
+    }
+    assert!(r.test(&mut nic, id).is_err());
+}
+
+#[test]
+fn done_survives_a_later_failure() {
+    let (mut r, mut nic, id, recv_wr) = posted(&[10]);
+    nic.arrive(recv_wr, imm(0, 1, false, false), 3);
+    let other = r.irecv(&mut nic, &bufs(&[10]), &[0]).unwrap().unwrap();
+    assert_eq!(r.test(&mut nic, other), Ok(Completed::Pending));
+    r.handle_fatal(DataError::PeerLost);
+    assert!(matches!(r.test(&mut nic, id), Ok(Completed::Done { .. })));
+    assert_eq!(r.test(&mut nic, other), Err(DataError::PeerLost));
+}
+
+#[test]
+fn free_irecv_post_error_is_sticky() {
+    let (mut r, mut nic) = receiver(64);
+    nic.fail_post = Some(NicError::Post { errno: 22 });
+    let err = r.irecv(&mut nic, &bufs(&[1]), &[0]).unwrap_err();
+    assert_eq!(err, DataError::Nic(NicError::Post { errno: 22 }));
+    nic.fail_post = None;
+    assert_eq!(r.irecv(&mut nic, &bufs(&[1]), &[0]), Err(err));
+}
+
+#[test]
+fn failed_irecv_and_test_return_the_first_cause() {
+    let (mut r, mut nic, id, _) = posted(&[10]);
+    r.handle_fatal(DataError::PeerLost);
+    r.handle_fatal(DataError::Nic(NicError::Fatal { event: "second" }));
+    assert_eq!(
+        r.irecv(&mut nic, &bufs(&[1]), &[0]),
+        Err(DataError::PeerLost)
+    );
+    assert_eq!(r.test(&mut nic, id), Err(DataError::PeerLost));
+    assert_eq!(r.failure(), Some(&DataError::PeerLost));
+}

@@ -1,0 +1,419 @@
+//! Per-state unit tests of the sender: `<state>_<event>`.
+//!
+//! States: `unread` (no entries of the head receive cached), `matching` (a grouped receive
+//! partially matched), `ending` (a slot's write-with-immediate posted, not completed),
+//! `failed` (sticky error). `any` means the event behaves the same in every state.
+
+use std::vec::Vec;
+
+use super::*;
+use crate::data::codec::{IMM_MISMATCH, IMM_RECORD};
+use crate::data::mock::{MockNic, peer_region};
+use crate::data::{RECV_INBOUND_LEN, SEND_INBOUND_LEN, SEND_QUEUE_DEPTH, SEND_STAGING_LEN};
+use crate::nic::{NicError, WcStatus};
+
+const RECORDS: u64 = 0x5000_0000;
+
+fn sender(max_inline: usize) -> (SendConn, MockNic) {
+    (
+        SendConn::new(peer_region(RECV_INBOUND_LEN)),
+        MockNic::new(max_inline, SEND_INBOUND_LEN, SEND_STAGING_LEN),
+    )
+}
+
+/// Write the entries of receive `seq` into the FIFO as the receiver would: `(capacity, tag)`.
+fn write_cts(nic: &mut MockNic, seq: u32, bufs: &[(u64, u32)]) {
+    let base = (seq as usize % SLOTS) * CTS_SLOT_LEN;
+    for (i, &(size, tag)) in bufs.iter().enumerate() {
+        let entry = CtsEntry {
+            addr: 0x9000_0000 + 0x10_000 * i as u64,
+            size,
+            rkey: 0x100 + i as u32,
+            tag,
+            n: bufs.len() as u8,
+            index: i as u8,
+            stamp: stamp_for(seq),
+        };
+        let at = base + i * CTS_ENTRY_LEN;
+        nic.inbound[at..at + CTS_ENTRY_LEN].copy_from_slice(&entry.encode());
+    }
+}
+
+fn buf(len: u64) -> SendBuf {
+    SendBuf {
+        addr: 0x7000_0000,
+        len,
+        lkey: 0x33,
+    }
+}
+
+/// A sender with a group of three (tags 0, 1, 2; capacity 100) with tag 0 matched.
+fn matching() -> (SendConn, MockNic, RequestId) {
+    let (mut s, mut nic) = sender(64);
+    write_cts(&mut nic, 0, &[(100, 0), (100, 1), (100, 2)]);
+    let id = s.isend(&mut nic, buf(10), 0).unwrap().unwrap();
+    (s, nic, id)
+}
+
+/// A sender whose slot 0 (n = 1) end is posted; returns the request and the end's wr_id.
+fn ending() -> (SendConn, MockNic, RequestId, u64) {
+    let (mut s, mut nic) = sender(64);
+    write_cts(&mut nic, 0, &[(100, 5)]);
+    let id = s.isend(&mut nic, buf(40), 5).unwrap().unwrap();
+    let wr_id = nic.last().wr_id;
+    (s, nic, id, wr_id)
+}
+
+fn failed() -> (SendConn, MockNic, RequestId) {
+    let (mut s, mut nic, id, wr_id) = ending();
+    nic.fail(wr_id, WcStatus::REM_ACCESS_ERR, CompletionKind::Send);
+    assert!(s.test(&mut nic, id).is_err());
+    (s, nic, id)
+}
+
+#[test]
+fn unread_isend_without_cts_is_try_later() {
+    let (mut s, mut nic) = sender(64);
+    assert_eq!(s.isend(&mut nic, buf(8), 0), Ok(None));
+    assert!(nic.sent.is_empty());
+    assert_eq!(s.outstanding(), 0);
+}
+
+#[test]
+fn unread_isend_with_previous_lap_stamp_is_try_later() {
+    let (mut s, mut nic) = sender(64);
+    // Slot 0 holds entries stamped for receive 256 (another lap): not receive 0's.
+    write_cts(&mut nic, 256, &[(100, 0)]);
+    assert_eq!(s.isend(&mut nic, buf(8), 0), Ok(None));
+}
+
+#[test]
+fn unread_isend_posts_one_signaled_write_with_immediate() {
+    let (mut s, mut nic) = sender(64);
+    write_cts(&mut nic, 0, &[(100, 5)]);
+    let id = s.isend(&mut nic, buf(40), 5).unwrap().unwrap();
+    assert_eq!(nic.sent.len(), 1);
+    let wr = nic.last();
+    assert!(wr.signaled);
+    assert_eq!((wr.remote_addr, wr.rkey), (0x9000_0000, 0x100));
+    assert_eq!(
+        wr.local,
+        Some(Sge {
+            addr: 0x7000_0000,
+            len: 40,
+            lkey: 0x33
+        })
+    );
+    let SendOp::WriteImm(imm) = wr.op else {
+        panic!("not a write with immediate")
+    };
+    let imm = Imm::decode(imm).unwrap();
+    assert_eq!(
+        (imm.seq16, imm.n, imm.record, imm.mismatch),
+        (0, 1, false, false)
+    );
+    let wr_id = WrId::decode(wr.wr_id).unwrap();
+    assert_eq!((wr_id.kind, wr_id.index), (WrKind::SlotEnd, 0));
+    assert_eq!(s.outstanding(), 1);
+    assert_eq!(s.test(&mut nic, id), Ok(Completed::Pending));
+}
+
+#[test]
+fn unread_isend_zero_length_targets_the_completion_record() {
+    let (mut s, mut nic) = sender(64);
+    write_cts(&mut nic, 0, &[(0, 5)]);
+    s.isend(&mut nic, buf(0), 5).unwrap().unwrap();
+    let wr = nic.last();
+    assert!(wr.empty);
+    assert_eq!((wr.remote_addr, wr.rkey), (RECORDS, 0x77));
+}
+
+#[test]
+fn unread_isend_too_large_writes_a_flagged_record_inline() {
+    let (mut s, mut nic) = sender(64);
+    write_cts(&mut nic, 0, &[(100, 5)]);
+    let id = s.isend(&mut nic, buf(101), 5).unwrap().unwrap();
+    let wr = nic.last();
+    assert!(wr.inline && wr.local.is_none());
+    assert_eq!(wr.bytes, 101u32.to_le_bytes());
+    assert_eq!(wr.remote_addr, RECORDS);
+    let SendOp::WriteImm(imm) = wr.op else {
+        panic!()
+    };
+    assert_eq!(imm & (IMM_RECORD | IMM_MISMATCH), IMM_RECORD | IMM_MISMATCH);
+    let expected = DataError::SizeMismatch {
+        index: 0,
+        sent: 101,
+        capacity: 100,
+    };
+    assert_eq!(s.test(&mut nic, id), Err(expected));
+    assert!(s.failure().is_none());
+}
+
+#[test]
+fn unread_isend_too_large_stages_the_record_without_inline() {
+    let (mut s, mut nic) = sender(0);
+    write_cts(&mut nic, 0, &[(100, 5)]);
+    s.isend(&mut nic, buf(101), 5).unwrap().unwrap();
+    let wr = nic.last();
+    assert_eq!(wr.staged, Some((0, 4)));
+    assert_eq!(wr.bytes, 101u32.to_le_bytes());
+}
+
+#[test]
+fn unread_isend_malformed_fresh_entry_fails_the_connection() {
+    let (mut s, mut nic) = sender(64);
+    write_cts(&mut nic, 0, &[(100, 5)]);
+    nic.inbound[25] = 3; // index 3 of a group of 1
+    let err = s.isend(&mut nic, buf(1), 5).unwrap_err();
+    assert!(matches!(
+        err,
+        DataError::Protocol(ProtocolError::CtsEntry { .. })
+    ));
+    assert_eq!(s.failure(), Some(&err));
+}
+
+#[test]
+fn unread_isend_group_disagreement_fails_the_connection() {
+    let (mut s, mut nic) = sender(64);
+    write_cts(&mut nic, 0, &[(100, 0), (100, 1)]);
+    nic.inbound[CTS_ENTRY_LEN + 24] = 3; // entry 1 claims a group of 3
+    nic.inbound[CTS_ENTRY_LEN + 25] = 1;
+    let err = s.isend(&mut nic, buf(1), 0).unwrap_err();
+    assert_eq!(
+        err,
+        DataError::Protocol(ProtocolError::CtsGroup { slot: 0 })
+    );
+}
+
+#[test]
+fn unread_isend_post_error_is_sticky() {
+    let (mut s, mut nic) = sender(64);
+    write_cts(&mut nic, 0, &[(100, 0)]);
+    nic.fail_post = Some(NicError::Post { errno: 12 });
+    let err = s.isend(&mut nic, buf(1), 0).unwrap_err();
+    assert_eq!(err, DataError::Nic(NicError::Post { errno: 12 }));
+    nic.fail_post = None;
+    assert_eq!(s.isend(&mut nic, buf(1), 0), Err(err));
+    assert_eq!(s.outstanding(), 0);
+}
+
+#[test]
+fn matching_isend_other_tag_is_try_later() {
+    let (mut s, mut nic, _) = matching();
+    let before = nic.sent.len();
+    assert_eq!(
+        s.isend(&mut nic, buf(10), 0),
+        Ok(None),
+        "tag 0 already matched"
+    );
+    assert_eq!(s.isend(&mut nic, buf(10), 9), Ok(None));
+    assert_eq!(nic.sent.len(), before);
+}
+
+#[test]
+fn matching_isend_data_is_an_unsignaled_write() {
+    let (_, nic, _) = matching();
+    let wr = nic.last();
+    assert_eq!(wr.op, SendOp::Write);
+    assert!(!wr.signaled);
+    assert_eq!(WrId::decode(wr.wr_id).unwrap().kind, WrKind::Data);
+}
+
+#[test]
+fn matching_isend_last_posts_data_and_the_sizes_record() {
+    let (mut s, mut nic, first) = matching();
+    s.isend(&mut nic, buf(0), 2).unwrap().unwrap(); // zero length: no data write
+    let before = nic.sent.len();
+    let last = s.isend(&mut nic, buf(30), 1).unwrap().unwrap();
+    assert_eq!(nic.sent.len(), before + 2);
+    let end = nic.last().clone();
+    assert!(end.signaled && end.inline);
+    assert_eq!(end.remote_addr, RECORDS);
+    let mut expected = Vec::new();
+    for size in [10u32, 30, 0] {
+        expected.extend_from_slice(&size.to_le_bytes());
+    }
+    assert_eq!(end.bytes, expected);
+    let SendOp::WriteImm(imm) = end.op else {
+        panic!()
+    };
+    let imm = Imm::decode(imm).unwrap();
+    assert_eq!((imm.n, imm.record, imm.mismatch), (3, true, false));
+    // The end completes all three.
+    nic.complete_send(end.wr_id);
+    for id in [first, last] {
+        assert!(matches!(
+            s.test(&mut nic, id),
+            Ok(Completed::Done { n: 1, .. })
+        ));
+    }
+}
+
+#[test]
+fn full_isend_is_try_later_and_posts_nothing() {
+    let (mut s, mut nic) = sender(64);
+    // 80 groups of 8: more work requests than the send queue holds, no completions.
+    let mut posted_ok = 0;
+    'outer: for seq in 0..80u32 {
+        write_cts(&mut nic, seq, &[(100, 0); 8]);
+        for _ in 0..8 {
+            match s.isend(&mut nic, buf(8), 0).unwrap() {
+                Some(_) => posted_ok += 1,
+                None => break 'outer,
+            }
+        }
+    }
+    assert!(nic.sent.len() <= SEND_QUEUE_DEPTH);
+    let before = nic.sent.len();
+    assert!(posted_ok <= MAX_REQUESTS);
+    assert_eq!(s.isend(&mut nic, buf(8), 0), Ok(None));
+    assert_eq!(nic.sent.len(), before);
+}
+
+#[test]
+fn ending_completion_marks_done_and_test_frees() {
+    let (mut s, mut nic, id, wr_id) = ending();
+    nic.complete_send(wr_id);
+    let mut sizes = [0; MAX_RECVS];
+    sizes[0] = 40;
+    assert_eq!(s.test(&mut nic, id), Ok(Completed::Done { n: 1, sizes }));
+    assert_eq!(s.outstanding(), 0);
+    assert_eq!(
+        s.test(&mut nic, id),
+        Err(DataError::InvalidRequest { bits: id.to_bits() })
+    );
+}
+
+#[test]
+fn ending_completion_at_wrong_position_is_a_protocol_error() {
+    let (mut s, mut nic, id, wr_id) = ending();
+    let mut bogus = WrId::decode(wr_id).unwrap();
+    bogus.seq += 5;
+    nic.complete_send(bogus.encode());
+    let err = s.test(&mut nic, id).unwrap_err();
+    assert!(matches!(
+        err,
+        DataError::Protocol(ProtocolError::UnexpectedCompletion { .. })
+    ));
+}
+
+#[test]
+fn ending_completion_twice_is_a_protocol_error() {
+    let (mut s, mut nic, id, wr_id) = ending();
+    nic.complete_send(wr_id);
+    nic.complete_send(wr_id);
+    assert!(s.test(&mut nic, id).is_err());
+    assert!(s.failure().is_some());
+}
+
+#[test]
+fn ending_next_lap_of_the_slot_waits_for_the_end() {
+    let (mut s, mut nic, id, first_end) = ending();
+    // Receives 1..=255 are served by refused sends (freed at once); their ends stay pending too.
+    let mut ends = std::vec![first_end];
+    for seq in 1..256u32 {
+        write_cts(&mut nic, seq, &[(0, 0)]);
+        let r = s.isend(&mut nic, buf(1), 0).unwrap().unwrap();
+        ends.push(nic.last().wr_id);
+        assert!(matches!(
+            s.test(&mut nic, r),
+            Err(DataError::SizeMismatch { .. })
+        ));
+    }
+    // Receive 256 reuses slot 0, whose end has not completed here yet.
+    write_cts(&mut nic, 256, &[(100, 0)]);
+    assert_eq!(s.isend(&mut nic, buf(1), 0), Ok(None));
+    for wr_id in ends {
+        nic.complete_send(wr_id);
+    }
+    assert!(s.isend(&mut nic, buf(1), 0).unwrap().is_some());
+    assert!(matches!(s.test(&mut nic, id), Ok(Completed::Done { .. })));
+}
+
+#[test]
+fn any_failed_completion_fails_every_request_with_status_and_kind() {
+    let (mut s, mut nic, first) = matching();
+    let data_wr = nic.last().wr_id;
+    let second = s.isend(&mut nic, buf(5), 1).unwrap().unwrap();
+    nic.fail(data_wr, WcStatus::WR_FLUSH_ERR, CompletionKind::Send);
+    let err = s.test(&mut nic, second).unwrap_err();
+    assert_eq!(
+        err,
+        DataError::Completion {
+            status: WcStatus::WR_FLUSH_ERR,
+            vendor_err: 0x42,
+            wr: Some(WrKind::Data)
+        }
+    );
+    assert_eq!(s.test(&mut nic, first), Err(err));
+    assert_eq!(s.isend(&mut nic, buf(5), 2), Err(err));
+    let text = std::format!("{err}");
+    assert!(text.contains("data RDMA write failed: Work Request Flushed Error (status 5"));
+    assert!(text.contains("look for the first error"));
+}
+
+#[test]
+fn any_foreign_wr_id_is_a_protocol_error() {
+    let (mut s, mut nic, id, _) = ending();
+    nic.complete_send(0x1234);
+    let err = s.test(&mut nic, id).unwrap_err();
+    assert!(matches!(
+        err,
+        DataError::Protocol(ProtocolError::WrId { wr_id: 0x1234, .. })
+    ));
+}
+
+#[test]
+fn any_receive_completion_is_a_protocol_error() {
+    let (mut s, mut nic, id, wr_id) = ending();
+    nic.arrive(wr_id, 0, 0);
+    assert!(matches!(
+        s.test(&mut nic, id),
+        Err(DataError::Protocol(
+            ProtocolError::UnexpectedCompletion { .. }
+        ))
+    ));
+}
+
+#[test]
+fn any_poll_error_is_sticky() {
+    let (mut s, mut nic, id, _) = ending();
+    nic.fail_poll = Some(NicError::Poll { code: -5 });
+    let err = s.test(&mut nic, id).unwrap_err();
+    assert_eq!(err, DataError::Nic(NicError::Poll { code: -5 }));
+    assert_eq!(s.failure(), Some(&err));
+}
+
+#[test]
+fn failed_isend_and_test_return_the_first_cause() {
+    let (mut s, mut nic, id) = failed();
+    let cause = *s.failure().unwrap();
+    assert!(matches!(
+        cause,
+        DataError::Completion {
+            status: WcStatus::REM_ACCESS_ERR,
+            ..
+        }
+    ));
+    s.handle_fatal(DataError::PeerLost);
+    assert_eq!(s.failure(), Some(&cause));
+    write_cts(&mut nic, 1, &[(100, 0)]);
+    assert_eq!(s.isend(&mut nic, buf(1), 0), Err(cause));
+    // The failed request was freed by the test that reported the failure.
+    assert!(matches!(
+        s.test(&mut nic, id),
+        Err(DataError::InvalidRequest { .. })
+    ));
+}
+
+#[test]
+fn unread_peer_region_too_small_fails_at_once() {
+    let mut s = SendConn::new(peer_region(RECV_INBOUND_LEN - 1));
+    let mut nic = MockNic::new(64, SEND_INBOUND_LEN, SEND_STAGING_LEN);
+    write_cts(&mut nic, 0, &[(100, 0)]);
+    assert!(matches!(
+        s.isend(&mut nic, buf(1), 0),
+        Err(DataError::PeerRegion { .. })
+    ));
+}

@@ -1,0 +1,479 @@
+//! Device discovery: every usable port, described the way an NCCL net plugin reports it.
+//!
+//! The decisions (filter syntax, GID choice, speed tables) live in pure submodules with unit
+//! tests; [`discover`] only gathers the inputs from libibverbs and sysfs and applies them.
+
+pub mod gid;
+pub mod hca_filter;
+pub mod speed;
+pub mod sysfs;
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::context::Context;
+use crate::device::DeviceList;
+use crate::error::VerbsError;
+use crate::loader::verbs;
+use crate::mr::dmabuf_supported;
+use crate::pd::ProtectionDomain;
+use crate::sys::{gid_type, link_layer, port_state};
+
+pub use gid::{AddrFamily, GidChoice, GidPolicy};
+pub use hca_filter::{HcaEntry, HcaFilter, HcaFilterError};
+pub use sysfs::Sysfs;
+
+/// A port's link layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkLayer {
+    /// InfiniBand.
+    InfiniBand,
+    /// Ethernet (RoCE).
+    Ethernet,
+}
+
+impl LinkLayer {
+    /// From `ibv_port_attr::link_layer`; `None` for unspecified or unknown values.
+    pub fn from_raw(raw: u8) -> Option<Self> {
+        match raw {
+            link_layer::INFINIBAND => Some(Self::InfiniBand),
+            link_layer::ETHERNET => Some(Self::Ethernet),
+            _ => None,
+        }
+    }
+
+    /// The `ibv_port_attr::link_layer` value.
+    pub fn raw(self) -> u8 {
+        match self {
+            Self::InfiniBand => link_layer::INFINIBAND,
+            Self::Ethernet => link_layer::ETHERNET,
+        }
+    }
+}
+
+impl fmt::Display for LinkLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::InfiniBand => "InfiniBand",
+            Self::Ethernet => "RoCE",
+        })
+    }
+}
+
+/// Which buffer kinds a port can register, as NCCL's `ptrSupport` bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PtrSupport(pub u32);
+
+impl PtrSupport {
+    /// `NCCL_PTR_HOST`.
+    pub const HOST: u32 = 0x1;
+    /// `NCCL_PTR_CUDA`: a GPU peer-memory module is loaded.
+    pub const CUDA: u32 = 0x2;
+    /// `NCCL_PTR_DMABUF`: `ibv_reg_dmabuf_mr` exists and the device accepts it.
+    pub const DMABUF: u32 = 0x4;
+
+    /// Whether CUDA pointers can be registered directly.
+    pub fn cuda(self) -> bool {
+        self.0 & Self::CUDA != 0
+    }
+
+    /// Whether dma-buf registration works.
+    pub fn dmabuf(self) -> bool {
+        self.0 & Self::DMABUF != 0
+    }
+}
+
+/// One usable port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortInfo {
+    /// Device name (`mlx5_0`, `rxe0`).
+    pub name: String,
+    /// Port number (from 1).
+    pub port: u8,
+    /// Link layer.
+    pub link_layer: LinkLayer,
+    /// Speed in Mb/s (0 if the port reports no known speed/width bits).
+    pub speed_mbps: u32,
+    /// GID index to use as `sgid_index`.
+    pub gid_index: u32,
+    /// The GID bytes.
+    pub gid: [u8; 16],
+    /// The GID as text (`::ffff:10.0.0.1`, `fe80::...`).
+    pub gid_string: String,
+    /// RoCE version of the GID (RoCE ports, when known).
+    pub roce_version: Option<u8>,
+    /// Why this GID was chosen.
+    pub why: String,
+    /// Realpath of `/sys/class/infiniband/<dev>/device`; `None` for virtual devices.
+    pub pci_path: Option<PathBuf>,
+    /// `sys_image_guid` as the library returns it (big-endian value); equal on all ports of a NIC.
+    pub guid: u64,
+    /// `max_qp` of the device.
+    pub max_qp: u32,
+    /// [`crate::sys::mtu`] code of the port.
+    pub active_mtu: u32,
+    /// LID (InfiniBand).
+    pub lid: u16,
+    /// `ibv_port_attr::flags` (e.g. GRH required).
+    pub port_flags: u8,
+    /// Registrable pointer kinds.
+    pub ptr_support: PtrSupport,
+    /// Rail id from a selecting `NCCL_IB_HCA` entry.
+    pub rail: Option<i32>,
+    /// Plane id from a selecting `NCCL_IB_HCA` entry.
+    pub plane: Option<i32>,
+}
+
+/// What to look for.
+#[derive(Debug, Clone, Default)]
+pub struct DiscoverOptions {
+    /// `NCCL_IB_HCA` filter.
+    pub filter: HcaFilter,
+    /// GID selection for RoCE ports (a forced index also applies to InfiniBand ports).
+    pub gid: GidPolicy,
+    /// Where sysfs is.
+    pub sysfs: Sysfs,
+}
+
+/// Why no port is usable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DiscoverError {
+    /// libibverbs could not be loaded.
+    Library(VerbsError),
+    /// `/sys/class/infiniband` does not exist: no RDMA driver is loaded.
+    NoInfinibandClass {
+        /// The directory looked at.
+        path: PathBuf,
+    },
+    /// Listing devices failed.
+    DeviceList(VerbsError),
+    /// libibverbs sees no device (no provider for the hardware, or no permission on `/dev/infiniband`).
+    NoDevices,
+    /// Devices exist but none has an ACTIVE IB/Ethernet port; one note per device or port.
+    NoActivePort {
+        /// What was found instead.
+        notes: Vec<String>,
+    },
+    /// Active ports exist but the `NCCL_IB_HCA` filter removed all of them.
+    AllFilteredOut {
+        /// The filter.
+        filter: String,
+        /// The active ports it removed (`name:port`).
+        ports: Vec<String>,
+    },
+    /// Active, selected ports exist but none is usable (e.g. no suitable GID).
+    NoUsablePort {
+        /// One note per port.
+        notes: Vec<String>,
+    },
+}
+
+impl fmt::Display for DiscoverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Library(e) => write!(f, "RDMA unavailable: {e}"),
+            Self::NoInfinibandClass { path } => {
+                write!(
+                    f,
+                    "RDMA unavailable: {} does not exist (no RDMA driver loaded)",
+                    path.display()
+                )
+            }
+            Self::DeviceList(e) => write!(f, "cannot list RDMA devices: {e}"),
+            Self::NoDevices => f.write_str("libibverbs found no RDMA devices"),
+            Self::NoActivePort { notes } => {
+                write!(f, "no ACTIVE InfiniBand/RoCE port: {}", notes.join("; "))
+            }
+            Self::AllFilteredOut { filter, ports } => {
+                write!(
+                    f,
+                    "NCCL_IB_HCA={filter:?} removed every active port ({})",
+                    ports.join(", ")
+                )
+            }
+            Self::NoUsablePort { notes } => write!(f, "no usable RDMA port: {}", notes.join("; ")),
+        }
+    }
+}
+
+impl std::error::Error for DiscoverError {}
+
+/// Finds every ACTIVE InfiniBand or RoCE port that passes `options.filter`, with its GID, speed and
+/// properties. Ports are returned in device-list order, then port order.
+pub fn discover(options: &DiscoverOptions) -> Result<Vec<PortInfo>, DiscoverError> {
+    let verbs = verbs().map_err(DiscoverError::Library)?;
+    if !options.sysfs.has_infiniband_class() {
+        return Err(DiscoverError::NoInfinibandClass {
+            path: options.sysfs.class_dir(),
+        });
+    }
+    let list = DeviceList::new().map_err(DiscoverError::DeviceList)?;
+    if list.is_empty() {
+        return Err(DiscoverError::NoDevices);
+    }
+    let cuda = options.sysfs.peer_memory_present();
+    let mut found = Vec::new();
+    let mut inactive_notes = Vec::new();
+    let mut filtered = Vec::new();
+    let mut unusable_notes = Vec::new();
+    for device in list.iter() {
+        let name = device.name();
+        let context = match device.open() {
+            Ok(c) => c,
+            Err(e) => {
+                inactive_notes.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        let attr = match context.query_device() {
+            Ok(a) => a,
+            Err(e) => {
+                inactive_notes.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        let mut dmabuf: Option<bool> = None;
+        for port in 1..=attr.phys_port_cnt {
+            let port_attr = match context.query_port_ex(port) {
+                Ok(p) => p,
+                Err(e) => {
+                    inactive_notes.push(format!("{name}:{port}: {e}"));
+                    continue;
+                }
+            };
+            if port_attr.state != port_state::ACTIVE {
+                inactive_notes.push(format!(
+                    "{name}:{port}: state {}",
+                    port_state_name(port_attr.state)
+                ));
+                continue;
+            }
+            let Some(link) = LinkLayer::from_raw(port_attr.link_layer) else {
+                inactive_notes.push(format!(
+                    "{name}:{port}: link layer {}",
+                    port_attr.link_layer
+                ));
+                continue;
+            };
+            if !options.filter.keeps(&name, u32::from(port)) {
+                filtered.push(format!("{name}:{port}"));
+                continue;
+            }
+            let choice = match choose_gid(
+                &context,
+                &options.sysfs,
+                port,
+                link,
+                port_attr.gid_tbl_len,
+                &options.gid,
+            ) {
+                Ok(c) => c,
+                Err(note) => {
+                    unusable_notes.push(format!("{name}:{port}: {note}"));
+                    continue;
+                }
+            };
+            let dmabuf = *dmabuf.get_or_insert_with(|| {
+                verbs.reg_dmabuf_mr.is_some()
+                    && ProtectionDomain::new(&context)
+                        .map(|pd| dmabuf_supported(&pd))
+                        .unwrap_or(false)
+            });
+            let mut ptr_support = PtrSupport::HOST;
+            if cuda {
+                ptr_support |= PtrSupport::CUDA;
+            }
+            if dmabuf {
+                ptr_support |= PtrSupport::DMABUF;
+            }
+            let entry = options.filter.entry_for(&name, u32::from(port));
+            found.push(PortInfo {
+                name: name.clone(),
+                port,
+                link_layer: link,
+                speed_mbps: speed::port_speed_mbps(
+                    port_attr.active_speed,
+                    port_attr.active_speed_ex,
+                    port_attr.active_width,
+                )
+                .unwrap_or(0),
+                gid_index: choice.index,
+                gid: choice.gid,
+                gid_string: gid::gid_to_string(&choice.gid),
+                roce_version: choice.roce_version,
+                why: choice.why,
+                pci_path: options.sysfs.pci_path(&name),
+                guid: attr.sys_image_guid,
+                max_qp: u32::try_from(attr.max_qp).unwrap_or(0),
+                active_mtu: port_attr.active_mtu,
+                lid: port_attr.lid,
+                port_flags: port_attr.flags,
+                ptr_support: PtrSupport(ptr_support),
+                rail: entry.and_then(|e| e.rail),
+                plane: entry.and_then(|e| e.plane),
+            });
+        }
+    }
+    if !found.is_empty() {
+        return Ok(found);
+    }
+    if !unusable_notes.is_empty() {
+        return Err(DiscoverError::NoUsablePort {
+            notes: unusable_notes,
+        });
+    }
+    if !filtered.is_empty() {
+        return Err(DiscoverError::AllFilteredOut {
+            filter: options.filter.to_string(),
+            ports: filtered,
+        });
+    }
+    Err(DiscoverError::NoActivePort {
+        notes: inactive_notes,
+    })
+}
+
+fn port_state_name(state: u32) -> &'static str {
+    match state {
+        port_state::NOP => "NOP",
+        port_state::DOWN => "DOWN",
+        port_state::INIT => "INIT",
+        port_state::ARMED => "ARMED",
+        port_state::ACTIVE => "ACTIVE",
+        port_state::ACTIVE_DEFER => "ACTIVE_DEFER",
+        _ => "unknown",
+    }
+}
+
+/// Reads the port's GID table and applies the policy; the error is a note for the caller.
+fn choose_gid(
+    context: &Context,
+    sysfs: &Sysfs,
+    port: u8,
+    link: LinkLayer,
+    table_len: i32,
+    policy: &GidPolicy,
+) -> Result<GidChoice, String> {
+    let table_len = u32::try_from(table_len).unwrap_or(0);
+    if link == LinkLayer::InfiniBand {
+        let index = policy.index.unwrap_or(0);
+        let gid = context.query_gid(port, index).map_err(|e| e.to_string())?;
+        let why = if policy.index.is_some() {
+            "GID index was requested"
+        } else {
+            "InfiniBand: GID index 0"
+        };
+        return Ok(GidChoice {
+            index,
+            gid: gid.raw,
+            roce_version: None,
+            why: why.to_owned(),
+        });
+    }
+    let mut table = Vec::with_capacity(table_len as usize);
+    for index in 0..table_len {
+        table.push(read_roce_gid(context, sysfs, port, index)?);
+    }
+    gid::choose_roce_gid(&table, policy).map_err(|e| e.to_string())
+}
+
+/// One RoCE GID entry with its version: from `_ibv_query_gid_ex` when present, else from
+/// `ibv_query_gid` plus sysfs.
+fn read_roce_gid(
+    context: &Context,
+    sysfs: &Sysfs,
+    port: u8,
+    index: u32,
+) -> Result<gid::GidCandidate, String> {
+    match context.query_gid_ex(port, index) {
+        Ok(entry) => {
+            let roce_version = match entry.gid_type {
+                gid_type::ROCE_V2 => Some(2),
+                // On an Ethernet port the "IB" type is RoCE v1.
+                gid_type::ROCE_V1 | gid_type::IB => Some(1),
+                _ => None,
+            };
+            return Ok(gid::GidCandidate {
+                index,
+                gid: entry.gid.raw,
+                roce_version,
+            });
+        }
+        Err(e) if e.errno() == Some(libc::ENODATA) => {
+            return Ok(gid::GidCandidate {
+                index,
+                gid: [0; 16],
+                roce_version: None,
+            });
+        }
+        Err(_) => {} // absent or failing: fall back to the compat path
+    }
+    let gid = context.query_gid(port, index).map_err(|e| e.to_string())?;
+    Ok(gid::GidCandidate {
+        index,
+        gid: gid.raw,
+        roce_version: sysfs.gid_roce_version(context.name(), port, index),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_layers_round_trip() {
+        assert_eq!(LinkLayer::from_raw(1), Some(LinkLayer::InfiniBand));
+        assert_eq!(LinkLayer::from_raw(2), Some(LinkLayer::Ethernet));
+        assert_eq!(LinkLayer::from_raw(0), None);
+        assert_eq!(LinkLayer::Ethernet.raw(), 2);
+    }
+
+    #[test]
+    fn errors_explain_themselves() {
+        let e = DiscoverError::AllFilteredOut {
+            filter: "=mlx5_1".into(),
+            ports: vec!["mlx5_10:1".into()],
+        };
+        assert_eq!(
+            e.to_string(),
+            "NCCL_IB_HCA=\"=mlx5_1\" removed every active port (mlx5_10:1)"
+        );
+        let e = DiscoverError::NoInfinibandClass {
+            path: "/sys/class/infiniband".into(),
+        };
+        assert!(e.to_string().contains("no RDMA driver"));
+        let e = DiscoverError::NoActivePort {
+            notes: vec!["rxe0:1: state DOWN".into()],
+        };
+        assert!(e.to_string().ends_with("rxe0:1: state DOWN"));
+    }
+
+    #[test]
+    fn ptr_support_bits_match_nccl() {
+        assert_eq!(
+            (PtrSupport::HOST, PtrSupport::CUDA, PtrSupport::DMABUF),
+            (1, 2, 4)
+        );
+        let p = PtrSupport(PtrSupport::HOST | PtrSupport::DMABUF);
+        assert!(p.dmabuf() && !p.cuda());
+    }
+
+    #[test]
+    fn missing_sysfs_class_is_reported_before_listing_devices() {
+        // Only meaningful where libibverbs loads; otherwise the library error comes first.
+        let options = DiscoverOptions {
+            sysfs: Sysfs::at("/nonexistent-rivet-root"),
+            ..DiscoverOptions::default()
+        };
+        match discover(&options) {
+            Err(DiscoverError::NoInfinibandClass { path }) => {
+                assert_eq!(
+                    path,
+                    PathBuf::from("/nonexistent-rivet-root/sys/class/infiniband")
+                );
+            }
+            Err(DiscoverError::Library(_)) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
