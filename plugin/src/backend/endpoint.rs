@@ -96,10 +96,9 @@ impl Endpoint {
     pub(crate) fn local_info(&self, settings: &QpSettings) -> EndpointInfo {
         let info = &self.port.info;
         let link_layer = match info.link_layer {
-            rivet_verbs_ffi::discover::LinkLayer::Infiniband => LinkLayer::Infiniband,
+            rivet_verbs_ffi::discover::LinkLayer::InfiniBand => LinkLayer::Infiniband,
             rivet_verbs_ffi::discover::LinkLayer::Ethernet => LinkLayer::Ethernet,
         };
-        let name = info.name.get(..info.name.len().min(32)).unwrap_or("rdma");
         EndpointInfo {
             gid: info.gid,
             lid: if link_layer == LinkLayer::Infiniband { info.lid } else { 0 },
@@ -111,7 +110,7 @@ impl Endpoint {
             inbound: RemoteRegion { addr: self.inbound.addr(), rkey: self.inbound.rkey(), len: self.inbound.len() as u32 },
             traffic_class: settings.traffic_class,
             service_level: settings.service_level,
-            device_name: DeviceName::new(name).unwrap_or_else(|_| DeviceName::new("rdma").unwrap_or_default()),
+            device_name: device_name(&info.name),
         }
     }
 
@@ -146,11 +145,14 @@ impl Endpoint {
     pub(crate) fn qp_num(&self) -> u32 {
         self.qp.qp_num()
     }
+}
 
-    /// Move the QP to the error state so every outstanding work request is flushed.
-    pub(crate) fn shut_down(&self) {
-        let _ = self.qp.modify_to_error();
-    }
+/// The device name as the wire format carries it: printable ASCII, at most 32 bytes.
+fn device_name(name: &str) -> DeviceName {
+    let clean: String = name.chars().filter(|c| c.is_ascii_graphic()).take(32).collect();
+    DeviceName::new(&clean)
+        .or_else(|_| DeviceName::new("rdma"))
+        .expect("\"rdma\" is a valid device name by the wire format's rules")
 }
 
 fn random_psn() -> u32 {

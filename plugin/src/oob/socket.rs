@@ -80,7 +80,7 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
             };
             // SAFETY: `sockaddr_storage` is large and aligned enough for any sockaddr.
             unsafe { (&raw mut storage).cast::<libc::sockaddr_in>().write(sin) };
-            (storage, core::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t)
+            (storage, size_of::<libc::sockaddr_in>() as libc::socklen_t)
         }
         SocketAddr::V6(a) => {
             let sin6 = libc::sockaddr_in6 {
@@ -92,7 +92,7 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
             };
             // SAFETY: as above.
             unsafe { (&raw mut storage).cast::<libc::sockaddr_in6>().write(sin6) };
-            (storage, core::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t)
+            (storage, size_of::<libc::sockaddr_in6>() as libc::socklen_t)
         }
     }
 }
