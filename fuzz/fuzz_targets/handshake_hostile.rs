@@ -127,11 +127,20 @@ trait Driven: Handshake {
     fn is_pending_event(event: &Self::Event) -> bool;
     /// Whether `delivered` (all peer bytes the machine took) is exactly a valid exchange.
     fn valid_exchange(delivered: &[u8]) -> bool;
+    /// The peer endpoint a valid exchange carried, and the one the machine reports.
+    fn remotes(&self, delivered: &[u8]) -> (Option<EndpointInfo>, Option<EndpointInfo>);
     /// Whether everything the machine wrote is a sequence of frames its side may send.
     fn valid_output(sent: &[Message]) -> bool;
 }
 
 impl Driven for Connector {
+    fn remotes(&self, delivered: &[u8]) -> (Option<EndpointInfo>, Option<EndpointInfo>) {
+        let sent = match frames(delivered).as_deref() {
+            Some([Message::AcceptReply(reply)]) => Some(reply.receiver),
+            _ => None,
+        };
+        (sent, self.remote().copied())
+    }
     fn answer(&mut self, proceed: bool) -> Result<(), HandshakeError> {
         if proceed {
             self.handle_qp_ready()
@@ -170,6 +179,13 @@ impl Driven for Connector {
 }
 
 impl Driven for Acceptor {
+    fn remotes(&self, delivered: &[u8]) -> (Option<EndpointInfo>, Option<EndpointInfo>) {
+        let sent = match frames(delivered).as_deref() {
+            Some([Message::ConnectRequest(request), ..]) => Some(request.sender),
+            _ => None,
+        };
+        (sent, self.remote().copied())
+    }
     fn answer(&mut self, proceed: bool) -> Result<(), HandshakeError> {
         if proceed {
             self.handle_local_ready(acceptor_local())
@@ -316,6 +332,12 @@ impl<M: Driven> Run<M> {
                 "established on an invalid exchange"
             );
             assert!(!self.rejected_locally);
+            let (sent, reported) = self.machine.remotes(&self.delivered);
+            assert!(sent.is_some());
+            assert_eq!(
+                sent, reported,
+                "the machine reports another peer than the one that spoke"
+            );
             assert!(self.machine.poll_timeout().is_none());
         }
         let mut all = self.sent.clone();

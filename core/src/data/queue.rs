@@ -55,7 +55,7 @@ impl SendQueue {
     /// a signaled completion. The caller must have checked [`has_room`](Self::has_room).
     pub(crate) fn next(&mut self, kind: WrKind, index: u16, must_signal: bool) -> Slotted {
         self.posted += 1;
-        let left = SEND_QUEUE_DEPTH as u64 - (self.posted - self.retired);
+        let left = (SEND_QUEUE_DEPTH as u64).saturating_sub(self.posted - self.retired);
         let signaled =
             must_signal || self.unsignaled_run + 1 >= SIGNAL_INTERVAL || left < LOW_WATER;
         if signaled {

@@ -340,8 +340,14 @@ impl Connector {
         error
     }
 
+    /// Reports a driver bug: fails the machine, except once established — that is terminal
+    /// too, and a late bug in the driver does not undo a working connection.
     fn fail_misuse(&mut self, what: &'static str) -> HandshakeError {
         let stage = self.stage().name();
-        self.fail(HandshakeError::Misuse { stage, what })
+        let error = HandshakeError::Misuse { stage, what };
+        if self.is_established() {
+            return error;
+        }
+        self.fail(error)
     }
 }

@@ -595,8 +595,36 @@ fn established_connector_ignores_peer_close_and_time() {
     assert_eq!(c.input_wanted(), 0);
     assert!(matches!(
         c.handle_input(b"x"),
+        Err(HandshakeError::Misuse {
+            stage: "established",
+            ..
+        })
+    ));
+    assert!(matches!(
+        c.handle_qp_ready(),
         Err(HandshakeError::Misuse { .. })
     ));
+    c.handle_transmitted(1);
+    assert!(
+        c.is_established(),
+        "a late driver bug does not undo the connection"
+    );
+    assert_eq!(c.error(), None);
+}
+
+#[test]
+fn established_acceptor_stays_established_after_driver_bug() {
+    let mut a = acceptor_established();
+    assert!(matches!(
+        a.handle_local_ready(acceptor_local()),
+        Err(HandshakeError::Misuse { .. })
+    ));
+    assert!(matches!(
+        a.reject(RejectReason::SetupFailed),
+        Err(HandshakeError::Misuse { .. })
+    ));
+    assert!(a.is_established());
+    assert!(a.poll_transmit().is_empty());
 }
 
 // ---------------------------------------------------------------- acceptor: awaiting request
