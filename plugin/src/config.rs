@@ -25,7 +25,10 @@ pub(crate) struct Config {
 }
 
 fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().map(|v| v.trim().to_owned()).filter(|v| !v.is_empty())
+    std::env::var(name)
+        .ok()
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
 }
 
 fn ranged<T: TryFrom<i64> + Copy>(name: &str, min: i64, max: i64) -> Option<T> {

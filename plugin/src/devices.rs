@@ -1,6 +1,6 @@
 //! The RDMA ports Rivet exposes to NCCL: discovered on the first `init`, opened on first use.
 
-use crate::abi::types::{NCCL_PTR_HOST, NCCL_NET_ID_UNDEF};
+use crate::abi::types::{NCCL_NET_ID_UNDEF, NCCL_PTR_HOST};
 use crate::backend::device::OpenPort;
 use crate::props::DeviceProps;
 use rivet_verbs_ffi::discover::{AddrFamily, GidPolicy, HcaFilter};
@@ -52,7 +52,12 @@ impl Port {
     fn new(index: usize, info: PortInfo) -> Self {
         let clean = |s: &str| CString::new(s.replace('\0', "")).unwrap_or_default();
         let name = clean(&info.name);
-        let pci = clean(&info.pci_path.as_ref().map_or_else(String::new, |p| p.display().to_string()));
+        let pci = clean(
+            &info
+                .pci_path
+                .as_ref()
+                .map_or_else(String::new, |p| p.display().to_string()),
+        );
         let mut members = [0; 8];
         members[0] = i32::try_from(index).unwrap_or(i32::MAX);
         let props = DeviceProps {
@@ -66,10 +71,22 @@ impl Port {
             max_comms: i32::try_from(info.max_qp).unwrap_or(i32::MAX),
             members,
             member_count: 1,
-            rail_id: info.rail.and_then(|r| i16::try_from(r).ok()).unwrap_or(NCCL_NET_ID_UNDEF),
-            plane_id: info.plane.and_then(|p| i16::try_from(p).ok()).unwrap_or(NCCL_NET_ID_UNDEF),
+            rail_id: info
+                .rail
+                .and_then(|r| i16::try_from(r).ok())
+                .unwrap_or(NCCL_NET_ID_UNDEF),
+            plane_id: info
+                .plane
+                .and_then(|p| i16::try_from(p).ok())
+                .unwrap_or(NCCL_NET_ID_UNDEF),
         };
-        Self { info, props, _name: name, _pci_path: pci, opened: Mutex::new(None) }
+        Self {
+            info,
+            props,
+            _name: name,
+            _pci_path: pci,
+            opened: Mutex::new(None),
+        }
     }
 
     /// The opened device (context + protection domain), opening it on first use.
@@ -91,7 +108,10 @@ impl fmt::Display for Port {
             rivet_verbs_ffi::discover::LinkLayer::InfiniBand => "InfiniBand",
             rivet_verbs_ffi::discover::LinkLayer::Ethernet => "RoCE",
         };
-        let pci = i.pci_path.as_ref().map_or_else(|| "-".to_owned(), |p| p.display().to_string());
+        let pci = i
+            .pci_path
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), |p| p.display().to_string());
         let mut ptr = String::from("host");
         if i.ptr_support.cuda() {
             ptr.push_str("+cuda(not used yet)");
@@ -114,7 +134,10 @@ impl fmt::Display for Port {
 }
 
 fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().map(|v| v.trim().to_owned()).filter(|v| !v.is_empty())
+    std::env::var(name)
+        .ok()
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
 }
 
 /// Discovery options from `NCCL_IB_HCA`, `NCCL_IB_GID_INDEX`, `NCCL_IB_ROCE_VERSION_NUM` and
@@ -122,24 +145,33 @@ fn env(name: &str) -> Option<String> {
 fn options_from_env() -> Result<DiscoverOptions, NoDevice> {
     let mut options = DiscoverOptions::default();
     if let Some(spec) = env("NCCL_IB_HCA") {
-        options.filter =
-            HcaFilter::parse(&spec).map_err(|e| NoDevice::BadSetting(format!("NCCL_IB_HCA={spec:?}: {e}")))?;
+        options.filter = HcaFilter::parse(&spec)
+            .map_err(|e| NoDevice::BadSetting(format!("NCCL_IB_HCA={spec:?}: {e}")))?;
     }
     let mut gid = GidPolicy::default();
     if let Some(v) = env("NCCL_IB_GID_INDEX") {
-        let index: i64 = v.parse().map_err(|_| NoDevice::BadSetting(format!("NCCL_IB_GID_INDEX={v:?} is not a number")))?;
+        let index: i64 = v.parse().map_err(|_| {
+            NoDevice::BadSetting(format!("NCCL_IB_GID_INDEX={v:?} is not a number"))
+        })?;
         gid.index = u32::try_from(index).ok();
     }
     if let Some(v) = env("NCCL_IB_ROCE_VERSION_NUM") {
         gid.roce_version = match v.as_str() {
             "1" => 1,
             "2" => 2,
-            _ => return Err(NoDevice::BadSetting(format!("NCCL_IB_ROCE_VERSION_NUM={v:?} must be 1 or 2"))),
+            _ => {
+                return Err(NoDevice::BadSetting(format!(
+                    "NCCL_IB_ROCE_VERSION_NUM={v:?} must be 1 or 2"
+                )));
+            }
         };
     }
     if let Some(v) = env("NCCL_IB_ADDR_FAMILY") {
-        gid.family = AddrFamily::parse(&v)
-            .ok_or_else(|| NoDevice::BadSetting(format!("NCCL_IB_ADDR_FAMILY={v:?} must be AF_INET or AF_INET6")))?;
+        gid.family = AddrFamily::parse(&v).ok_or_else(|| {
+            NoDevice::BadSetting(format!(
+                "NCCL_IB_ADDR_FAMILY={v:?} must be AF_INET or AF_INET6"
+            ))
+        })?;
     }
     options.gid = gid;
     Ok(options)
@@ -149,10 +181,18 @@ fn options_from_env() -> Result<DiscoverOptions, NoDevice> {
 pub fn discover() -> Result<Vec<Port>, NoDevice> {
     for var in ["RIVET_DISABLE", "NCCL_IB_DISABLE"] {
         if env(var).as_deref() == Some("1") {
-            return Err(NoDevice::Disabled(if var == "RIVET_DISABLE" { "RIVET_DISABLE" } else { "NCCL_IB_DISABLE" }));
+            return Err(NoDevice::Disabled(if var == "RIVET_DISABLE" {
+                "RIVET_DISABLE"
+            } else {
+                "NCCL_IB_DISABLE"
+            }));
         }
     }
     let options = options_from_env()?;
     let found = rivet_verbs_ffi::discover(&options).map_err(NoDevice::Discovery)?;
-    Ok(found.into_iter().enumerate().map(|(i, info)| Port::new(i, info)).collect())
+    Ok(found
+        .into_iter()
+        .enumerate()
+        .map(|(i, info)| Port::new(i, info))
+        .collect())
 }

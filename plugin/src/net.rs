@@ -54,7 +54,11 @@ fn acquire(counted: bool) -> NetResult<()> {
     match devices::discover() {
         Ok(ports) => {
             info!(INIT_NET, "initialized with {} port(s)", ports.len());
-            *global = Some(Global { ports: Arc::new(ports), config: Config::from_env(), users: usize::from(counted) });
+            *global = Some(Global {
+                ports: Arc::new(ports),
+                config: Config::from_env(),
+                users: usize::from(counted),
+            });
             Ok(())
         }
         Err(why) => Err(no_device(&why)),
@@ -144,10 +148,9 @@ fn ports() -> NetResult<Arc<Vec<Port>>> {
 
 /// The settings read at `init`.
 pub(crate) fn config() -> NetResult<Config> {
-    global()
-        .as_ref()
-        .map(|g| g.config.clone())
-        .ok_or_else(|| NetError::misuse("the plugin is not initialized (init failed or was not called)"))
+    global().as_ref().map(|g| g.config.clone()).ok_or_else(|| {
+        NetError::misuse("the plugin is not initialized (init failed or was not called)")
+    })
 }
 
 /// Open device `dev` (once; later calls share it).
@@ -156,8 +159,18 @@ pub(crate) fn open_port(dev: c_int) -> NetResult<Arc<OpenPort>> {
     let port = usize::try_from(dev)
         .ok()
         .and_then(|i| ports.get(i))
-        .ok_or_else(|| NetError::invalid_argument(format!("device {dev} does not exist ({} devices)", ports.len())))?;
-    port.open().map_err(|e| NetError::system(format!("opening {} port {}: {e}", port.info.name, port.info.port)))
+        .ok_or_else(|| {
+            NetError::invalid_argument(format!(
+                "device {dev} does not exist ({} devices)",
+                ports.len()
+            ))
+        })?;
+    port.open().map_err(|e| {
+        NetError::system(format!(
+            "opening {} port {}: {e}",
+            port.info.name, port.info.port
+        ))
+    })
 }
 
 /// `devices(&n)`.

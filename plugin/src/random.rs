@@ -10,7 +10,9 @@ pub(crate) fn fill(buf: &mut [u8]) {
     if usize::try_from(got).is_ok_and(|n| n == buf.len()) {
         return;
     }
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
         ^ (buf.as_ptr() as u64).rotate_left(32)
         ^ u64::from(std::process::id());
     let mut x = seed | 1;

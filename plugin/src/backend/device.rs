@@ -19,12 +19,18 @@ impl OpenPort {
     /// Open the device named in `info` and allocate a protection domain on it.
     pub(crate) fn open(info: &PortInfo) -> Result<Arc<Self>, VerbsError> {
         let list = DeviceList::new()?;
-        let device = list
-            .iter()
-            .find(|d| d.name() == info.name)
-            .ok_or(VerbsError::InvalidArgument { what: "the discovered RDMA device disappeared" })?;
+        let device =
+            list.iter()
+                .find(|d| d.name() == info.name)
+                .ok_or(VerbsError::InvalidArgument {
+                    what: "the discovered RDMA device disappeared",
+                })?;
         let context = device.open()?;
         let pd = ProtectionDomain::new(&context)?;
-        Ok(Arc::new(Self { info: info.clone(), pd, context }))
+        Ok(Arc::new(Self {
+            info: info.clone(),
+            pd,
+            context,
+        }))
     }
 }

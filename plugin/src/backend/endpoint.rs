@@ -7,10 +7,14 @@
 use super::device::OpenPort;
 use super::region::Region;
 use rivet_core::data::codec::{WrId, WrKind};
-use rivet_core::nic::{Completion, CompletionKind, Nic, NicError, Payload, SendOp, SendWr, WcStatus};
-use rivet_core::wire::{DeviceName, EndpointInfo, LinkLayer};
 use rivet_core::nic::RemoteRegion;
-use rivet_verbs_ffi::sys::{access, ibv_gid, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc, send_flags, wc_opcode, wr_opcode};
+use rivet_core::nic::{
+    Completion, CompletionKind, Nic, NicError, Payload, SendOp, SendWr, WcStatus,
+};
+use rivet_core::wire::{DeviceName, EndpointInfo, LinkLayer};
+use rivet_verbs_ffi::sys::{
+    access, ibv_gid, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc, send_flags, wc_opcode, wr_opcode,
+};
 use rivet_verbs_ffi::{CompletionQueue, QpCaps, QueuePair, RtrParams, RtsParams, VerbsError};
 use std::sync::Arc;
 
@@ -61,14 +65,18 @@ impl Endpoint {
     /// Create the queue pair (at INIT) and register the control regions for `role`.
     pub(crate) fn new(port: &Arc<OpenPort>, role: Role) -> Result<Self, VerbsError> {
         use rivet_core::data::{
-            CQ_DEPTH, RECV_INBOUND_LEN, RECV_QUEUE_DEPTH, RECV_STAGING_LEN, SEND_INBOUND_LEN, SEND_QUEUE_DEPTH,
-            SEND_STAGING_LEN,
+            CQ_DEPTH, RECV_INBOUND_LEN, RECV_QUEUE_DEPTH, RECV_STAGING_LEN, SEND_INBOUND_LEN,
+            SEND_QUEUE_DEPTH, SEND_STAGING_LEN,
         };
         let (inbound_len, staging_len, recv_depth) = match role {
             Role::Sender => (SEND_INBOUND_LEN, SEND_STAGING_LEN, 1),
             Role::Receiver => (RECV_INBOUND_LEN, RECV_STAGING_LEN, RECV_QUEUE_DEPTH as u32),
         };
-        let inbound = Region::new(&port.pd, inbound_len, access::LOCAL_WRITE | access::REMOTE_WRITE)?;
+        let inbound = Region::new(
+            &port.pd,
+            inbound_len,
+            access::LOCAL_WRITE | access::REMOTE_WRITE,
+        )?;
         let staging = Region::new(&port.pd, staging_len, access::LOCAL_WRITE)?;
         let cq = CompletionQueue::new(&port.context, CQ_DEPTH as u32)?;
         let mut last_err = None;
@@ -82,14 +90,28 @@ impl Endpoint {
             };
             match QueuePair::new_rc(&port.pd, &cq, &cq, caps) {
                 Ok(qp) => {
-                    qp.modify_to_init(port.info.port, 0, access::LOCAL_WRITE | access::REMOTE_WRITE)?;
+                    qp.modify_to_init(
+                        port.info.port,
+                        0,
+                        access::LOCAL_WRITE | access::REMOTE_WRITE,
+                    )?;
                     let max_inline = qp.caps().max_inline_data as usize;
-                    return Ok(Self { qp, cq, inbound, staging, max_inline, port: Arc::clone(port), psn: random_psn() });
+                    return Ok(Self {
+                        qp,
+                        cq,
+                        inbound,
+                        staging,
+                        max_inline,
+                        port: Arc::clone(port),
+                        psn: random_psn(),
+                    });
                 }
                 Err(e) => last_err = Some(e),
             }
         }
-        Err(last_err.unwrap_or(VerbsError::InvalidArgument { what: "no QP configuration accepted" }))
+        Err(last_err.unwrap_or(VerbsError::InvalidArgument {
+            what: "no QP configuration accepted",
+        }))
     }
 
     /// What the peer needs to reach this endpoint.
@@ -101,13 +123,21 @@ impl Endpoint {
         };
         EndpointInfo {
             gid: info.gid,
-            lid: if link_layer == LinkLayer::Infiniband { info.lid } else { 0 },
+            lid: if link_layer == LinkLayer::Infiniband {
+                info.lid
+            } else {
+                0
+            },
             port_num: info.port,
             mtu: info.active_mtu as u8,
             link_layer,
             qpn: self.qp.qp_num(),
             psn: self.psn,
-            inbound: RemoteRegion { addr: self.inbound.addr(), rkey: self.inbound.rkey(), len: self.inbound.len() as u32 },
+            inbound: RemoteRegion {
+                addr: self.inbound.addr(),
+                rkey: self.inbound.rkey(),
+                len: self.inbound.len() as u32,
+            },
             traffic_class: settings.traffic_class,
             service_level: settings.service_level,
             device_name: device_name(&info.name),
@@ -115,7 +145,11 @@ impl Endpoint {
     }
 
     /// Move the queue pair to RTR and RTS towards `remote`.
-    pub(crate) fn connect(&self, remote: &EndpointInfo, settings: &QpSettings) -> Result<(), VerbsError> {
+    pub(crate) fn connect(
+        &self,
+        remote: &EndpointInfo,
+        settings: &QpSettings,
+    ) -> Result<(), VerbsError> {
         let info = &self.port.info;
         let roce = info.link_layer == rivet_verbs_ffi::discover::LinkLayer::Ethernet;
         let rtr = RtrParams {
@@ -132,7 +166,12 @@ impl Endpoint {
             ..RtrParams::default()
         };
         self.qp.modify_to_rtr(&rtr)?;
-        let rts = RtsParams { timeout: settings.timeout, retry_cnt: settings.retry_cnt, sq_psn: self.psn, ..RtsParams::default() };
+        let rts = RtsParams {
+            timeout: settings.timeout,
+            retry_cnt: settings.retry_cnt,
+            sq_psn: self.psn,
+            ..RtsParams::default()
+        };
         self.qp.modify_to_rts(&rts)
     }
 
@@ -149,7 +188,11 @@ impl Endpoint {
 
 /// The device name as the wire format carries it: printable ASCII, at most 32 bytes.
 fn device_name(name: &str) -> DeviceName {
-    let clean: String = name.chars().filter(|c| c.is_ascii_graphic()).take(32).collect();
+    let clean: String = name
+        .chars()
+        .filter(|c| c.is_ascii_graphic())
+        .take(32)
+        .collect();
     DeviceName::new(&clean)
         .or_else(|_| DeviceName::new("rdma"))
         .expect("\"rdma\" is a valid device name by the wire format's rules")
@@ -173,28 +216,45 @@ impl Nic for Endpoint {
     fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
         for piece in chain.chunks(MAX_CHAIN) {
             let mut sges = [ibv_sge::default(); MAX_CHAIN];
-            let mut wrs: [ibv_send_wr; MAX_CHAIN] = core::array::from_fn(|_| ibv_send_wr::default());
+            let mut wrs: [ibv_send_wr; MAX_CHAIN] =
+                core::array::from_fn(|_| ibv_send_wr::default());
             for (i, wr) in piece.iter().enumerate() {
                 let (num_sge, inline) = match wr.payload {
                     Payload::Empty => (0, 0),
                     Payload::Inline(bytes) => {
                         if bytes.len() > self.max_inline {
-                            return Err(NicError::Post { errno: libc::EINVAL });
+                            return Err(NicError::Post {
+                                errno: libc::EINVAL,
+                            });
                         }
-                        sges[i] = ibv_sge { addr: bytes.as_ptr() as u64, length: bytes.len() as u32, lkey: 0 };
+                        sges[i] = ibv_sge {
+                            addr: bytes.as_ptr() as u64,
+                            length: bytes.len() as u32,
+                            lkey: 0,
+                        };
                         (1, send_flags::INLINE)
                     }
                     Payload::Local(sge) => {
-                        sges[i] = ibv_sge { addr: sge.addr, length: sge.len, lkey: sge.lkey };
+                        sges[i] = ibv_sge {
+                            addr: sge.addr,
+                            length: sge.len,
+                            lkey: sge.lkey,
+                        };
                         (1, 0)
                     }
                     Payload::Staged { offset, len } => {
                         let end = u64::from(offset) + u64::from(len);
                         if end > self.staging.len() as u64 {
-                            return Err(NicError::Post { errno: libc::EINVAL });
+                            return Err(NicError::Post {
+                                errno: libc::EINVAL,
+                            });
                         }
                         let addr = self.staging.addr() + u64::from(offset);
-                        sges[i] = ibv_sge { addr, length: len, lkey: self.staging.lkey() };
+                        sges[i] = ibv_sge {
+                            addr,
+                            length: len,
+                            lkey: self.staging.lkey(),
+                        };
                         (1, 0)
                     }
                 };
@@ -204,40 +264,62 @@ impl Nic for Endpoint {
                 };
                 let w = &mut wrs[i];
                 w.wr_id = wr.wr_id;
-                w.sg_list = if num_sge == 0 { core::ptr::null_mut() } else { &raw mut sges[i] };
+                w.sg_list = if num_sge == 0 {
+                    core::ptr::null_mut()
+                } else {
+                    &raw mut sges[i]
+                };
                 w.num_sge = num_sge;
                 w.opcode = opcode;
                 w.send_flags = inline | if wr.signaled { send_flags::SIGNALED } else { 0 };
                 w.imm_data = imm;
-                w.wr.rdma = rivet_verbs_ffi::sys::ibv_rdma_wr { remote_addr: wr.remote_addr, rkey: wr.rkey };
+                w.wr.rdma = rivet_verbs_ffi::sys::ibv_rdma_wr {
+                    remote_addr: wr.remote_addr,
+                    rkey: wr.rkey,
+                };
             }
             // SAFETY: every SGE points at memory the core vouches for (user buffers registered
             // under their lkey, inline bytes borrowed for this call, staging bounds-checked above);
             // `sges` outlives the post, and inline bytes are copied by the provider during it.
-            unsafe { self.qp.post_send(&mut wrs[..piece.len()]) }.map_err(|e| NicError::Post { errno: post_errno(&e) })?;
+            unsafe { self.qp.post_send(&mut wrs[..piece.len()]) }.map_err(|e| NicError::Post {
+                errno: post_errno(&e),
+            })?;
         }
         Ok(())
     }
 
     fn post_recv(&mut self, wr_id: u64) -> Result<(), NicError> {
-        let mut wr = [ibv_recv_wr { wr_id, ..ibv_recv_wr::default() }];
+        let mut wr = [ibv_recv_wr {
+            wr_id,
+            ..ibv_recv_wr::default()
+        }];
         // SAFETY: an empty receive (no scatter entry): nothing for the NIC to write but the CQE.
-        unsafe { self.qp.post_recv(&mut wr) }.map_err(|e| NicError::Post { errno: post_errno(&e) })
+        unsafe { self.qp.post_recv(&mut wr) }.map_err(|e| NicError::Post {
+            errno: post_errno(&e),
+        })
     }
 
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError> {
         let mut wcs = [ibv_wc::default(); MAX_POLL];
         let want = out.len().min(MAX_POLL);
-        let got = self.cq.poll(&mut wcs[..want]).map_err(|e| NicError::Poll { code: post_errno(&e) })?;
+        let got = self.cq.poll(&mut wcs[..want]).map_err(|e| NicError::Poll {
+            code: post_errno(&e),
+        })?;
         for (slot, wc) in out.iter_mut().zip(&wcs[..got]) {
             let status = WcStatus(wc.status);
             let kind = if status.is_success() {
                 if wc.opcode == wc_opcode::RECV_RDMA_WITH_IMM {
-                    CompletionKind::RecvWriteImm { imm: u32::from_be(wc.imm_data), byte_len: wc.byte_len }
+                    CompletionKind::RecvWriteImm {
+                        imm: u32::from_be(wc.imm_data),
+                        byte_len: wc.byte_len,
+                    }
                 } else if wc.opcode & wc_opcode::RECV != 0 {
                     // A receive without immediate cannot happen in this protocol; report it as a
                     // write-with-immediate of 0 so the core's validation names the violation.
-                    CompletionKind::RecvWriteImm { imm: 0, byte_len: wc.byte_len }
+                    CompletionKind::RecvWriteImm {
+                        imm: 0,
+                        byte_len: wc.byte_len,
+                    }
                 } else {
                     CompletionKind::Send
                 }
@@ -247,7 +329,12 @@ impl Nic for Endpoint {
             } else {
                 CompletionKind::Send
             };
-            *slot = Completion { wr_id: wc.wr_id, status, vendor_err: wc.vendor_err, kind };
+            *slot = Completion {
+                wr_id: wc.wr_id,
+                status,
+                vendor_err: wc.vendor_err,
+                kind,
+            };
         }
         Ok(got)
     }

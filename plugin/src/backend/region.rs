@@ -27,20 +27,35 @@ unsafe impl Sync for Region {}
 
 impl Region {
     /// Allocate `len` zeroed bytes (rounded up to whole pages) and register them with `access`.
-    pub(crate) fn new(pd: &Arc<ProtectionDomain>, len: usize, access: u32) -> Result<Self, VerbsError> {
+    pub(crate) fn new(
+        pd: &Arc<ProtectionDomain>,
+        len: usize,
+        access: u32,
+    ) -> Result<Self, VerbsError> {
         let size = len.max(1).div_ceil(PAGE) * PAGE;
-        let layout = Layout::from_size_align(size, PAGE).map_err(|_| VerbsError::InvalidArgument { what: "region size" })?;
+        let layout =
+            Layout::from_size_align(size, PAGE).map_err(|_| VerbsError::InvalidArgument {
+                what: "region size",
+            })?;
         // SAFETY: the layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })
-            .ok_or(VerbsError::InvalidArgument { what: "out of memory for a control region" })?;
-        let mut region = Self { mr: None, ptr, layout };
+        let ptr =
+            NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or(VerbsError::InvalidArgument {
+                what: "out of memory for a control region",
+            })?;
+        let mut region = Self {
+            mr: None,
+            ptr,
+            layout,
+        };
         // SAFETY: the memory is valid for `size` bytes and lives until `Drop`, after the MR is gone.
         region.mr = Some(unsafe { MemoryRegion::register(pd, ptr.as_ptr(), size, access) }?);
         Ok(region)
     }
 
     fn mr(&self) -> &MemoryRegion {
-        self.mr.as_ref().unwrap_or_else(|| unreachable!("registered in new"))
+        self.mr
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("registered in new"))
     }
 
     /// Address of the first byte.
@@ -66,7 +81,10 @@ impl Region {
     /// Copy `out.len()` bytes at `offset` out with volatile loads, then an acquire fence so later
     /// reads are not hoisted above them. Out-of-range reads yield zeroes (never panic).
     pub(crate) fn read_volatile(&self, offset: usize, out: &mut [u8]) {
-        let Some(end) = offset.checked_add(out.len()).filter(|end| *end <= self.len()) else {
+        let Some(end) = offset
+            .checked_add(out.len())
+            .filter(|end| *end <= self.len())
+        else {
             out.fill(0);
             return;
         };
@@ -81,11 +99,22 @@ impl Region {
 
     /// Copy `bytes` in at `offset`; out-of-range writes are refused (returns false).
     pub(crate) fn write(&mut self, offset: usize, bytes: &[u8]) -> bool {
-        let Some(end) = offset.checked_add(bytes.len()).filter(|end| *end <= self.len()) else { return false };
+        let Some(end) = offset
+            .checked_add(bytes.len())
+            .filter(|end| *end <= self.len())
+        else {
+            return false;
+        };
         debug_assert!(end <= self.len());
         // SAFETY: the destination range is inside the allocation; `&mut self` excludes other CPU
         // writers, and the NIC only reads staging memory after a later post.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.as_ptr().add(offset), bytes.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.ptr.as_ptr().add(offset),
+                bytes.len(),
+            )
+        };
         true
     }
 }

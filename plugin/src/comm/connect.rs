@@ -6,8 +6,8 @@
 //! token is a registry handle, not a pointer: a corrupt or stale token is simply not found, and
 //! the connect starts afresh.
 
-use super::data::{self, DataComm, Side};
 use super::Ptr;
+use super::data::{self, DataComm, Side};
 use crate::backend::endpoint::{Endpoint, QpSettings, Role};
 use crate::clock;
 use crate::error::{NetError, NetResult};
@@ -58,19 +58,42 @@ fn write_token(handle: &mut [u8; 128], token: Option<Handle>) {
     }
 }
 
-fn start(ctx: Option<&NetContext>, dev: c_int, tc: Option<i32>, handle: &[u8; 128]) -> NetResult<PendingConnect> {
+fn start(
+    ctx: Option<&NetContext>,
+    dev: c_int,
+    tc: Option<i32>,
+    handle: &[u8; 128],
+) -> NetResult<PendingConnect> {
     let listener = ListenHandle::decode(handle).map_err(|e| {
-        NetError::invalid_usage(format!("connect: the connection handle from the peer is not usable: {e}"))
+        NetError::invalid_usage(format!(
+            "connect: the connection handle from the peer is not usable: {e}"
+        ))
     })?;
     let port = net::open_port(dev)?;
     let config = net::config()?;
     let settings = config.qp_settings(tc.or_else(|| ctx.and_then(|c| c.traffic_class)));
-    let endpoint = Endpoint::new(&port, Role::Sender)
-        .map_err(|e| NetError::system(format!("connect: creating the queue pair on {}: {e}", port.info.name)))?;
+    let endpoint = Endpoint::new(&port, Role::Sender).map_err(|e| {
+        NetError::system(format!(
+            "connect: creating the queue pair on {}: {e}",
+            port.info.name
+        ))
+    })?;
     let socket = socket::start_connect(listener.addr)
         .map_err(|e| NetError::system(format!("connect: cannot reach {}: {e}", listener.addr)))?;
-    let machine = Connector::new(&listener, endpoint.local_info(&settings), clock::now(), config.handshake_timeout);
-    Ok(PendingConnect { socket, addr: listener.addr, tcp_connected: false, machine, endpoint, settings })
+    let machine = Connector::new(
+        &listener,
+        endpoint.local_info(&settings),
+        clock::now(),
+        config.handshake_timeout,
+    );
+    Ok(PendingConnect {
+        socket,
+        addr: listener.addr,
+        tcp_connected: false,
+        machine,
+        endpoint,
+        settings,
+    })
 }
 
 /// Where a pending connect stands after a round of progress.
@@ -92,7 +115,12 @@ fn progress(p: &mut PendingConnect) -> NetResult<Step> {
                 }
                 return Ok(Step::Waiting);
             }
-            Err(e) => return Err(NetError::remote(format!("connect: cannot reach {}: {e}", p.addr))),
+            Err(e) => {
+                return Err(NetError::remote(format!(
+                    "connect: cannot reach {}: {e}",
+                    p.addr
+                )));
+            }
         }
     }
     let io = |p: &mut PendingConnect| {
@@ -115,7 +143,11 @@ fn progress(p: &mut PendingConnect) -> NetResult<Step> {
                 io(p)?;
             }
             ConnectorEvent::Established => {
-                let remote = p.machine.remote().copied().ok_or_else(|| NetError::misuse("connect: no remote"))?;
+                let remote = p
+                    .machine
+                    .remote()
+                    .copied()
+                    .ok_or_else(|| NetError::misuse("connect: no remote"))?;
                 return Ok(Step::Established(remote));
             }
             _ => {}
@@ -127,7 +159,12 @@ fn progress(p: &mut PendingConnect) -> NetResult<Step> {
     Ok(Step::Waiting)
 }
 
-pub(crate) fn connect(ctx: Option<&NetContext>, dev: c_int, tc: Option<i32>, handle: &mut [u8; 128]) -> NetResult<Option<Ptr>> {
+pub(crate) fn connect(
+    ctx: Option<&NetContext>,
+    dev: c_int,
+    tc: Option<i32>,
+    handle: &mut [u8; 128],
+) -> NetResult<Option<Ptr>> {
     let token = read_token(handle);
     // SAFETY: a pending connect is only touched by the thread calling `connect` with its handle;
     // NCCL polls one handle from one thread.
@@ -143,7 +180,9 @@ pub(crate) fn connect(ctx: Option<&NetContext>, dev: c_int, tc: Option<i32>, han
             t
         }
     };
-    let mut pending = CONNECTS.remove(token).ok_or_else(|| NetError::misuse("connect: pending connect vanished"))?;
+    let mut pending = CONNECTS
+        .remove(token)
+        .ok_or_else(|| NetError::misuse("connect: pending connect vanished"))?;
     match progress(&mut pending) {
         Ok(Step::Waiting) => {
             // Put it back under a fresh token (removal bumped the slot's generation).
@@ -155,9 +194,18 @@ pub(crate) fn connect(ctx: Option<&NetContext>, dev: c_int, tc: Option<i32>, han
         }
         Ok(Step::Established(remote)) => {
             write_token(handle, None);
-            let PendingConnect { socket, addr, endpoint, .. } = *pending;
+            let PendingConnect {
+                socket,
+                addr,
+                endpoint,
+                ..
+            } = *pending;
             let peer = format!("{addr} ({} qp {})", remote.device_name.as_str(), remote.qpn);
-            info!(INIT_NET, "connected to {peer} from local QP {}", endpoint.qp_num());
+            info!(
+                INIT_NET,
+                "connected to {peer} from local QP {}",
+                endpoint.qp_num()
+            );
             let side = Side::new(SendConn::new(remote.inbound), endpoint, socket, peer);
             data::insert(DataComm::Send(side)).map(Some)
         }

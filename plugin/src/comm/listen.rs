@@ -50,22 +50,44 @@ struct PendingAccept {
 
 static LISTENS: Registry<ListenComm, 4096> = Registry::new(0x1157);
 
-pub(crate) fn listen(ctx: Option<&NetContext>, dev: c_int, handle: &mut [u8; 128]) -> NetResult<Ptr> {
+pub(crate) fn listen(
+    ctx: Option<&NetContext>,
+    dev: c_int,
+    handle: &mut [u8; 128],
+) -> NetResult<Ptr> {
     let port = net::open_port(dev)?;
     let config = net::config()?;
-    let candidates = iface::local_addresses().map_err(|e| NetError::system(format!("listen: getifaddrs: {e}")))?;
+    let candidates = iface::local_addresses()
+        .map_err(|e| NetError::system(format!("listen: getifaddrs: {e}")))?;
     let local = iface::choose(&candidates, config.socket_ifname.as_ref()).ok_or_else(|| {
         NetError::system("listen: no usable network interface for the connection handshake (check NCCL_SOCKET_IFNAME)")
     })?;
-    let listener = socket::listen(local.addr)
-        .map_err(|e| NetError::system(format!("listen: cannot listen on {} ({}): {e}", local.addr, local.name)))?;
-    let addr = listener.local_addr().map_err(|e| NetError::system(format!("listen: {e}")))?;
+    let listener = socket::listen(local.addr).map_err(|e| {
+        NetError::system(format!(
+            "listen: cannot listen on {} ({}): {e}",
+            local.addr, local.name
+        ))
+    })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| NetError::system(format!("listen: {e}")))?;
     let listen_id = crate::random::u64();
     handle.fill(0);
-    handle[..rivet_core::wire::HANDLE_LEN].copy_from_slice(&ListenHandle::new(addr, listen_id).encode());
+    handle[..rivet_core::wire::HANDLE_LEN]
+        .copy_from_slice(&ListenHandle::new(addr, listen_id).encode());
     let settings = config.qp_settings(ctx.and_then(|c| c.traffic_class));
-    info!(INIT_NET, "listening on {addr} ({}) for {} port {}", local.name, port.info.name, port.info.port);
-    let comm = ListenComm { port, listener, listen_id, config, settings, pending: Mutex::new(Vec::new()) };
+    info!(
+        INIT_NET,
+        "listening on {addr} ({}) for {} port {}", local.name, port.info.name, port.info.port
+    );
+    let comm = ListenComm {
+        port,
+        listener,
+        listen_id,
+        config,
+        settings,
+        pending: Mutex::new(Vec::new()),
+    };
     LISTENS
         .insert(Box::new(comm))
         .map(Handle::to_ptr)
@@ -86,14 +108,21 @@ fn lookup(call: &str, ptr: Ptr) -> NetResult<(Handle, &'static ListenComm)> {
 enum Progress {
     Waiting,
     Dropped,
-    Established { endpoint: Endpoint, remote: EndpointInfo, peer: String },
+    Established {
+        endpoint: Box<Endpoint>,
+        remote: EndpointInfo,
+        peer: String,
+    },
 }
 
 impl ListenComm {
     fn progress(&self, pending: &mut PendingAccept) -> Progress {
         let now = clock::now();
         if let Err(e) = pump::pump(&mut pending.socket, &mut pending.machine, now) {
-            warn!("accept: dropping the connection from {}: socket error: {}", pending.peer, e.0);
+            warn!(
+                "accept: dropping the connection from {}: socket error: {}",
+                pending.peer, e.0
+            );
             return Progress::Dropped;
         }
         while let Some(event) = pending.machine.poll_event() {
@@ -112,29 +141,56 @@ impl ListenComm {
                             let _ = pending.machine.handle_local_ready(local);
                         }
                         Err(e) => {
-                            warn!("accept: setting up the queue pair for {} failed: {e}", pending.peer);
+                            warn!(
+                                "accept: setting up the queue pair for {} failed: {e}",
+                                pending.peer
+                            );
                             let _ = pending.machine.reject(RejectReason::SetupFailed);
                         }
                     }
                     if let Err(e) = pump::pump(&mut pending.socket, &mut pending.machine, now) {
-                        warn!("accept: dropping the connection from {}: socket error: {}", pending.peer, e.0);
+                        warn!(
+                            "accept: dropping the connection from {}: socket error: {}",
+                            pending.peer, e.0
+                        );
                         return Progress::Dropped;
                     }
                 }
                 AcceptorEvent::Established => {
-                    let (Some(endpoint), Some(remote)) = (pending.endpoint.take(), pending.machine.remote().copied()) else {
-                        warn!("accept: handshake with {} ended without an endpoint", pending.peer);
+                    let (Some(endpoint), Some(remote)) =
+                        (pending.endpoint.take(), pending.machine.remote().copied())
+                    else {
+                        warn!(
+                            "accept: handshake with {} ended without an endpoint",
+                            pending.peer
+                        );
                         return Progress::Dropped;
                     };
-                    let peer = format!("{} ({} qp {})", pending.peer, remote.device_name.as_str(), remote.qpn);
-                    info!(INIT_NET, "accepted a connection from {peer} on local QP {}", endpoint.qp_num());
-                    return Progress::Established { endpoint, remote, peer };
+                    let peer = format!(
+                        "{} ({} qp {})",
+                        pending.peer,
+                        remote.device_name.as_str(),
+                        remote.qpn
+                    );
+                    info!(
+                        INIT_NET,
+                        "accepted a connection from {peer} on local QP {}",
+                        endpoint.qp_num()
+                    );
+                    return Progress::Established {
+                        endpoint: Box::new(endpoint),
+                        remote,
+                        peer,
+                    };
                 }
                 _ => {}
             }
         }
         if let Some(err) = pending.machine.error() {
-            warn!("accept: refused a connection attempt from {}: {err}", pending.peer);
+            warn!(
+                "accept: refused a connection attempt from {}: {err}",
+                pending.peer
+            );
             return Progress::Dropped;
         }
         Progress::Waiting
@@ -143,17 +199,31 @@ impl ListenComm {
 
 pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
     let (_, comm) = lookup("accept", listen)?;
-    let mut pending = comm.pending.lock().map_err(|_| NetError::misuse("accept: listen comm unusable"))?;
+    let mut pending = comm
+        .pending
+        .lock()
+        .map_err(|_| NetError::misuse("accept: listen comm unusable"))?;
     loop {
         match socket::accept(&comm.listener) {
             Ok(Some(stream)) => {
-                let peer = stream.peer_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+                let peer = stream
+                    .peer_addr()
+                    .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
                 if pending.len() >= MAX_PENDING {
                     let oldest = pending.remove(0);
-                    warn!("accept: too many half-open connections; dropping the one from {}", oldest.peer);
+                    warn!(
+                        "accept: too many half-open connections; dropping the one from {}",
+                        oldest.peer
+                    );
                 }
-                let machine = Acceptor::new(comm.listen_id, clock::now(), comm.config.handshake_timeout);
-                pending.push(PendingAccept { socket: stream, peer, machine, endpoint: None });
+                let machine =
+                    Acceptor::new(comm.listen_id, clock::now(), comm.config.handshake_timeout);
+                pending.push(PendingAccept {
+                    socket: stream,
+                    peer,
+                    machine,
+                    endpoint: None,
+                });
             }
             Ok(None) => break,
             Err(e) => return Err(NetError::system(format!("accept: {e}"))),
@@ -164,9 +234,13 @@ pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
         match comm.progress(&mut pending[index]) {
             Progress::Waiting => index += 1,
             Progress::Dropped => drop(pending.remove(index)),
-            Progress::Established { endpoint, remote, peer } => {
+            Progress::Established {
+                endpoint,
+                remote,
+                peer,
+            } => {
                 let done = pending.remove(index);
-                let side = Side::new(RecvConn::new(remote.inbound), endpoint, done.socket, peer);
+                let side = Side::new(RecvConn::new(remote.inbound), *endpoint, done.socket, peer);
                 return data::insert(DataComm::Recv(side)).map(Some);
             }
         }
@@ -176,5 +250,8 @@ pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
 
 pub(crate) fn close_listen(listen: Ptr) -> NetResult<()> {
     let (handle, _) = lookup("closeListen", listen)?;
-    LISTENS.remove(handle).map(drop).ok_or_else(|| unknown("closeListen", "listenComm", listen))
+    LISTENS
+        .remove(handle)
+        .map(drop)
+        .ok_or_else(|| unknown("closeListen", "listenComm", listen))
 }

@@ -51,7 +51,9 @@ fn unknown(call: &str, what: &str, ptr: Ptr) -> NetError {
     if ptr.is_null() {
         NetError::misuse(format!("{call}: {what} is NULL"))
     } else {
-        NetError::misuse(format!("{call}: {what} {ptr:p} is not a live Rivet object (closed, or never created)"))
+        NetError::misuse(format!(
+            "{call}: {what} {ptr:p} is not a live Rivet object (closed, or never created)"
+        ))
     }
 }
 

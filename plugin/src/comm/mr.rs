@@ -26,19 +26,24 @@ pub(crate) struct UserMr {
 impl UserMr {
     /// The local key, after checking `addr..addr+len` lies inside the registration.
     pub(crate) fn lkey_for(&self, addr: u64, len: u64) -> NetResult<u32> {
-        self.check(addr, len).map(|mr| mr.map_or(0, MemoryRegion::lkey))
+        self.check(addr, len)
+            .map(|mr| mr.map_or(0, MemoryRegion::lkey))
     }
 
     /// The remote key, after the same check.
     pub(crate) fn rkey_for(&self, addr: u64, len: u64) -> NetResult<u32> {
-        self.check(addr, len).map(|mr| mr.map_or(0, MemoryRegion::rkey))
+        self.check(addr, len)
+            .map(|mr| mr.map_or(0, MemoryRegion::rkey))
     }
 
     fn check(&self, addr: u64, len: u64) -> NetResult<Option<&MemoryRegion>> {
         if len == 0 {
             return Ok(self.mr.as_ref());
         }
-        let inside = addr >= self.addr && addr.checked_add(len).is_some_and(|end| end <= self.addr + self.len);
+        let inside = addr >= self.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.addr + self.len);
         if !inside {
             return Err(NetError::invalid_argument(format!(
                 "buffer {addr:#x}+{len} is not inside its registration {:#x}+{}",
@@ -77,7 +82,13 @@ fn comm_port(call: &str, comm: Ptr) -> NetResult<Arc<OpenPort>> {
     }
 }
 
-pub(crate) fn reg_mr(comm: Ptr, data: Ptr, size: usize, kind: c_int, dmabuf: Option<(u64, c_int)>) -> NetResult<Ptr> {
+pub(crate) fn reg_mr(
+    comm: Ptr,
+    data: Ptr,
+    size: usize,
+    kind: c_int,
+    dmabuf: Option<(u64, c_int)>,
+) -> NetResult<Ptr> {
     let port = comm_port("regMr", comm)?;
     if kind != NCCL_PTR_HOST {
         return Err(NetError::invalid_usage(format!(
@@ -85,7 +96,9 @@ pub(crate) fn reg_mr(comm: Ptr, data: Ptr, size: usize, kind: c_int, dmabuf: Opt
         )));
     }
     if dmabuf.is_some() {
-        return Err(NetError::invalid_usage("regMrDmaBuf: DMA-BUF registration is not supported yet"));
+        return Err(NetError::invalid_usage(
+            "regMrDmaBuf: DMA-BUF registration is not supported yet",
+        ));
     }
     if data.is_null() && size > 0 {
         return Err(NetError::invalid_argument("regMr: NULL buffer"));
@@ -95,12 +108,20 @@ pub(crate) fn reg_mr(comm: Ptr, data: Ptr, size: usize, kind: c_int, dmabuf: Opt
     } else {
         let flags = access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ;
         // SAFETY: NCCL registers memory it owns and keeps it mapped until `deregMr`.
-        Some(unsafe { MemoryRegion::register(&port.pd, data.cast(), size, flags) }.map_err(|e| reg_error(&e, data, size))?)
+        Some(
+            unsafe { MemoryRegion::register(&port.pd, data.cast(), size, flags) }
+                .map_err(|e| reg_error(&e, data, size))?,
+        )
     };
-    let entry = Box::new(UserMr { mr, addr: data as u64, len: size as u64, port });
-    MRS.insert(entry)
-        .map(Handle::to_ptr)
-        .ok_or_else(|| NetError::system("regMr: more than 65535 live registrations in this process"))
+    let entry = Box::new(UserMr {
+        mr,
+        addr: data as u64,
+        len: size as u64,
+        port,
+    });
+    MRS.insert(entry).map(Handle::to_ptr).ok_or_else(|| {
+        NetError::system("regMr: more than 65535 live registrations in this process")
+    })
 }
 
 fn reg_error(err: &VerbsError, data: Ptr, size: usize) -> NetError {
@@ -111,7 +132,9 @@ fn reg_error(err: &VerbsError, data: Ptr, size: usize) -> NetError {
         Some(libc::EFAULT | libc::EINVAL) => "; the range is not mapped memory of this process",
         _ => "",
     };
-    NetError::system(format!("regMr of {size} bytes at {data:p} failed: {err}{hint}"))
+    NetError::system(format!(
+        "regMr of {size} bytes at {data:p} failed: {err}{hint}"
+    ))
 }
 
 pub(crate) fn dereg_mr(comm: Ptr, mh: Ptr) -> NetResult<()> {
@@ -125,5 +148,7 @@ pub(crate) fn dereg_mr(comm: Ptr, mh: Ptr) -> NetResult<()> {
     if !owned {
         return Err(unknown("deregMr", "mhandle", mh));
     }
-    MRS.remove(handle).map(drop).ok_or_else(|| unknown("deregMr", "mhandle", mh))
+    MRS.remove(handle)
+        .map(drop)
+        .ok_or_else(|| unknown("deregMr", "mhandle", mh))
 }

@@ -41,25 +41,51 @@ impl IfFilter {
         if exact {
             rest = &rest[1..];
         }
-        let names = rest.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect();
-        Self { exclude, exact, names }
+        let names = rest
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        Self {
+            exclude,
+            exact,
+            names,
+        }
     }
 
     /// Whether interface `name` passes the filter.
     pub(crate) fn matches(&self, name: &str) -> bool {
-        let listed = self.names.iter().any(|n| if self.exact { name == n } else { name.starts_with(n.as_str()) });
+        let listed = self.names.iter().any(|n| {
+            if self.exact {
+                name == n
+            } else {
+                name.starts_with(n.as_str())
+            }
+        });
         listed != self.exclude
     }
 }
 
 /// Pick the address to listen on from `candidates`, honouring `filter`.
 pub(crate) fn choose(candidates: &[IfAddr], filter: Option<&IfFilter>) -> Option<IfAddr> {
-    let allowed: Vec<&IfAddr> = candidates.iter().filter(|c| filter.is_none_or(|f| f.matches(&c.name))).collect();
+    let allowed: Vec<&IfAddr> = candidates
+        .iter()
+        .filter(|c| filter.is_none_or(|f| f.matches(&c.name)))
+        .collect();
     if filter.is_some() {
         // The user named the interfaces: take the first listed one, loopback included.
-        return allowed.iter().find(|c| c.addr.is_ipv4()).or_else(|| allowed.first()).map(|c| (*c).clone());
+        return allowed
+            .iter()
+            .find(|c| c.addr.is_ipv4())
+            .or_else(|| allowed.first())
+            .map(|c| (*c).clone());
     }
-    let preferred = |v4: bool| allowed.iter().find(|c| !c.loopback && c.addr.is_ipv4() == v4 && !is_link_local(&c.addr));
+    let preferred = |v4: bool| {
+        allowed
+            .iter()
+            .find(|c| !c.loopback && c.addr.is_ipv4() == v4 && !is_link_local(&c.addr))
+    };
     preferred(true)
         .or_else(|| preferred(false))
         .or_else(|| allowed.iter().find(|c| c.loopback && c.addr.is_ipv4()))
@@ -106,9 +132,15 @@ pub(crate) fn local_addresses() -> std::io::Result<Vec<IfAddr>> {
             _ => continue,
         };
         // SAFETY: `ifa_name` is a NUL-terminated string owned by the list.
-        let name = unsafe { CStr::from_ptr(entry.ifa_name) }.to_string_lossy().into_owned();
+        let name = unsafe { CStr::from_ptr(entry.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
         let loopback = entry.ifa_flags & libc::IFF_LOOPBACK as u32 != 0;
-        out.push(IfAddr { name, addr, loopback });
+        out.push(IfAddr {
+            name,
+            addr,
+            loopback,
+        });
     }
     // SAFETY: `list` came from `getifaddrs` and is freed exactly once.
     unsafe { libc::freeifaddrs(list) };
@@ -120,39 +152,66 @@ mod tests {
     use super::*;
 
     fn addr(name: &str, ip: &str, loopback: bool) -> IfAddr {
-        IfAddr { name: name.into(), addr: ip.parse().expect("ip"), loopback }
+        IfAddr {
+            name: name.into(),
+            addr: ip.parse().expect("ip"),
+            loopback,
+        }
     }
 
     #[test]
     fn default_prefers_ipv4_non_loopback() {
-        let list = [addr("lo", "127.0.0.1", true), addr("eth0", "fe80::1", false), addr("eth0", "10.0.2.15", false)];
+        let list = [
+            addr("lo", "127.0.0.1", true),
+            addr("eth0", "fe80::1", false),
+            addr("eth0", "10.0.2.15", false),
+        ];
         assert_eq!(choose(&list, None).map(|a| a.name), Some("eth0".into()));
-        assert_eq!(choose(&list, None).map(|a| a.addr.to_string()), Some("10.0.2.15".into()));
+        assert_eq!(
+            choose(&list, None).map(|a| a.addr.to_string()),
+            Some("10.0.2.15".into())
+        );
     }
 
     #[test]
     fn default_falls_back_to_loopback() {
         let list = [addr("lo", "127.0.0.1", true)];
-        assert_eq!(choose(&list, None).map(|a| a.addr.to_string()), Some("127.0.0.1".into()));
+        assert_eq!(
+            choose(&list, None).map(|a| a.addr.to_string()),
+            Some("127.0.0.1".into())
+        );
     }
 
     #[test]
     fn prefix_exact_and_exclude() {
-        let list = [addr("eth1", "10.0.0.2", false), addr("eth10", "10.0.0.3", false), addr("lo", "127.0.0.1", true)];
+        let list = [
+            addr("eth1", "10.0.0.2", false),
+            addr("eth10", "10.0.0.3", false),
+            addr("lo", "127.0.0.1", true),
+        ];
         let prefix = IfFilter::parse("eth1");
         assert!(prefix.matches("eth1") && prefix.matches("eth10"));
         let exact = IfFilter::parse("=eth1");
         assert!(exact.matches("eth1") && !exact.matches("eth10"));
         let exclude = IfFilter::parse("^eth");
-        assert_eq!(choose(&list, Some(&exclude)).map(|a| a.name), Some("lo".into()));
+        assert_eq!(
+            choose(&list, Some(&exclude)).map(|a| a.name),
+            Some("lo".into())
+        );
         let exclude_exact = IfFilter::parse("^=eth1");
-        assert_eq!(choose(&list, Some(&exclude_exact)).map(|a| a.name), Some("eth10".into()));
+        assert_eq!(
+            choose(&list, Some(&exclude_exact)).map(|a| a.name),
+            Some("eth10".into())
+        );
         assert!(choose(&list, Some(&IfFilter::parse("ib"))).is_none());
     }
 
     #[test]
     fn this_machine_has_some_address() {
         let list = local_addresses().expect("getifaddrs");
-        assert!(choose(&list, None).is_some(), "no usable address among {list:?}");
+        assert!(
+            choose(&list, None).is_some(),
+            "no usable address among {list:?}"
+        );
     }
 }

@@ -14,13 +14,19 @@ pub(crate) struct SocketError(pub(crate) io::Error);
 
 /// Drive `machine` as far as the socket allows without blocking: write what it has to send, read
 /// no more than it asks for, report EOF, and check its deadline against `now`.
-pub(crate) fn pump<H: Handshake>(socket: &mut TcpStream, machine: &mut H, now: Instant) -> Result<(), SocketError> {
+pub(crate) fn pump<H: Handshake>(
+    socket: &mut TcpStream,
+    machine: &mut H,
+    now: Instant,
+) -> Result<(), SocketError> {
     loop {
         if machine.error().is_some() {
             // Flush a final Reject frame if the machine queued one; ignore failures, the
             // connection is over anyway.
             let out = machine.poll_transmit();
-            if !out.is_empty() && let Ok(n) = socket.write(out) {
+            if !out.is_empty()
+                && let Ok(n) = socket.write(out)
+            {
                 machine.handle_transmitted(n);
             }
             return Ok(());
@@ -55,7 +61,10 @@ pub(crate) fn pump<H: Handshake>(socket: &mut TcpStream, machine: &mut H, now: I
             Err(e) => return Err(SocketError(e)),
         }
     }
-    if machine.poll_timeout().is_some_and(|deadline| now >= deadline) {
+    if machine
+        .poll_timeout()
+        .is_some_and(|deadline| now >= deadline)
+    {
         machine.handle_timeout(now);
     }
     Ok(())

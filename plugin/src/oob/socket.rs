@@ -29,9 +29,19 @@ pub(crate) fn accept(listener: &TcpListener) -> io::Result<Option<TcpStream>> {
 
 /// Start connecting to `addr` without waiting; see [`connect_done`].
 pub(crate) fn start_connect(addr: SocketAddr) -> io::Result<TcpStream> {
-    let family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    let family = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
     // SAFETY: plain socket creation; the descriptor is owned by the TcpStream below.
-    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
+    let fd = unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -52,7 +62,11 @@ pub(crate) fn start_connect(addr: SocketAddr) -> io::Result<TcpStream> {
 
 /// Whether a connect started by [`start_connect`] has completed; the error if it failed.
 pub(crate) fn connect_done(stream: &TcpStream) -> io::Result<bool> {
-    let mut pfd = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+    let mut pfd = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd, zero timeout.
     let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
     if rc < 0 {
@@ -75,7 +89,9 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
             let sin = libc::sockaddr_in {
                 sin_family: libc::AF_INET as libc::sa_family_t,
                 sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*a.ip()).to_be(),
+                },
                 sin_zero: [0; 8],
             };
             // SAFETY: `sockaddr_storage` is large and aligned enough for any sockaddr.
@@ -87,7 +103,9 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
                 sin6_family: libc::AF_INET6 as libc::sa_family_t,
                 sin6_port: a.port().to_be(),
                 sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
                 sin6_scope_id: a.scope_id(),
             };
             // SAFETY: as above.
@@ -124,7 +142,9 @@ mod tests {
             match server.read(&mut buf) {
                 Ok(4) => break,
                 Ok(n) => panic!("short read {n}"),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(std::time::Duration::from_millis(1)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(std::time::Duration::from_millis(1))
+                }
                 Err(e) => panic!("read: {e}"),
             }
         }
