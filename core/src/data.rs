@@ -47,7 +47,15 @@
 //!
 //! **Errors.** A failed completion, a [`NicError`](crate::nic::NicError), a protocol violation, or
 //! [`SendConn::handle_fatal`] puts the connection into a sticky failed state: every outstanding
-//! request and every later call returns the first cause.
+//! request and every later call returns the first cause (a request that had already completed
+//! still reports `Done`: its data is there). A size mismatch fails only the requests involved; a
+//! stale or bogus [`RequestId`] or invalid arguments fail only the call. `test` frees the request
+//! whenever it returns `Done` or an error.
+//!
+//! **Alignment.** The driver allocates both inbound regions at least 32-byte aligned (a page in
+//! practice). Every CTS entry and record is then 32-byte aligned, so a NIC writing with relaxed
+//! ordering cannot tear one; entries of one slot may still land in any order, which is why each
+//! carries its own stamp and the sender only matches once all `n` are fresh.
 //!
 //! **Queue depths.** [`SEND_QUEUE_DEPTH`] = 512: 256 outstanding sends of grouped receives need at
 //! most 256 data writes + 32 slot ends (288), a receiver at most 256 CTS writes, plus the

@@ -99,6 +99,8 @@ struct Inner {
     /// Queue pair of every queued send work request, in post order.
     order: VecDeque<usize>,
     next_key: u32,
+    /// Reused gather buffer, so executing a work request does not allocate.
+    scratch: Vec<u8>,
 }
 
 #[derive(Debug)]
@@ -596,7 +598,8 @@ impl Inner {
 
         // Gather the payload at execution time, as a NIC's DMA would.
         let mut gathered = [0u8; SIM_MAX_INLINE];
-        let mut big = Vec::new();
+        let mut big = std::mem::take(&mut self.scratch);
+        big.clear();
         let bytes: &[u8] = match wr.data {
             WrData::Empty => &[],
             WrData::Inline(ref bytes, len) => {
@@ -669,6 +672,7 @@ impl Inner {
             };
             self.push_cqe(qp, c, wr.position);
         }
+        self.scratch = big;
         true
     }
 }

@@ -125,7 +125,12 @@ impl SendConn {
     /// Send `buf` to the oldest outstanding receive's first unmatched buffer tagged `tag`.
     ///
     /// `Ok(None)` means "try later": the receiver has not posted that receive yet, no unmatched
-    /// buffer of the oldest receive carries `tag`, or a pool or the send queue is full.
+    /// buffer of the oldest receive carries `tag`, or a pool or the send queue is full. Nothing is
+    /// posted then. May poll the completion queue (when short of credits, or when the slot's
+    /// previous lap has not completed here yet).
+    ///
+    /// A send larger than the matched buffer is not written: the request is created and its
+    /// `test` returns [`DataError::SizeMismatch`]; the receiver's request fails the same way.
     pub fn isend(
         &mut self,
         nic: &mut impl Nic,
