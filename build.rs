@@ -5,7 +5,10 @@ use std::path::PathBuf;
 
 fn main() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let programs = [("loader", "tests/c/loader.c", "RIVET_C_LOADER")];
+    let programs = [
+        ("loader", "tests/c/loader.c", "RIVET_C_LOADER"),
+        ("transfer", "tests/c/transfer.c", "RIVET_C_TRANSFER"),
+    ];
     for (name, source, env) in programs {
         println!("cargo:rerun-if-changed={source}");
         let exe = out.join(name);

@@ -1,72 +1,186 @@
-//! The process-wide table of RDMA ports Rivet exposes to NCCL, opened on the first `init`.
+//! The RDMA ports Rivet exposes to NCCL: discovered on the first `init`, opened on first use.
 
+use crate::abi::types::{NCCL_NET_ID_UNDEF, NCCL_PTR_HOST};
+use crate::backend::device::OpenPort;
 use crate::props::DeviceProps;
+use rivet_verbs_ffi::discover::{AddrFamily, GidPolicy, HcaFilter};
+use rivet_verbs_ffi::{DiscoverError, DiscoverOptions, PortInfo, VerbsError};
+use std::ffi::CString;
 use std::fmt;
+use std::sync::{Arc, Mutex};
 
-/// Why Rivet has no device to offer. Each variant's text is the one line NCCL's log shows.
+/// Why Rivet has no device to offer. Its text is the one line NCCL's log shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NoDevice {
-    /// The kernel exposes no RDMA devices at all.
-    NoSysfs,
-    /// `libibverbs.so.1` could not be loaded.
-    NoLibrary(String),
-    /// Devices exist but none has an ACTIVE InfiniBand or Ethernet port that passes `NCCL_IB_HCA`.
-    NoActivePort(String),
-    /// `RIVET_DISABLE`/`NCCL_IB_DISABLE` asked for no devices.
+    /// `RIVET_DISABLE=1` or `NCCL_IB_DISABLE=1`.
     Disabled(&'static str),
+    /// An environment variable could not be parsed.
+    BadSetting(String),
+    /// Discovery found nothing usable.
+    Discovery(DiscoverError),
 }
 
 impl fmt::Display for NoDevice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::NoSysfs => f.write_str(
-                "no RDMA device: /sys/class/infiniband does not exist (no RDMA NIC, or its kernel driver is not loaded)",
-            ),
-            Self::NoLibrary(why) => write!(f, "no RDMA device usable: libibverbs.so.1 could not be loaded ({why}); install rdma-core/libibverbs1"),
-            Self::NoActivePort(why) => write!(f, "no RDMA device usable: {why}"),
             Self::Disabled(var) => write!(f, "disabled by {var}=1"),
+            Self::BadSetting(why) => f.write_str(why),
+            Self::Discovery(e) => write!(f, "no RDMA device: {e}"),
         }
     }
 }
 
-/// One port Rivet exposes, with its NCCL properties.
+/// One port Rivet exposes.
 #[derive(Debug)]
 pub struct Port {
-    /// The properties reported through `getProperties`.
+    /// What discovery found.
+    pub info: PortInfo,
+    /// The properties reported through `getProperties` (pointing into `name` and `pci_path`).
     pub props: DeviceProps,
+    _name: CString,
+    _pci_path: CString,
+    opened: Mutex<Option<Arc<OpenPort>>>,
+}
+
+// SAFETY: `props` points only into the CStrings this value owns (heap buffers that do not move
+// with the value); everything else is immutable or behind a mutex.
+unsafe impl Send for Port {}
+// SAFETY: as above.
+unsafe impl Sync for Port {}
+
+impl Port {
+    fn new(index: usize, info: PortInfo) -> Self {
+        let clean = |s: &str| CString::new(s.replace('\0', "")).unwrap_or_default();
+        let name = clean(&info.name);
+        let pci = clean(
+            &info
+                .pci_path
+                .as_ref()
+                .map_or_else(String::new, |p| p.display().to_string()),
+        );
+        let mut members = [0; 8];
+        members[0] = i32::try_from(index).unwrap_or(i32::MAX);
+        let props = DeviceProps {
+            name: name.as_ptr(),
+            pci_path: pci.as_ptr(),
+            guid: info.guid,
+            // Host memory only until GPUDirect (peer memory / DMA-BUF) registration is supported.
+            ptr_support: NCCL_PTR_HOST,
+            speed_mbps: i32::try_from(info.speed_mbps).unwrap_or(i32::MAX),
+            port: i32::from(info.port),
+            max_comms: i32::try_from(info.max_qp).unwrap_or(i32::MAX),
+            members,
+            member_count: 1,
+            rail_id: info
+                .rail
+                .and_then(|r| i16::try_from(r).ok())
+                .unwrap_or(NCCL_NET_ID_UNDEF),
+            plane_id: info
+                .plane
+                .and_then(|p| i16::try_from(p).ok())
+                .unwrap_or(NCCL_NET_ID_UNDEF),
+        };
+        Self {
+            info,
+            props,
+            _name: name,
+            _pci_path: pci,
+            opened: Mutex::new(None),
+        }
+    }
+
+    /// The opened device (context + protection domain), opening it on first use.
+    pub(crate) fn open(&self) -> Result<Arc<OpenPort>, VerbsError> {
+        let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(port) = opened.as_ref() {
+            return Ok(Arc::clone(port));
+        }
+        let port = OpenPort::open(&self.info)?;
+        *opened = Some(Arc::clone(&port));
+        Ok(port)
+    }
 }
 
 impl fmt::Display for Port {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let p = &self.props;
-        // SAFETY: `name` and `pci_path` point to NUL-terminated strings the table owns for the
-        // process lifetime (see `discover`).
-        let (name, pci) = unsafe {
-            (
-                std::ffi::CStr::from_ptr(p.name).to_string_lossy(),
-                std::ffi::CStr::from_ptr(p.pci_path).to_string_lossy(),
-            )
+        let i = &self.info;
+        let link = match i.link_layer {
+            rivet_verbs_ffi::discover::LinkLayer::InfiniBand => "InfiniBand",
+            rivet_verbs_ffi::discover::LinkLayer::Ethernet => "RoCE",
         };
+        let pci = i
+            .pci_path
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), |p| p.display().to_string());
+        let mut ptr = String::from("host");
+        if i.ptr_support.cuda() {
+            ptr.push_str("+cuda(not used yet)");
+        }
+        if i.ptr_support.dmabuf() {
+            ptr.push_str("+dmabuf(not used yet)");
+        }
         write!(
             f,
-            "{name} port {} speed {} Gb/s pci {pci}",
-            p.port,
-            p.speed_mbps / 1000
+            "{} port {} {link} {} Gb/s gid[{}] {} ({}) mtu {} pci {pci} ptr {ptr} path verbs",
+            i.name,
+            i.port,
+            i.speed_mbps / 1000,
+            i.gid_index,
+            i.gid_string,
+            i.why,
+            128u32 << i.active_mtu.min(5),
         )
     }
 }
 
-// SAFETY: `DeviceProps` holds pointers to strings the table owns for the process
-// lifetime; the table is immutable once built, so sharing it between threads is fine.
-unsafe impl Send for Port {}
-// SAFETY: as above, `Port` is immutable after construction and its pointers target leaked,
-// never-freed C strings.
-unsafe impl Sync for Port {}
+fn env(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+}
+
+/// Discovery options from `NCCL_IB_HCA`, `NCCL_IB_GID_INDEX`, `NCCL_IB_ROCE_VERSION_NUM` and
+/// `NCCL_IB_ADDR_FAMILY`.
+fn options_from_env() -> Result<DiscoverOptions, NoDevice> {
+    let mut options = DiscoverOptions::default();
+    if let Some(spec) = env("NCCL_IB_HCA") {
+        options.filter = HcaFilter::parse(&spec)
+            .map_err(|e| NoDevice::BadSetting(format!("NCCL_IB_HCA={spec:?}: {e}")))?;
+    }
+    let mut gid = GidPolicy::default();
+    if let Some(v) = env("NCCL_IB_GID_INDEX") {
+        let index: i64 = v.parse().map_err(|_| {
+            NoDevice::BadSetting(format!("NCCL_IB_GID_INDEX={v:?} is not a number"))
+        })?;
+        gid.index = u32::try_from(index).ok();
+    }
+    if let Some(v) = env("NCCL_IB_ROCE_VERSION_NUM") {
+        gid.roce_version = match v.as_str() {
+            "1" => 1,
+            "2" => 2,
+            _ => {
+                return Err(NoDevice::BadSetting(format!(
+                    "NCCL_IB_ROCE_VERSION_NUM={v:?} must be 1 or 2"
+                )));
+            }
+        };
+    }
+    if let Some(v) = env("NCCL_IB_ADDR_FAMILY") {
+        gid.family = AddrFamily::parse(&v).ok_or_else(|| {
+            NoDevice::BadSetting(format!(
+                "NCCL_IB_ADDR_FAMILY={v:?} must be AF_INET or AF_INET6"
+            ))
+        })?;
+    }
+    options.gid = gid;
+    Ok(options)
+}
 
 /// Find the ports Rivet can use.
 pub fn discover() -> Result<Vec<Port>, NoDevice> {
     for var in ["RIVET_DISABLE", "NCCL_IB_DISABLE"] {
-        if std::env::var(var).is_ok_and(|v| v.trim() == "1") {
+        if env(var).as_deref() == Some("1") {
             return Err(NoDevice::Disabled(if var == "RIVET_DISABLE" {
                 "RIVET_DISABLE"
             } else {
@@ -74,10 +188,11 @@ pub fn discover() -> Result<Vec<Port>, NoDevice> {
             }));
         }
     }
-    if !std::path::Path::new("/sys/class/infiniband").is_dir() {
-        return Err(NoDevice::NoSysfs);
-    }
-    Err(NoDevice::NoActivePort(
-        "device discovery through libibverbs is not wired in yet".into(),
-    ))
+    let options = options_from_env()?;
+    let found = rivet_verbs_ffi::discover(&options).map_err(NoDevice::Discovery)?;
+    Ok(found
+        .into_iter()
+        .enumerate()
+        .map(|(i, info)| Port::new(i, info))
+        .collect())
 }

@@ -5,13 +5,18 @@
 //! `comm` (listen/connect/accept, registrations, data path) → `rivet-core` machines.
 
 pub mod abi;
+mod backend;
+mod clock;
 mod comm;
+mod config;
 pub mod devices;
 mod error;
 mod guard;
 mod log;
 mod net;
+mod oob;
 pub mod props;
+mod random;
 mod registry;
 
 pub use error::{ErrorClass, NetError};

@@ -1,6 +1,8 @@
 //! The one implementation behind every ABI version: version-independent entry points that the
 //! per-version shims in [`crate::abi::shims`] call after converting their arguments.
 
+use crate::backend::device::OpenPort;
+use crate::config::Config;
 use crate::devices::{self, NoDevice, Port};
 use crate::error::{NetError, NetResult};
 use crate::log::{INIT_NET, info, warn};
@@ -21,6 +23,7 @@ pub(crate) struct NetContext {
 /// Process-wide plugin state, present between the first successful `init` and the last `finalize`.
 struct Global {
     ports: Arc<Vec<Port>>,
+    config: Config,
     /// Live v11+ contexts plus one for a v6–v10 `init` (which has no `finalize`).
     users: usize,
 }
@@ -53,6 +56,7 @@ fn acquire(counted: bool) -> NetResult<()> {
             info!(INIT_NET, "initialized with {} port(s)", ports.len());
             *global = Some(Global {
                 ports: Arc::new(ports),
+                config: Config::from_env(),
                 users: usize::from(counted),
             });
             Ok(())
@@ -140,6 +144,33 @@ fn ports() -> NetResult<Arc<Vec<Port>>> {
         .ok_or_else(|| {
             NetError::misuse("the plugin is not initialized (init failed or was not called)")
         })
+}
+
+/// The settings read at `init`.
+pub(crate) fn config() -> NetResult<Config> {
+    global().as_ref().map(|g| g.config.clone()).ok_or_else(|| {
+        NetError::misuse("the plugin is not initialized (init failed or was not called)")
+    })
+}
+
+/// Open device `dev` (once; later calls share it).
+pub(crate) fn open_port(dev: c_int) -> NetResult<Arc<OpenPort>> {
+    let ports = ports()?;
+    let port = usize::try_from(dev)
+        .ok()
+        .and_then(|i| ports.get(i))
+        .ok_or_else(|| {
+            NetError::invalid_argument(format!(
+                "device {dev} does not exist ({} devices)",
+                ports.len()
+            ))
+        })?;
+    port.open().map_err(|e| {
+        NetError::system(format!(
+            "opening {} port {}: {e}",
+            port.info.name, port.info.port
+        ))
+    })
 }
 
 /// `devices(&n)`.

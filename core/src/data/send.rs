@@ -364,14 +364,21 @@ impl SendConn {
         }
         let base = usize::from(slot) * CTS_SLOT_LEN;
         let stamp = stamp_for(self.seq);
-        let mut raw = [0u8; CTS_SLOT_LEN];
-        nic.read_inbound(base, &mut raw[..CTS_ENTRY_LEN]);
-        if raw[28..32] != stamp.to_le_bytes() {
+        // The peer's NIC writes the entries while we read them. Read each entry's stamp first and
+        // only then (after `read_inbound`'s acquire fence) the entry itself: reading the whole
+        // entry at once could pair a fresh stamp with fields of the previous lap.
+        if !stamp_fresh(nic, base, stamp) {
             return Ok(None);
         }
+        let mut raw = [0u8; CTS_SLOT_LEN];
+        nic.read_inbound(base, &mut raw[..CTS_ENTRY_LEN]);
         let first = decode_entry(&raw, slot, 0).map_err(|e| self.health.fail(e))?;
         let n = first.n;
         let len = usize::from(n) * CTS_ENTRY_LEN;
+        if !(1..n).all(|i| stamp_fresh(nic, base + usize::from(i) * CTS_ENTRY_LEN, stamp)) {
+            // The rest of the group's write has not landed yet.
+            return Ok(None);
+        }
         nic.read_inbound(base + CTS_ENTRY_LEN, &mut raw[CTS_ENTRY_LEN..len]);
         let mut head = Matching {
             n,
@@ -537,3 +544,11 @@ const EMPTY_WR: SendWr<'static> = SendWr {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether the entry at `offset` of the inbound FIFO carries `stamp` (read on its own, before the
+/// entry's other fields).
+fn stamp_fresh(nic: &impl Nic, offset: usize, stamp: u32) -> bool {
+    let mut raw = [0u8; 4];
+    nic.read_inbound(offset + CTS_ENTRY_LEN - 4, &mut raw);
+    raw == stamp.to_le_bytes()
+}

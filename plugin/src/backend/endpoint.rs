@@ -1,0 +1,351 @@
+//! One connection's RC queue pair, completion queue and control regions, driven by the core
+//! through the [`Nic`] trait.
+//!
+//! Unsafe: posting work requests hands raw addresses (control regions, user buffers, inline
+//! bytes) to the NIC; each is checked against the region it must lie in first.
+
+use super::device::OpenPort;
+use super::region::Region;
+use rivet_core::data::codec::{WrId, WrKind};
+use rivet_core::nic::RemoteRegion;
+use rivet_core::nic::{
+    Completion, CompletionKind, Nic, NicError, Payload, SendOp, SendWr, WcStatus,
+};
+use rivet_core::wire::{DeviceName, EndpointInfo, LinkLayer};
+use rivet_verbs_ffi::sys::{
+    access, ibv_gid, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc, send_flags, wc_opcode, wr_opcode,
+};
+use rivet_verbs_ffi::{CompletionQueue, QpCaps, QueuePair, RtrParams, RtsParams, VerbsError};
+use std::sync::Arc;
+
+/// Which end of a connection an endpoint serves; it decides region sizes and queue depths.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// `connect` side: inbound CTS FIFO, no receives.
+    Sender,
+    /// `accept` side: inbound completion records, one receive per outstanding slot.
+    Receiver,
+}
+
+/// Queue-pair settings from the environment (NCCL's `NCCL_IB_*` knobs).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QpSettings {
+    /// `NCCL_IB_TIMEOUT`.
+    pub(crate) timeout: u8,
+    /// `NCCL_IB_RETRY_CNT`.
+    pub(crate) retry_cnt: u8,
+    /// Traffic class for the GRH.
+    pub(crate) traffic_class: u8,
+    /// Service level.
+    pub(crate) service_level: u8,
+}
+
+/// Largest chain posted with one `ibv_post_send` (the core's chains are shorter; longer ones are
+/// posted in pieces, which RC orders the same way).
+const MAX_CHAIN: usize = 16;
+/// Most completions polled per call.
+const MAX_POLL: usize = 16;
+/// Inline sizes tried when creating the QP, largest first (providers refuse what they cannot do).
+const INLINE_CHOICES: [u32; 3] = [256, 64, 0];
+
+/// A connection's queue pair and regions.
+#[derive(Debug)]
+pub(crate) struct Endpoint {
+    // Field order is drop order: the QP goes before its CQ and the regions it may still address.
+    qp: QueuePair,
+    cq: Arc<CompletionQueue>,
+    inbound: Region,
+    staging: Region,
+    max_inline: usize,
+    port: Arc<OpenPort>,
+    psn: u32,
+}
+
+impl Endpoint {
+    /// Create the queue pair (at INIT) and register the control regions for `role`.
+    pub(crate) fn new(port: &Arc<OpenPort>, role: Role) -> Result<Self, VerbsError> {
+        use rivet_core::data::{
+            CQ_DEPTH, RECV_INBOUND_LEN, RECV_QUEUE_DEPTH, RECV_STAGING_LEN, SEND_INBOUND_LEN,
+            SEND_QUEUE_DEPTH, SEND_STAGING_LEN,
+        };
+        let (inbound_len, staging_len, recv_depth) = match role {
+            Role::Sender => (SEND_INBOUND_LEN, SEND_STAGING_LEN, 1),
+            Role::Receiver => (RECV_INBOUND_LEN, RECV_STAGING_LEN, RECV_QUEUE_DEPTH as u32),
+        };
+        let inbound = Region::new(
+            &port.pd,
+            inbound_len,
+            access::LOCAL_WRITE | access::REMOTE_WRITE,
+        )?;
+        let staging = Region::new(&port.pd, staging_len, access::LOCAL_WRITE)?;
+        let cq = CompletionQueue::new(&port.context, CQ_DEPTH as u32)?;
+        let mut last_err = None;
+        for inline in INLINE_CHOICES {
+            let caps = QpCaps {
+                max_send_wr: SEND_QUEUE_DEPTH as u32,
+                max_recv_wr: recv_depth,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: inline,
+            };
+            match QueuePair::new_rc(&port.pd, &cq, &cq, caps) {
+                Ok(qp) => {
+                    qp.modify_to_init(
+                        port.info.port,
+                        0,
+                        access::LOCAL_WRITE | access::REMOTE_WRITE,
+                    )?;
+                    let max_inline = qp.caps().max_inline_data as usize;
+                    return Ok(Self {
+                        qp,
+                        cq,
+                        inbound,
+                        staging,
+                        max_inline,
+                        port: Arc::clone(port),
+                        psn: random_psn(),
+                    });
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or(VerbsError::InvalidArgument {
+            what: "no QP configuration accepted",
+        }))
+    }
+
+    /// What the peer needs to reach this endpoint.
+    pub(crate) fn local_info(&self, settings: &QpSettings) -> EndpointInfo {
+        let info = &self.port.info;
+        let link_layer = match info.link_layer {
+            rivet_verbs_ffi::discover::LinkLayer::InfiniBand => LinkLayer::Infiniband,
+            rivet_verbs_ffi::discover::LinkLayer::Ethernet => LinkLayer::Ethernet,
+        };
+        EndpointInfo {
+            gid: info.gid,
+            lid: if link_layer == LinkLayer::Infiniband {
+                info.lid
+            } else {
+                0
+            },
+            port_num: info.port,
+            mtu: info.active_mtu as u8,
+            link_layer,
+            qpn: self.qp.qp_num(),
+            psn: self.psn,
+            inbound: RemoteRegion {
+                addr: self.inbound.addr(),
+                rkey: self.inbound.rkey(),
+                len: self.inbound.len() as u32,
+            },
+            traffic_class: settings.traffic_class,
+            service_level: settings.service_level,
+            device_name: device_name(&info.name),
+        }
+    }
+
+    /// Move the queue pair to RTR and RTS towards `remote`.
+    pub(crate) fn connect(
+        &self,
+        remote: &EndpointInfo,
+        settings: &QpSettings,
+    ) -> Result<(), VerbsError> {
+        let info = &self.port.info;
+        let roce = info.link_layer == rivet_verbs_ffi::discover::LinkLayer::Ethernet;
+        let rtr = RtrParams {
+            remote_qpn: remote.qpn,
+            remote_psn: remote.psn,
+            path_mtu: u32::from(remote.mtu).min(info.active_mtu),
+            dest_gid: ibv_gid { raw: remote.gid },
+            dest_lid: remote.lid,
+            sgid_index: info.gid_index as u8,
+            is_global: roce,
+            traffic_class: settings.traffic_class,
+            sl: settings.service_level,
+            port: info.port,
+            ..RtrParams::default()
+        };
+        self.qp.modify_to_rtr(&rtr)?;
+        let rts = RtsParams {
+            timeout: settings.timeout,
+            retry_cnt: settings.retry_cnt,
+            sq_psn: self.psn,
+            ..RtsParams::default()
+        };
+        self.qp.modify_to_rts(&rts)
+    }
+
+    /// The port this endpoint lives on.
+    pub(crate) fn port(&self) -> &Arc<OpenPort> {
+        &self.port
+    }
+
+    /// The QP number (for log lines).
+    pub(crate) fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+}
+
+/// The device name as the wire format carries it: printable ASCII, at most 32 bytes.
+fn device_name(name: &str) -> DeviceName {
+    let clean: String = name
+        .chars()
+        .filter(|c| c.is_ascii_graphic())
+        .take(32)
+        .collect();
+    DeviceName::new(&clean)
+        .or_else(|_| DeviceName::new("rdma"))
+        .expect("\"rdma\" is a valid device name by the wire format's rules")
+}
+
+fn random_psn() -> u32 {
+    let mut bytes = [0u8; 4];
+    crate::random::fill(&mut bytes);
+    u32::from_le_bytes(bytes) & 0x00ff_ffff
+}
+
+fn post_errno(err: &VerbsError) -> i32 {
+    err.errno().unwrap_or(libc::EINVAL)
+}
+
+impl Nic for Endpoint {
+    fn max_inline(&self) -> usize {
+        self.max_inline
+    }
+
+    fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
+        for piece in chain.chunks(MAX_CHAIN) {
+            let mut sges = [ibv_sge::default(); MAX_CHAIN];
+            let mut wrs: [ibv_send_wr; MAX_CHAIN] =
+                core::array::from_fn(|_| ibv_send_wr::default());
+            for (i, wr) in piece.iter().enumerate() {
+                let (num_sge, inline) = match wr.payload {
+                    Payload::Empty => (0, 0),
+                    Payload::Inline(bytes) => {
+                        if bytes.len() > self.max_inline {
+                            return Err(NicError::Post {
+                                errno: libc::EINVAL,
+                            });
+                        }
+                        sges[i] = ibv_sge {
+                            addr: bytes.as_ptr() as u64,
+                            length: bytes.len() as u32,
+                            lkey: 0,
+                        };
+                        (1, send_flags::INLINE)
+                    }
+                    Payload::Local(sge) => {
+                        sges[i] = ibv_sge {
+                            addr: sge.addr,
+                            length: sge.len,
+                            lkey: sge.lkey,
+                        };
+                        (1, 0)
+                    }
+                    Payload::Staged { offset, len } => {
+                        let end = u64::from(offset) + u64::from(len);
+                        if end > self.staging.len() as u64 {
+                            return Err(NicError::Post {
+                                errno: libc::EINVAL,
+                            });
+                        }
+                        let addr = self.staging.addr() + u64::from(offset);
+                        sges[i] = ibv_sge {
+                            addr,
+                            length: len,
+                            lkey: self.staging.lkey(),
+                        };
+                        (1, 0)
+                    }
+                };
+                let (opcode, imm) = match wr.op {
+                    SendOp::Write => (wr_opcode::RDMA_WRITE, 0),
+                    SendOp::WriteImm(imm) => (wr_opcode::RDMA_WRITE_WITH_IMM, imm.to_be()),
+                };
+                let w = &mut wrs[i];
+                w.wr_id = wr.wr_id;
+                w.sg_list = if num_sge == 0 {
+                    core::ptr::null_mut()
+                } else {
+                    &raw mut sges[i]
+                };
+                w.num_sge = num_sge;
+                w.opcode = opcode;
+                w.send_flags = inline | if wr.signaled { send_flags::SIGNALED } else { 0 };
+                w.imm_data = imm;
+                w.wr.rdma = rivet_verbs_ffi::sys::ibv_rdma_wr {
+                    remote_addr: wr.remote_addr,
+                    rkey: wr.rkey,
+                };
+            }
+            // SAFETY: every SGE points at memory the core vouches for (user buffers registered
+            // under their lkey, inline bytes borrowed for this call, staging bounds-checked above);
+            // `sges` outlives the post, and inline bytes are copied by the provider during it.
+            unsafe { self.qp.post_send(&mut wrs[..piece.len()]) }.map_err(|e| NicError::Post {
+                errno: post_errno(&e),
+            })?;
+        }
+        Ok(())
+    }
+
+    fn post_recv(&mut self, wr_id: u64) -> Result<(), NicError> {
+        let mut wr = [ibv_recv_wr {
+            wr_id,
+            ..ibv_recv_wr::default()
+        }];
+        // SAFETY: an empty receive (no scatter entry): nothing for the NIC to write but the CQE.
+        unsafe { self.qp.post_recv(&mut wr) }.map_err(|e| NicError::Post {
+            errno: post_errno(&e),
+        })
+    }
+
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError> {
+        let mut wcs = [ibv_wc::default(); MAX_POLL];
+        let want = out.len().min(MAX_POLL);
+        let got = self.cq.poll(&mut wcs[..want]).map_err(|e| NicError::Poll {
+            code: post_errno(&e),
+        })?;
+        for (slot, wc) in out.iter_mut().zip(&wcs[..got]) {
+            let status = WcStatus(wc.status);
+            let kind = if status.is_success() {
+                if wc.opcode == wc_opcode::RECV_RDMA_WITH_IMM {
+                    CompletionKind::RecvWriteImm {
+                        imm: u32::from_be(wc.imm_data),
+                        byte_len: wc.byte_len,
+                    }
+                } else if wc.opcode & wc_opcode::RECV != 0 {
+                    // A receive without immediate cannot happen in this protocol; report it as a
+                    // write-with-immediate of 0 so the core's validation names the violation.
+                    CompletionKind::RecvWriteImm {
+                        imm: 0,
+                        byte_len: wc.byte_len,
+                    }
+                } else {
+                    CompletionKind::Send
+                }
+            } else if WrId::decode(wc.wr_id).is_ok_and(|id| id.kind == WrKind::Recv) {
+                // Failed completions carry no valid opcode: the wr_id says what was posted.
+                CompletionKind::RecvFailed
+            } else {
+                CompletionKind::Send
+            };
+            *slot = Completion {
+                wr_id: wc.wr_id,
+                status,
+                vendor_err: wc.vendor_err,
+                kind,
+            };
+        }
+        Ok(got)
+    }
+
+    fn read_inbound(&self, offset: usize, out: &mut [u8]) {
+        self.inbound.read_volatile(offset, out);
+    }
+
+    fn write_staging(&mut self, offset: usize, bytes: &[u8]) {
+        // The core only stages inside the region it sized; a refusal here would surface as a
+        // protocol error when the peer validates what arrives.
+        let _ = self.staging.write(offset, bytes);
+    }
+}

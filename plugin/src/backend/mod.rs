@@ -1,0 +1,6 @@
+//! The libibverbs backend: opened devices, registered control regions, and the per-connection
+//! endpoint that implements `rivet_core::nic::Nic` on a real RC queue pair.
+
+pub(crate) mod device;
+pub(crate) mod endpoint;
+pub(crate) mod region;

@@ -1,0 +1,129 @@
+//! Page-aligned, zeroed memory registered with the NIC: the control regions of a connection.
+//!
+//! Unsafe: the memory is allocated with `std::alloc` and handed to the NIC by address; the NIC
+//! (or the peer's NIC) writes it behind the compiler's back, so reads go through volatile loads.
+
+use rivet_verbs_ffi::{MemoryRegion, ProtectionDomain, VerbsError};
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+const PAGE: usize = 4096;
+
+/// A registered, page-aligned, zero-initialised buffer owned by one connection.
+#[derive(Debug)]
+pub(crate) struct Region {
+    /// Declared before `ptr`'s owner logic: the MR is deregistered (dropped) before the memory is
+    /// freed in `Drop`.
+    mr: Option<MemoryRegion>,
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: the buffer is owned exclusively by this value; concurrent access is only by the NIC.
+unsafe impl Send for Region {}
+// SAFETY: shared access only reads through volatile loads or the NIC; writes need `&mut self`.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Allocate `len` zeroed bytes (rounded up to whole pages) and register them with `access`.
+    pub(crate) fn new(
+        pd: &Arc<ProtectionDomain>,
+        len: usize,
+        access: u32,
+    ) -> Result<Self, VerbsError> {
+        let size = len.max(1).div_ceil(PAGE) * PAGE;
+        let layout =
+            Layout::from_size_align(size, PAGE).map_err(|_| VerbsError::InvalidArgument {
+                what: "region size",
+            })?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr =
+            NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or(VerbsError::InvalidArgument {
+                what: "out of memory for a control region",
+            })?;
+        let mut region = Self {
+            mr: None,
+            ptr,
+            layout,
+        };
+        // SAFETY: the memory is valid for `size` bytes and lives until `Drop`, after the MR is gone.
+        region.mr = Some(unsafe { MemoryRegion::register(pd, ptr.as_ptr(), size, access) }?);
+        Ok(region)
+    }
+
+    fn mr(&self) -> &MemoryRegion {
+        self.mr
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("registered in new"))
+    }
+
+    /// Address of the first byte.
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Usable length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// Local key.
+    pub(crate) fn lkey(&self) -> u32 {
+        self.mr().lkey()
+    }
+
+    /// Remote key.
+    pub(crate) fn rkey(&self) -> u32 {
+        self.mr().rkey()
+    }
+
+    /// Copy `out.len()` bytes at `offset` out with volatile loads, then an acquire fence so later
+    /// reads are not hoisted above them. Out-of-range reads yield zeroes (never panic).
+    pub(crate) fn read_volatile(&self, offset: usize, out: &mut [u8]) {
+        let Some(end) = offset
+            .checked_add(out.len())
+            .filter(|end| *end <= self.len())
+        else {
+            out.fill(0);
+            return;
+        };
+        debug_assert!(end <= self.len());
+        for (i, byte) in out.iter_mut().enumerate() {
+            // SAFETY: `offset + i < end <= len`, inside the allocation; volatile because the NIC
+            // writes this memory concurrently.
+            *byte = unsafe { self.ptr.as_ptr().add(offset + i).read_volatile() };
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+    }
+
+    /// Copy `bytes` in at `offset`; out-of-range writes are refused (returns false).
+    pub(crate) fn write(&mut self, offset: usize, bytes: &[u8]) -> bool {
+        let Some(end) = offset
+            .checked_add(bytes.len())
+            .filter(|end| *end <= self.len())
+        else {
+            return false;
+        };
+        debug_assert!(end <= self.len());
+        // SAFETY: the destination range is inside the allocation; `&mut self` excludes other CPU
+        // writers, and the NIC only reads staging memory after a later post.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.ptr.as_ptr().add(offset),
+                bytes.len(),
+            )
+        };
+        true
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // Deregister first: the NIC must not hold the pages when they return to the allocator.
+        drop(self.mr.take());
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}

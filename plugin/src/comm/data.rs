@@ -1,0 +1,270 @@
+//! Established comms and the data path: `isend`, `irecv`, `test`, `iflush`, `closeSend`,
+//! `closeRecv`.
+//!
+//! Each comm's protocol state (`rivet-core`'s `SendConn`/`RecvConn` plus the verbs endpoint it
+//! drives) sits behind a mutex that is only ever contended when NCCL breaks its own contract
+//! (two threads on one comm): `try_lock` turns that into an error instead of a wait. The
+//! uncontended lock costs one atomic exchange per call.
+
+use super::mr;
+use super::{Finished, Ptr, RecvArgs, decode, unknown};
+use crate::backend::device::OpenPort;
+use crate::backend::endpoint::Endpoint;
+use crate::error::{NetError, NetResult};
+use crate::log::warn;
+use crate::registry::{Handle, Registry};
+use core::ffi::c_int;
+use rivet_core::data::{Completed, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+
+/// A send or receive comm. Each lives in its own heap box inside the registry, so the size
+/// difference between the variants costs nothing.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum DataComm {
+    /// From `connect`.
+    Send(Side<SendConn>),
+    /// From `accept`.
+    Recv(Side<RecvConn>),
+}
+
+/// One established direction of a connection.
+#[derive(Debug)]
+pub(crate) struct Side<Conn> {
+    state: Mutex<State<Conn>>,
+    port: Arc<OpenPort>,
+    /// The peer, for log lines: "10.0.2.15:41234 (rxe0 qp 17)".
+    peer: String,
+    /// Whether this comm's failure was already logged (errors are sticky; log the first only).
+    warned: AtomicBool,
+    /// Kept open for the life of the comm: the peer sees EOF when this process dies.
+    _socket: TcpStream,
+}
+
+#[derive(Debug)]
+struct State<Conn> {
+    conn: Conn,
+    endpoint: Endpoint,
+}
+
+impl<Conn> Side<Conn> {
+    /// Wrap an established connection.
+    pub(crate) fn new(conn: Conn, endpoint: Endpoint, socket: TcpStream, peer: String) -> Self {
+        let port = Arc::clone(endpoint.port());
+        Self {
+            state: Mutex::new(State { conn, endpoint }),
+            port,
+            peer,
+            warned: AtomicBool::new(false),
+            _socket: socket,
+        }
+    }
+
+    /// The port the comm runs on.
+    pub(crate) fn port(&self) -> &Arc<OpenPort> {
+        &self.port
+    }
+
+    fn lock(&self, call: &str) -> NetResult<MutexGuard<'_, State<Conn>>> {
+        match self.state.try_lock() {
+            Ok(guard) => Ok(guard),
+            Err(TryLockError::WouldBlock) => Err(NetError::misuse(format!(
+                "{call}: another thread is using this comm at the same time (NCCL drives a comm from one thread)"
+            ))),
+            Err(TryLockError::Poisoned(_)) => Err(NetError::misuse(format!(
+                "{call}: this comm is unusable after an earlier internal error"
+            ))),
+        }
+    }
+
+    /// Turn a data-path error into the NCCL error, logging the first one of this comm.
+    fn fail(&self, call: &str, qpn: u32, err: &DataError) -> NetError {
+        let message = format!(
+            "{call}: connection with {} (local QP {qpn}) failed: {err}",
+            self.peer
+        );
+        let error = match err {
+            DataError::InvalidRequest { .. } => NetError::misuse(message),
+            DataError::InvalidArgument(_) => NetError::invalid_argument(message),
+            DataError::SizeMismatch { .. } => NetError::invalid_usage(message),
+            DataError::Nic(_) => NetError::system(message),
+            _ => NetError::remote(message),
+        };
+        if self.warned.swap(true, Ordering::Relaxed) {
+            error.logged()
+        } else {
+            error
+        }
+    }
+}
+
+pub(crate) static COMMS: Registry<DataComm, 16384> = Registry::new(0xda7a);
+
+/// Register an established comm and return NCCL's handle for it.
+pub(crate) fn insert(comm: DataComm) -> NetResult<Ptr> {
+    COMMS
+        .insert(Box::new(comm))
+        .map(Handle::to_ptr)
+        .ok_or_else(|| NetError::system("more than 16384 live connections in this process"))
+}
+
+fn lookup(call: &str, what: &str, ptr: Ptr) -> NetResult<(Handle, &'static DataComm)> {
+    let handle = decode(call, what, ptr)?;
+    // SAFETY: NCCL closes a comm only after its last call on it returned.
+    let comm = unsafe { COMMS.get(handle) }.ok_or_else(|| unknown(call, what, ptr))?;
+    Ok((handle, comm))
+}
+
+fn request_ptr(comm: Handle, req: RequestId) -> Ptr {
+    Handle {
+        index: comm.index,
+        generation: comm.generation,
+        low: req.to_bits(),
+    }
+    .to_ptr()
+}
+
+pub(crate) fn isend(
+    comm: Ptr,
+    data: Ptr,
+    size: usize,
+    tag: c_int,
+    mh: Ptr,
+) -> NetResult<Option<Ptr>> {
+    let (handle, entry) = lookup("isend", "sendComm", comm)?;
+    if !COMMS.is_own_kind(handle) {
+        return Err(unknown("isend", "sendComm", comm));
+    }
+    let DataComm::Send(side) = entry else {
+        return Err(NetError::misuse("isend on a receive comm"));
+    };
+    let len = size as u64;
+    let lkey = if size == 0 && mh.is_null() {
+        0
+    } else {
+        mr::lookup("isend", mh)?.lkey_for(data as u64, len)?
+    };
+    let mut state = side.lock("isend")?;
+    let State { conn, endpoint } = &mut *state;
+    match conn.isend(
+        endpoint,
+        SendBuf {
+            addr: data as u64,
+            len,
+            lkey,
+        },
+        tag as u32,
+    ) {
+        Ok(req) => Ok(req.map(|r| request_ptr(handle, r))),
+        Err(e) => Err(side.fail("isend", endpoint.qp_num(), &e)),
+    }
+}
+
+pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Option<Ptr>> {
+    let (handle, entry) = lookup("irecv", "recvComm", comm)?;
+    if !COMMS.is_own_kind(handle) {
+        return Err(unknown("irecv", "recvComm", comm));
+    }
+    let DataComm::Recv(side) = entry else {
+        return Err(NetError::misuse("irecv on a send comm"));
+    };
+    let mut bufs = [RecvBuf {
+        addr: 0,
+        len: 0,
+        rkey: 0,
+    }; 8];
+    let mut tags = [0u32; 8];
+    for i in 0..args.n {
+        let (addr, len) = (args.data[i] as u64, args.sizes[i] as u64);
+        let rkey = if len == 0 && args.mhandles[i].is_null() {
+            0
+        } else {
+            mr::lookup("irecv", args.mhandles[i])?.rkey_for(addr, len)?
+        };
+        bufs[i] = RecvBuf { addr, len, rkey };
+        tags[i] = args.tags[i] as u32;
+    }
+    let mut state = side.lock("irecv")?;
+    let State { conn, endpoint } = &mut *state;
+    match conn.irecv(endpoint, &bufs[..args.n], &tags[..args.n]) {
+        Ok(req) => Ok(req.map(|r| request_ptr(handle, r))),
+        Err(e) => Err(side.fail("irecv", endpoint.qp_num(), &e)),
+    }
+}
+
+pub(crate) fn iflush(comm: Ptr, n: c_int) -> NetResult<()> {
+    let (_, entry) = lookup("iflush", "recvComm", comm)?;
+    if !matches!(entry, DataComm::Recv(_)) {
+        return Err(NetError::misuse("iflush on a send comm"));
+    }
+    if !(1..=8).contains(&n) {
+        return Err(NetError::invalid_argument(format!(
+            "iflush: n = {n} outside 1..=8"
+        )));
+    }
+    Ok(())
+}
+
+fn finished(done: Completed) -> Option<Finished> {
+    match done {
+        Completed::Pending => None,
+        Completed::Done { n, sizes } => Some(Finished { n, sizes }),
+    }
+}
+
+pub(crate) fn test(request: Ptr) -> NetResult<Option<Finished>> {
+    let (handle, entry) = lookup("test", "request", request)?;
+    let req =
+        RequestId::from_bits(handle.low).ok_or_else(|| unknown("test", "request", request))?;
+    match entry {
+        DataComm::Send(side) => {
+            let mut state = side.lock("test")?;
+            let State { conn, endpoint } = &mut *state;
+            conn.test(endpoint, req)
+                .map(finished)
+                .map_err(|e| side.fail("test", endpoint.qp_num(), &e))
+        }
+        DataComm::Recv(side) => {
+            let mut state = side.lock("test")?;
+            let State { conn, endpoint } = &mut *state;
+            conn.test(endpoint, req)
+                .map(finished)
+                .map_err(|e| side.fail("test", endpoint.qp_num(), &e))
+        }
+    }
+}
+
+fn close(call: &str, comm: Ptr, want_send: bool) -> NetResult<()> {
+    let (handle, entry) = lookup(call, "comm", comm)?;
+    if !COMMS.is_own_kind(handle) || matches!(entry, DataComm::Send(_)) != want_send {
+        return Err(unknown(
+            call,
+            if want_send { "sendComm" } else { "recvComm" },
+            comm,
+        ));
+    }
+    let comm = COMMS
+        .remove(handle)
+        .ok_or_else(|| unknown(call, "comm", comm))?;
+    let outstanding = match &*comm {
+        DataComm::Send(s) => s.state.lock().map_or(0, |st| st.conn.outstanding()),
+        DataComm::Recv(r) => r.state.lock().map_or(0, |st| st.conn.outstanding()),
+    };
+    if outstanding > 0 {
+        warn!(
+            "{call}: closing with {outstanding} request(s) still outstanding; they are abandoned"
+        );
+    }
+    drop(comm);
+    Ok(())
+}
+
+pub(crate) fn close_send(comm: Ptr) -> NetResult<()> {
+    close("closeSend", comm, true)
+}
+
+pub(crate) fn close_recv(comm: Ptr) -> NetResult<()> {
+    close("closeRecv", comm, false)
+}

@@ -1,0 +1,257 @@
+//! Listen comms and `accept`.
+//!
+//! A listen comm owns a non-blocking TCP listener. Every incoming TCP connection gets its own
+//! `Acceptor` machine; one that sends garbage, stalls past the handshake deadline or names
+//! another listen comm is dropped with one WARN line and never blocks the others, so the real
+//! peer still connects. The first handshake to complete becomes the receive comm (NCCL takes
+//! one receive comm per listen comm and closes the listen comm right after).
+
+use super::data::{self, DataComm, Side};
+use super::{Ptr, decode, unknown};
+use crate::backend::device::OpenPort;
+use crate::backend::endpoint::{Endpoint, QpSettings, Role};
+use crate::clock;
+use crate::config::Config;
+use crate::error::{NetError, NetResult};
+use crate::log::{INIT_NET, info, warn};
+use crate::net::{self, NetContext};
+use crate::oob::{iface, pump, socket};
+use crate::registry::{Handle, Registry};
+use core::ffi::c_int;
+use rivet_core::data::RecvConn;
+use rivet_core::handshake::{Acceptor, AcceptorEvent};
+use rivet_core::wire::{EndpointInfo, ListenHandle, RejectReason};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+
+/// Most half-open connections a listen comm keeps; beyond that the oldest is dropped, so a flood
+/// of silent clients cannot grow memory without bound.
+const MAX_PENDING: usize = 64;
+
+/// A listen comm.
+#[derive(Debug)]
+pub(crate) struct ListenComm {
+    port: Arc<OpenPort>,
+    listener: TcpListener,
+    listen_id: u64,
+    config: Config,
+    settings: QpSettings,
+    pending: Mutex<Vec<PendingAccept>>,
+}
+
+/// One accepted TCP connection whose handshake is in progress.
+#[derive(Debug)]
+struct PendingAccept {
+    socket: TcpStream,
+    peer: SocketAddr,
+    machine: Acceptor,
+    endpoint: Option<Endpoint>,
+}
+
+static LISTENS: Registry<ListenComm, 4096> = Registry::new(0x1157);
+
+pub(crate) fn listen(
+    ctx: Option<&NetContext>,
+    dev: c_int,
+    handle: &mut [u8; 128],
+) -> NetResult<Ptr> {
+    let port = net::open_port(dev)?;
+    let config = net::config()?;
+    let candidates = iface::local_addresses()
+        .map_err(|e| NetError::system(format!("listen: getifaddrs: {e}")))?;
+    let local = iface::choose(&candidates, config.socket_ifname.as_ref()).ok_or_else(|| {
+        NetError::system("listen: no usable network interface for the connection handshake (check NCCL_SOCKET_IFNAME)")
+    })?;
+    let listener = socket::listen(local.addr).map_err(|e| {
+        NetError::system(format!(
+            "listen: cannot listen on {} ({}): {e}",
+            local.addr, local.name
+        ))
+    })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| NetError::system(format!("listen: {e}")))?;
+    let listen_id = crate::random::u64();
+    handle.fill(0);
+    handle[..rivet_core::wire::HANDLE_LEN]
+        .copy_from_slice(&ListenHandle::new(addr, listen_id).encode());
+    let settings = config.qp_settings(ctx.and_then(|c| c.traffic_class));
+    info!(
+        INIT_NET,
+        "listening on {addr} ({}) for {} port {}", local.name, port.info.name, port.info.port
+    );
+    let comm = ListenComm {
+        port,
+        listener,
+        listen_id,
+        config,
+        settings,
+        pending: Mutex::new(Vec::new()),
+    };
+    LISTENS
+        .insert(Box::new(comm))
+        .map(Handle::to_ptr)
+        .ok_or_else(|| NetError::system("listen: more than 4096 live listen comms in this process"))
+}
+
+fn lookup(call: &str, ptr: Ptr) -> NetResult<(Handle, &'static ListenComm)> {
+    let handle = decode(call, "listenComm", ptr)?;
+    if !LISTENS.is_own_kind(handle) {
+        return Err(unknown(call, "listenComm", ptr));
+    }
+    // SAFETY: NCCL closes a listen comm only after its last `accept` returned.
+    let comm = unsafe { LISTENS.get(handle) }.ok_or_else(|| unknown(call, "listenComm", ptr))?;
+    Ok((handle, comm))
+}
+
+/// What became of one pending connection after a round of progress.
+enum Progress {
+    Waiting,
+    Dropped,
+    Established {
+        endpoint: Box<Endpoint>,
+        remote: EndpointInfo,
+        peer: String,
+    },
+}
+
+impl ListenComm {
+    fn progress(&self, pending: &mut PendingAccept) -> Progress {
+        let now = clock::now();
+        if let Err(e) = pump::pump(&mut pending.socket, &mut pending.machine, now) {
+            warn!(
+                "accept: dropping the connection from {}: socket error: {}",
+                pending.peer, e.0
+            );
+            return Progress::Dropped;
+        }
+        while let Some(event) = pending.machine.poll_event() {
+            match event {
+                AcceptorEvent::Request { remote } => {
+                    if remote.link_layer.code() != self.port.info.link_layer.raw() {
+                        let _ = pending.machine.reject(RejectReason::LinkLayerMismatch);
+                        continue;
+                    }
+                    match Endpoint::new(&self.port, Role::Receiver)
+                        .and_then(|ep| ep.connect(&remote, &self.settings).map(|()| ep))
+                    {
+                        Ok(endpoint) => {
+                            let local = endpoint.local_info(&self.settings);
+                            pending.endpoint = Some(endpoint);
+                            let _ = pending.machine.handle_local_ready(local);
+                        }
+                        Err(e) => {
+                            warn!(
+                                "accept: setting up the queue pair for {} failed: {e}",
+                                pending.peer
+                            );
+                            let _ = pending.machine.reject(RejectReason::SetupFailed);
+                        }
+                    }
+                    if let Err(e) = pump::pump(&mut pending.socket, &mut pending.machine, now) {
+                        warn!(
+                            "accept: dropping the connection from {}: socket error: {}",
+                            pending.peer, e.0
+                        );
+                        return Progress::Dropped;
+                    }
+                }
+                AcceptorEvent::Established => {
+                    let (Some(endpoint), Some(remote)) =
+                        (pending.endpoint.take(), pending.machine.remote().copied())
+                    else {
+                        warn!(
+                            "accept: handshake with {} ended without an endpoint",
+                            pending.peer
+                        );
+                        return Progress::Dropped;
+                    };
+                    let peer = format!(
+                        "{} ({} qp {})",
+                        pending.peer,
+                        remote.device_name.as_str(),
+                        remote.qpn
+                    );
+                    info!(
+                        INIT_NET,
+                        "accepted a connection from {peer} on local QP {}",
+                        endpoint.qp_num()
+                    );
+                    return Progress::Established {
+                        endpoint: Box::new(endpoint),
+                        remote,
+                        peer,
+                    };
+                }
+                _ => {}
+            }
+        }
+        if let Some(err) = pending.machine.error() {
+            warn!(
+                "accept: refused a connection attempt from {}: {err}",
+                pending.peer
+            );
+            return Progress::Dropped;
+        }
+        Progress::Waiting
+    }
+}
+
+pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
+    let (_, comm) = lookup("accept", listen)?;
+    let mut pending = comm
+        .pending
+        .lock()
+        .map_err(|_| NetError::misuse("accept: listen comm unusable"))?;
+    loop {
+        match socket::accept(&comm.listener) {
+            Ok(Some(stream)) => {
+                let peer = stream
+                    .peer_addr()
+                    .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+                if pending.len() >= MAX_PENDING {
+                    let oldest = pending.remove(0);
+                    warn!(
+                        "accept: too many half-open connections; dropping the one from {}",
+                        oldest.peer
+                    );
+                }
+                let machine =
+                    Acceptor::new(comm.listen_id, clock::now(), comm.config.handshake_timeout);
+                pending.push(PendingAccept {
+                    socket: stream,
+                    peer,
+                    machine,
+                    endpoint: None,
+                });
+            }
+            Ok(None) => break,
+            Err(e) => return Err(NetError::system(format!("accept: {e}"))),
+        }
+    }
+    let mut index = 0;
+    while index < pending.len() {
+        match comm.progress(&mut pending[index]) {
+            Progress::Waiting => index += 1,
+            Progress::Dropped => drop(pending.remove(index)),
+            Progress::Established {
+                endpoint,
+                remote,
+                peer,
+            } => {
+                let done = pending.remove(index);
+                let side = Side::new(RecvConn::new(remote.inbound), *endpoint, done.socket, peer);
+                return data::insert(DataComm::Recv(side)).map(Some);
+            }
+        }
+    }
+    Ok(None)
+}
+
+pub(crate) fn close_listen(listen: Ptr) -> NetResult<()> {
+    let (handle, _) = lookup("closeListen", listen)?;
+    LISTENS
+        .remove(handle)
+        .map(drop)
+        .ok_or_else(|| unknown("closeListen", "listenComm", listen))
+}

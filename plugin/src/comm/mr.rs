@@ -1,0 +1,154 @@
+//! Memory registration: `regMr`, `regMrDmaBuf`, `deregMr`.
+
+use super::data::{COMMS, DataComm};
+use super::{Ptr, decode, unknown};
+use crate::abi::types::NCCL_PTR_HOST;
+use crate::backend::device::OpenPort;
+use crate::error::{NetError, NetResult};
+use crate::registry::{Handle, Registry};
+use core::ffi::c_int;
+use rivet_verbs_ffi::sys::access;
+use rivet_verbs_ffi::{MemoryRegion, VerbsError};
+use std::sync::Arc;
+
+/// A registered user buffer.
+#[derive(Debug)]
+pub(crate) struct UserMr {
+    /// `None` for a zero-length registration (the NIC cannot register 0 bytes; nothing is ever
+    /// read from or written to it).
+    mr: Option<MemoryRegion>,
+    addr: u64,
+    len: u64,
+    /// The port whose protection domain the region belongs to.
+    port: Arc<OpenPort>,
+}
+
+impl UserMr {
+    /// The local key, after checking `addr..addr+len` lies inside the registration.
+    pub(crate) fn lkey_for(&self, addr: u64, len: u64) -> NetResult<u32> {
+        self.check(addr, len)
+            .map(|mr| mr.map_or(0, MemoryRegion::lkey))
+    }
+
+    /// The remote key, after the same check.
+    pub(crate) fn rkey_for(&self, addr: u64, len: u64) -> NetResult<u32> {
+        self.check(addr, len)
+            .map(|mr| mr.map_or(0, MemoryRegion::rkey))
+    }
+
+    fn check(&self, addr: u64, len: u64) -> NetResult<Option<&MemoryRegion>> {
+        if len == 0 {
+            return Ok(self.mr.as_ref());
+        }
+        let inside = addr >= self.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.addr + self.len);
+        if !inside {
+            return Err(NetError::invalid_argument(format!(
+                "buffer {addr:#x}+{len} is not inside its registration {:#x}+{}",
+                self.addr, self.len
+            )));
+        }
+        Ok(self.mr.as_ref())
+    }
+
+    /// Whether the registration belongs to `port`'s protection domain.
+    pub(crate) fn is_on(&self, port: &Arc<OpenPort>) -> bool {
+        Arc::ptr_eq(&self.port, port)
+    }
+}
+
+pub(crate) static MRS: Registry<UserMr, 65535> = Registry::new(0x3e3e);
+
+/// Look up a memory handle passed to isend/irecv.
+pub(crate) fn lookup(call: &str, mh: Ptr) -> NetResult<&'static UserMr> {
+    let handle = decode(call, "mhandle", mh)?;
+    if !MRS.is_own_kind(handle) {
+        return Err(unknown(call, "mhandle", mh));
+    }
+    // SAFETY: NCCL deregisters a buffer only after the transfers using it completed.
+    unsafe { MRS.get(handle) }.ok_or_else(|| unknown(call, "mhandle", mh))
+}
+
+fn comm_port(call: &str, comm: Ptr) -> NetResult<Arc<OpenPort>> {
+    let handle = decode(call, "comm", comm)?;
+    // SAFETY: NCCL does not close a comm while registering memory on it.
+    let entry = unsafe { COMMS.get(handle) }.filter(|_| COMMS.is_own_kind(handle));
+    match entry {
+        Some(DataComm::Send(s)) => Ok(Arc::clone(s.port())),
+        Some(DataComm::Recv(r)) => Ok(Arc::clone(r.port())),
+        None => Err(unknown(call, "comm", comm)),
+    }
+}
+
+pub(crate) fn reg_mr(
+    comm: Ptr,
+    data: Ptr,
+    size: usize,
+    kind: c_int,
+    dmabuf: Option<(u64, c_int)>,
+) -> NetResult<Ptr> {
+    let port = comm_port("regMr", comm)?;
+    if kind != NCCL_PTR_HOST {
+        return Err(NetError::invalid_usage(format!(
+            "regMr: memory type {kind} is not supported; Rivet registers host memory only (ptrSupport = NCCL_PTR_HOST)"
+        )));
+    }
+    if dmabuf.is_some() {
+        return Err(NetError::invalid_usage(
+            "regMrDmaBuf: DMA-BUF registration is not supported yet",
+        ));
+    }
+    if data.is_null() && size > 0 {
+        return Err(NetError::invalid_argument("regMr: NULL buffer"));
+    }
+    let mr = if size == 0 {
+        None
+    } else {
+        let flags = access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ;
+        // SAFETY: NCCL registers memory it owns and keeps it mapped until `deregMr`.
+        Some(
+            unsafe { MemoryRegion::register(&port.pd, data.cast(), size, flags) }
+                .map_err(|e| reg_error(&e, data, size))?,
+        )
+    };
+    let entry = Box::new(UserMr {
+        mr,
+        addr: data as u64,
+        len: size as u64,
+        port,
+    });
+    MRS.insert(entry).map(Handle::to_ptr).ok_or_else(|| {
+        NetError::system("regMr: more than 65535 live registrations in this process")
+    })
+}
+
+fn reg_error(err: &VerbsError, data: Ptr, size: usize) -> NetError {
+    let hint = match err.errno() {
+        Some(libc::ENOMEM | libc::EPERM | libc::EAGAIN) => {
+            "; the locked-memory limit is probably too low: raise it (ulimit -l unlimited, or LimitMEMLOCK in the service unit)"
+        }
+        Some(libc::EFAULT | libc::EINVAL) => "; the range is not mapped memory of this process",
+        _ => "",
+    };
+    NetError::system(format!(
+        "regMr of {size} bytes at {data:p} failed: {err}{hint}"
+    ))
+}
+
+pub(crate) fn dereg_mr(comm: Ptr, mh: Ptr) -> NetResult<()> {
+    let port = comm_port("deregMr", comm)?;
+    let handle = decode("deregMr", "mhandle", mh)?;
+    if !MRS.is_own_kind(handle) {
+        return Err(unknown("deregMr", "mhandle", mh));
+    }
+    // SAFETY: only read to check ownership; removal below is serialised by the registry.
+    let owned = unsafe { MRS.get(handle) }.is_some_and(|m| m.is_on(&port));
+    if !owned {
+        return Err(unknown("deregMr", "mhandle", mh));
+    }
+    MRS.remove(handle)
+        .map(drop)
+        .ok_or_else(|| unknown("deregMr", "mhandle", mh))
+}

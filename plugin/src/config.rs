@@ -1,0 +1,71 @@
+//! Settings read from the environment once per `init`, with NCCL's names where the meaning is
+//! the same. Invalid values are reported with one WARN line and replaced by the default.
+
+use crate::backend::endpoint::QpSettings;
+use crate::log::warn;
+use crate::oob::iface::IfFilter;
+use rivet_core::time::Duration;
+
+/// Everything the comm layer needs from the environment.
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    /// `NCCL_IB_TIMEOUT` (default 20: 4.096 µs × 2^20 ≈ 4.3 s per retry).
+    pub(crate) ib_timeout: u8,
+    /// `NCCL_IB_RETRY_CNT` (default 7).
+    pub(crate) ib_retry_cnt: u8,
+    /// `NCCL_IB_TC`, when set.
+    pub(crate) ib_tc: Option<u8>,
+    /// `NCCL_IB_SL`, when set.
+    pub(crate) ib_sl: Option<u8>,
+    /// `RIVET_HANDSHAKE_TIMEOUT_MS` (default 120000): how long a connect or an accepted
+    /// connection may take from its first byte to established.
+    pub(crate) handshake_timeout: Duration,
+    /// `NCCL_SOCKET_IFNAME`.
+    pub(crate) socket_ifname: Option<IfFilter>,
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+}
+
+fn ranged<T: TryFrom<i64> + Copy>(name: &str, min: i64, max: i64) -> Option<T> {
+    let raw = var(name)?;
+    match raw.parse::<i64>() {
+        Ok(v) if (min..=max).contains(&v) => T::try_from(v).ok(),
+        Ok(-1) => None,
+        _ => {
+            warn!("{name}={raw} is not a number in {min}..={max}; using the default");
+            None
+        }
+    }
+}
+
+impl Config {
+    /// Read the environment.
+    pub(crate) fn from_env() -> Self {
+        Self {
+            ib_timeout: ranged("NCCL_IB_TIMEOUT", 1, 31).unwrap_or(20),
+            ib_retry_cnt: ranged("NCCL_IB_RETRY_CNT", 0, 7).unwrap_or(7),
+            ib_tc: ranged("NCCL_IB_TC", 0, 255),
+            ib_sl: ranged("NCCL_IB_SL", 0, 15),
+            handshake_timeout: Duration::from_millis(
+                ranged::<u64>("RIVET_HANDSHAKE_TIMEOUT_MS", 1, 86_400_000).unwrap_or(120_000),
+            ),
+            socket_ifname: var("NCCL_SOCKET_IFNAME").map(|v| IfFilter::parse(&v)),
+        }
+    }
+
+    /// Queue-pair settings for a connection whose NCCL config asked for `traffic_class`.
+    pub(crate) fn qp_settings(&self, traffic_class: Option<i32>) -> QpSettings {
+        let from_config = traffic_class.and_then(|tc| u8::try_from(tc).ok());
+        QpSettings {
+            timeout: self.ib_timeout,
+            retry_cnt: self.ib_retry_cnt,
+            traffic_class: self.ib_tc.or(from_config).unwrap_or(0),
+            service_level: self.ib_sl.or(from_config.map(|tc| tc & 0xf)).unwrap_or(0),
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! The Soft-RoCE lane: boots the QEMU VM once (`vm/run.sh`) and, against a real `rxe0` device,
+//! checks discovery (`rivet info`), the C loader with devices present, the verbs-ffi device tests,
+//! and two processes moving data through the plugin's C tables for ABI v9 … v12.
+//!
+//! Slow (a VM under TCG), so it is `#[ignore]`d; `scripts/vm-lane.sh` (run by `.ci/run`) runs it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn plugin_library() -> PathBuf {
+    if let Some(path) = std::env::var_os("RIVET_PLUGIN_LIB") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let lib = profile_dir.join("libnccl_net_rivet.so");
+    assert!(lib.exists(), "{} is missing: cargo build --workspace first", lib.display());
+    lib
+}
+
+/// One shell script run inside the VM; each step prints a `STEP <name> rc=<code>` line.
+fn script() -> String {
+    let lib = plugin_library();
+    let lib = lib.display();
+    let rivet = env!("CARGO_BIN_EXE_rivet");
+    let loader = env!("RIVET_C_LOADER");
+    let transfer = env!("RIVET_C_TRANSFER");
+    let device_tests = std::env::var("RIVET_VERBS_DEVICE_TEST").unwrap_or_default();
+    let mut s = String::from("set -u\nstep() { name=$1; shift; \"$@\"; echo \"STEP $name rc=$?\"; }\n");
+    s += &format!("step info {rivet} info\n");
+    s += &format!("step loader {loader} {lib} devices\n");
+    if !device_tests.is_empty() {
+        s += &format!("step verbs-device-tests {device_tests} --ignored --test-threads=1\n");
+    }
+    s += &format!("step transfer-v12 {transfer} {lib} --version 12\n");
+    for v in [9, 10, 11] {
+        s += &format!("step transfer-v{v} {transfer} {lib} --version {v} --quick\n");
+    }
+    s
+}
+
+#[test]
+#[ignore = "boots a QEMU VM (minutes under TCG); run by scripts/vm-lane.sh"]
+fn soft_roce_lane() {
+    let run = repo().join("vm/run.sh");
+    let output = Command::new(&run)
+        .current_dir(repo())
+        .args(["--timeout", "1200", "--", "bash", "-c", &script()])
+        .output()
+        .expect("run vm/run.sh");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    assert!(output.status.success(), "vm/run.sh failed with {:?}", output.status);
+
+    let step = |name: &str| -> i32 {
+        let prefix = format!("STEP {name} rc=");
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rc| rc.trim().parse().ok())
+            .unwrap_or_else(|| panic!("step {name} did not run"))
+    };
+    let info = stdout.lines().find(|l| l.contains("rxe0")).unwrap_or_else(|| panic!("rivet info shows no rxe0"));
+    assert!(info.contains("RoCE") && info.contains("::ffff:10.0.2.15"), "rxe0 without its RoCE v2 IPv4 GID: {info}");
+    assert_eq!(step("info"), 0);
+    assert_eq!(step("loader"), 0, "C loader with devices present failed");
+    if std::env::var("RIVET_VERBS_DEVICE_TEST").is_ok_and(|v| !v.is_empty()) {
+        assert_eq!(step("verbs-device-tests"), 0, "verbs-ffi device tests failed");
+    }
+    for v in [12, 11, 10, 9] {
+        assert_eq!(step(&format!("transfer-v{v}")), 0, "transfer through ncclNetPlugin_v{v} failed");
+    }
+    for needle in [
+        "PASS message of 67108864 bytes arrived intact",
+        "PASS grouped receive of 8 with shuffled tags",
+        "PASS 10000 small messages with a window of 8",
+    ] {
+        assert!(stderr.contains(needle), "missing {needle:?}");
+    }
+}
