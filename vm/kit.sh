@@ -126,7 +126,8 @@ ensure_kernel() {
 # Modules the guest loads, in addition to their dependencies (resolved with modprobe --show-depends).
 # crc32_generic: rdma_rxe computes the ICRC through the crypto API ("crc32"); without it
 # `rdma link add` fails with ENOENT, and the chrooted host userspace cannot modprobe guest modules.
-guest_modules=(virtio_net 9pnet_virtio 9p ib_uverbs rdma_rxe rdma_ucm crc32_generic)
+# veth: for tests that want network namespaces (the guest cannot load it later).
+guest_modules=(virtio_net 9pnet_virtio 9p ib_uverbs rdma_rxe rdma_ucm crc32_generic veth)
 
 build_initramfs() {
     local kroot=$1 kver=$2 out=$3
