@@ -105,6 +105,8 @@ struct Harness {
     sends: Vec<ModelSend>,
     next_msg: u64,
     faulted: bool,
+    /// Nothing was posted since the fabric last ran dry: every posted CTS has landed.
+    idle: bool,
 }
 
 impl Harness {
@@ -154,6 +156,7 @@ impl Harness {
                     .expect("isend matched a tag the oldest receive does not offer");
                 recv.matched[entry] = Some((msg, len as u64));
                 let refused = len as u64 > recv.bufs[entry].len;
+                self.idle = false;
                 self.sends.push(ModelSend {
                     id,
                     len: len as u64,
@@ -162,7 +165,24 @@ impl Harness {
                 });
                 self.next_msg += 1;
             }
-            Ok(None) => {}
+            Ok(None) => {
+                // Liveness: with every CTS delivered, a pool slot free and no fault, a send whose
+                // tag the oldest waiting receive offers must be taken.
+                let offered =
+                    self.recvs
+                        .iter()
+                        .find(|(_, r)| !r.complete())
+                        .is_some_and(|(_, r)| {
+                            (0..r.tags.len()).any(|i| r.matched[i].is_none() && r.tags[i] == tag)
+                        });
+                assert!(
+                    !(offered
+                        && self.idle
+                        && !self.faulted
+                        && self.p.send.outstanding() < MAX_REQUESTS),
+                    "isend refused a match whose clear-to-send had landed"
+                );
+            }
             Err(err) => self.expect_failure(err, true),
         }
     }
@@ -189,6 +209,7 @@ impl Harness {
             Ok(Some(id)) => {
                 let seq = self.next_recv_seq;
                 self.next_recv_seq += 1;
+                self.idle = false;
                 self.recvs.push_back((
                     seq,
                     ModelRecv {
@@ -400,6 +421,7 @@ fuzz_target!(|input: Input| {
         sends: Vec::new(),
         next_msg: 0,
         faulted: false,
+        idle: true,
     };
     for op in input.ops.into_iter().take(4096) {
         match op {
@@ -415,9 +437,11 @@ fuzz_target!(|input: Input| {
                 for _ in 0..=k {
                     h.p.fabric.step();
                 }
+                h.idle |= h.p.fabric.pending() == 0;
             }
             Op::Drain => {
                 h.p.fabric.run_until_idle();
+                h.idle = true;
             }
             Op::Fault(fault) => h.fault(fault),
             Op::Close => break,

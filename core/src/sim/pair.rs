@@ -60,7 +60,7 @@ impl DataPair {
         }
     }
 
-    /// Allocate and register a send buffer of `len` bytes filled with `bytes` (repeated).
+    /// Allocate and register a send buffer holding `bytes`.
     pub fn send_buf(&self, bytes: &[u8]) -> SendBuf {
         let mr = self
             .fabric
