@@ -8,6 +8,11 @@ fn main() {
     let programs = [
         ("loader", "tests/c/loader.c", "RIVET_C_LOADER"),
         ("transfer", "tests/c/transfer.c", "RIVET_C_TRANSFER"),
+        (
+            "conformance",
+            "tests/c/conformance.c",
+            "RIVET_C_CONFORMANCE",
+        ),
     ];
     for (name, source, env) in programs {
         println!("cargo:rerun-if-changed={source}");

@@ -1,6 +1,7 @@
 //! The Soft-RoCE lane: boots the QEMU VM once (`vm/run.sh`) and, against a real `rxe0` device,
 //! checks discovery (`rivet info`), the C loader with devices present, the verbs-ffi device tests,
-//! and two processes moving data through the plugin's C tables for ABI v9 … v12.
+//! two processes moving data through the plugin's C tables for ABI v9 … v12, and the conformance
+//! suite (`tests/c/conformance.c`: NCCL's calling contract through every table v6 … v12).
 //!
 //! Slow (a VM under TCG), so it is `#[ignore]`d; `scripts/vm-lane.sh` (run by `.ci/run`) runs it.
 
@@ -16,9 +17,16 @@ fn plugin_library() -> PathBuf {
         return PathBuf::from(path);
     }
     let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
     let lib = profile_dir.join("libnccl_net_rivet.so");
-    assert!(lib.exists(), "{} is missing: cargo build --workspace first", lib.display());
+    assert!(
+        lib.exists(),
+        "{} is missing: cargo build --workspace first",
+        lib.display()
+    );
     lib
 }
 
@@ -29,8 +37,10 @@ fn script() -> String {
     let rivet = env!("CARGO_BIN_EXE_rivet");
     let loader = env!("RIVET_C_LOADER");
     let transfer = env!("RIVET_C_TRANSFER");
+    let conformance = env!("RIVET_C_CONFORMANCE");
     let device_tests = std::env::var("RIVET_VERBS_DEVICE_TEST").unwrap_or_default();
-    let mut s = String::from("set -u\nstep() { name=$1; shift; \"$@\"; echo \"STEP $name rc=$?\"; }\n");
+    let mut s =
+        String::from("set -u\nstep() { name=$1; shift; \"$@\"; echo \"STEP $name rc=$?\"; }\n");
     s += &format!("step info {rivet} info\n");
     s += &format!("step loader {loader} {lib} devices\n");
     if !device_tests.is_empty() {
@@ -40,6 +50,7 @@ fn script() -> String {
     for v in [9, 10, 11] {
         s += &format!("step transfer-v{v} {transfer} {lib} --version {v} --quick\n");
     }
+    s += &format!("step conformance {conformance} {lib}\n");
     s
 }
 
@@ -56,7 +67,11 @@ fn soft_roce_lane() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     println!("{stdout}");
     eprintln!("{stderr}");
-    assert!(output.status.success(), "vm/run.sh failed with {:?}", output.status);
+    assert!(
+        output.status.success(),
+        "vm/run.sh failed with {:?}",
+        output.status
+    );
 
     let step = |name: &str| -> i32 {
         let prefix = format!("STEP {name} rc=");
@@ -66,16 +81,50 @@ fn soft_roce_lane() {
             .and_then(|rc| rc.trim().parse().ok())
             .unwrap_or_else(|| panic!("step {name} did not run"))
     };
-    let info = stdout.lines().find(|l| l.contains("rxe0")).unwrap_or_else(|| panic!("rivet info shows no rxe0"));
-    assert!(info.contains("RoCE") && info.contains("::ffff:10.0.2.15"), "rxe0 without its RoCE v2 IPv4 GID: {info}");
+    let info = stdout
+        .lines()
+        .find(|l| l.contains("rxe0"))
+        .unwrap_or_else(|| panic!("rivet info shows no rxe0"));
+    assert!(
+        info.contains("RoCE") && info.contains("::ffff:10.0.2.15"),
+        "rxe0 without its RoCE v2 IPv4 GID: {info}"
+    );
     assert_eq!(step("info"), 0);
     assert_eq!(step("loader"), 0, "C loader with devices present failed");
     if std::env::var("RIVET_VERBS_DEVICE_TEST").is_ok_and(|v| !v.is_empty()) {
-        assert_eq!(step("verbs-device-tests"), 0, "verbs-ffi device tests failed");
+        assert_eq!(
+            step("verbs-device-tests"),
+            0,
+            "verbs-ffi device tests failed"
+        );
     }
     for v in [12, 11, 10, 9] {
-        assert_eq!(step(&format!("transfer-v{v}")), 0, "transfer through ncclNetPlugin_v{v} failed");
+        assert_eq!(
+            step(&format!("transfer-v{v}")),
+            0,
+            "transfer through ncclNetPlugin_v{v} failed"
+        );
     }
+    assert_eq!(
+        step("conformance"),
+        0,
+        "conformance suite failed: see its FAIL lines above"
+    );
+    let conformance_passes = stdout.lines().filter(|l| l.starts_with("PASS v")).count();
+    assert!(
+        stdout.contains("conformance: ") && !stdout.lines().any(|l| l.starts_with("FAIL ")),
+        "conformance suite printed failures or no summary"
+    );
+    for v in 6..=12 {
+        assert!(
+            stdout.contains(&format!("PASS v{v} transfer: size sweep")),
+            "conformance: no transfer through ncclNetPlugin_v{v}"
+        );
+    }
+    assert!(
+        conformance_passes >= 45,
+        "conformance ran only {conformance_passes} checks"
+    );
     for needle in [
         "PASS message of 67108864 bytes arrived intact",
         "PASS grouped receive of 8 with shuffled tags",
