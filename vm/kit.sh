@@ -43,6 +43,7 @@ packages=(
     ibverbs-utils     # ibv_devinfo
     libibverbs-dev
     perftest          # ib_write_bw, ib_send_lat
+    procps            # pkill -P in run.sh's cleanup (minimal images lack it)
 )
 
 apt_env=(env DEBIAN_FRONTEND=noninteractive)
@@ -54,9 +55,10 @@ apt_update() {
     "${apt_env[@]}" apt-get "${apt_opts[@]}" -qq update >&2
 }
 
-# Stale package lists make `apt-get install`/`download` fail with 404s: update once and retry.
+# Stale package lists make `apt-get install`/`download` fail with 404s: update once and retry. The
+# first try's errors are hidden; if the retry fails too, its errors show.
 apt_retry() {
-    if ! "$@"; then
+    if ! "$@" 2>/dev/null; then
         apt_update
         "$@"
     fi

@@ -63,7 +63,7 @@ if [[ ${RIVET_IN_VM:-0} == 1 ]]; then
 fi
 
 t_start=$(date +%s.%N)
-"$here/kit.sh"
+bash "$here/kit.sh"
 # shellcheck source=/dev/null
 source "$kit/kit.env"
 

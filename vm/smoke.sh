@@ -13,7 +13,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 if [[ ${RIVET_IN_VM:-0} != 1 ]]; then
-    exec "$here/run.sh" --timeout "${RIVET_SMOKE_TIMEOUT:-600}" -- "$here/smoke.sh" "$@"
+    exec bash "$here/run.sh" --timeout "${RIVET_SMOKE_TIMEOUT:-600}" -- bash "$here/smoke.sh" "$@"
 fi
 
 dev=rxe0
