@@ -50,6 +50,8 @@ pub struct RecvConn {
     recvs_posted: usize,
     outstanding: usize,
     health: Health,
+    /// Poll buffer, kept here so polling does not initialise one per call.
+    batch: [Completion; POLL_BATCH],
 }
 
 impl RecvConn {
@@ -80,6 +82,7 @@ impl RecvConn {
             recvs_posted: 0,
             outstanding: 0,
             health,
+            batch: [NO_COMPLETION; POLL_BATCH],
         }
     }
 
@@ -238,13 +241,14 @@ impl RecvConn {
 
     /// Process every completion the queue holds (bounded by its depth).
     fn poll_cq(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
-        let mut batch = [NO_COMPLETION; POLL_BATCH];
         for _ in 0..CQ_DEPTH / POLL_BATCH + 1 {
             let got = nic
-                .poll(&mut batch)
-                .map_err(|e| self.health.fail(e.into()))?;
-            for c in batch.iter().take(got) {
-                self.handle_completion(nic, c)
+                .poll(&mut self.batch)
+                .map_err(|e| self.health.fail(e.into()))?
+                .min(POLL_BATCH);
+            for i in 0..got {
+                let c = self.batch[i];
+                self.handle_completion(nic, &c)
                     .map_err(|e| self.health.fail(e))?;
             }
             if got < POLL_BATCH {
