@@ -20,6 +20,7 @@ pub mod device;
 pub mod discover;
 mod error;
 pub mod loader;
+pub mod mlx5;
 pub mod mr;
 pub mod pd;
 pub mod qp;

@@ -1,0 +1,702 @@
+//! The mlx5 direct data path of one RC queue pair: work queue entries built in the send-queue
+//! buffer, doorbell records, BlueFlame, and completions read straight from the CQ buffer
+//! (reference verbs-mlx5dv §2.4–§2.9). No libibverbs call happens here.
+//!
+//! The code only touches plain memory ([`QueueLayout`]) and a [`DoorbellRegister`], so the same
+//! code drives a ConnectX device (layout from `mlx5dv_init_obj`, [`super::BlueFlame`]) and the
+//! software model ([`super::model`]), which owns those buffers and checks every byte.
+//!
+//! Send queue: the ring is addressed in 16-byte units, so a WQE may straddle the end and wraps
+//! segment by segment (inline payload included), as rdma-core and UCX do. Each WQE records its
+//! `wr_id` and the producer index after it in a side table indexed by its first basic block; a
+//! requester CQE's `wqe_counter` finds the entry, completes it and everything before it
+//! (selective signaling), and frees the ring up to it.
+//!
+//! Unsafe: every access goes through raw pointers into queue memory the device (or the model)
+//! reads and writes concurrently; [`DirectQp::new`]'s contract makes them valid.
+#![allow(unsafe_code)]
+
+use core::fmt;
+use core::ptr::NonNull;
+use core::sync::atomic::{Ordering, fence};
+
+use super::cqe::{self, CQE64_LEN, Cqe, sw_owns, syndrome_status};
+use super::doorbell::DoorbellRegister;
+use super::dv::{MLX5_CQ_SET_CI, MLX5_RCV_DBR, MLX5_SND_DBR, mlx5dv_cq, mlx5dv_qp};
+use super::wqe::{
+    self, CtrlSeg, DS_UNIT, MAX_DS, RECV_TERMINATOR, SEND_WQE_BB, data_seg, fm_ce_se, inline_ds,
+    inline_header, raddr_seg, wqe_bbs,
+};
+
+/// Largest send queue (in basic blocks) the 16-bit producer index can address unambiguously.
+pub const MAX_SQ_BBS: u32 = 1 << 15;
+
+/// Where one QP's queues and its (shared send/receive) CQ live.
+#[derive(Clone, Copy, Debug)]
+pub struct QueueLayout {
+    /// QP number (goes into every control segment).
+    pub qpn: u32,
+    /// Send queue buffer.
+    pub sq_buf: NonNull<u8>,
+    /// Send queue size in 64-byte basic blocks (a power of two).
+    pub sq_wqe_cnt: u32,
+    /// Receive queue buffer.
+    pub rq_buf: NonNull<u8>,
+    /// Receive WQEs (a power of two).
+    pub rq_wqe_cnt: u32,
+    /// Bytes per receive WQE (a power of two, at least 16).
+    pub rq_stride: u32,
+    /// The QP doorbell record (`__be32[2]`).
+    pub qp_dbrec: NonNull<u32>,
+    /// CQ buffer.
+    pub cq_buf: NonNull<u8>,
+    /// CQEs (a power of two).
+    pub cqe_cnt: u32,
+    /// Bytes per CQE (64 or 128).
+    pub cqe_size: u32,
+    /// The CQ doorbell record (`__be32[2]`).
+    pub cq_dbrec: NonNull<u32>,
+}
+
+impl QueueLayout {
+    /// The layout `mlx5dv_init_obj` reported, checked.
+    pub fn from_dv(qpn: u32, qp: &mlx5dv_qp, cq: &mlx5dv_cq) -> Result<Self, DirectError> {
+        let bad = |what| DirectError::Layout { what };
+        let layout = Self {
+            qpn,
+            sq_buf: NonNull::new(qp.sq.buf.cast()).ok_or(bad("null send queue"))?,
+            sq_wqe_cnt: qp.sq.wqe_cnt,
+            rq_buf: NonNull::new(qp.rq.buf.cast()).ok_or(bad("null receive queue"))?,
+            rq_wqe_cnt: qp.rq.wqe_cnt,
+            rq_stride: qp.rq.stride,
+            qp_dbrec: NonNull::new(qp.dbrec).ok_or(bad("null QP doorbell record"))?,
+            cq_buf: NonNull::new(cq.buf.cast()).ok_or(bad("null CQ buffer"))?,
+            cqe_cnt: cq.cqe_cnt,
+            cqe_size: cq.cqe_size,
+            cq_dbrec: NonNull::new(cq.dbrec).ok_or(bad("null CQ doorbell record"))?,
+        };
+        if qp.sq.stride != SEND_WQE_BB as u32 {
+            return Err(bad("send queue stride is not 64"));
+        }
+        layout.check()?;
+        Ok(layout)
+    }
+
+    /// Check the geometry rules the posting and polling code relies on.
+    pub fn check(&self) -> Result<(), DirectError> {
+        let bad = |what| Err(DirectError::Layout { what });
+        if !self.sq_wqe_cnt.is_power_of_two() || self.sq_wqe_cnt > MAX_SQ_BBS {
+            return bad("send queue size is not a power of two up to 32768 basic blocks");
+        }
+        if !self.rq_wqe_cnt.is_power_of_two() || self.rq_wqe_cnt > MAX_SQ_BBS {
+            return bad("receive queue size is not a power of two up to 32768");
+        }
+        if !self.rq_stride.is_power_of_two() || self.rq_stride < DS_UNIT as u32 {
+            return bad("receive stride is not a power of two of at least 16");
+        }
+        if !self.cqe_cnt.is_power_of_two() || self.cqe_cnt > 1 << 23 {
+            return bad("CQ size is not a power of two");
+        }
+        if self.cqe_size != 64 && self.cqe_size != 128 {
+            return bad("CQE size is neither 64 nor 128");
+        }
+        if self.qpn > 0x00ff_ffff {
+            return bad("QP number wider than 24 bits");
+        }
+        Ok(())
+    }
+}
+
+/// What a send work request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirectOp {
+    /// RDMA WRITE.
+    Write,
+    /// RDMA WRITE WITH IMMEDIATE; the immediate in host order (sent in network order).
+    WriteImm(u32),
+    /// RDMA READ into the local gather entry.
+    Read,
+}
+
+/// The local side of a send work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WqeData<'a> {
+    /// No bytes.
+    None,
+    /// Bytes copied into the WQE.
+    Inline(&'a [u8]),
+    /// Registered local memory.
+    Gather {
+        /// First byte.
+        addr: u64,
+        /// Length.
+        len: u32,
+        /// Local key.
+        lkey: u32,
+    },
+}
+
+/// One send work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirectWr<'a> {
+    /// Returned in its completion.
+    pub wr_id: u64,
+    /// Operation.
+    pub op: DirectOp,
+    /// Local data.
+    pub data: WqeData<'a>,
+    /// Remote address.
+    pub remote_addr: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// Generate a completion on success (`CQ_UPDATE`).
+    pub signaled: bool,
+}
+
+/// Which work queue a completion belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkQueue {
+    /// The send queue.
+    Send,
+    /// The receive queue.
+    Recv,
+}
+
+/// What completed, as decoded from the CQE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletedOp {
+    /// RDMA WRITE (requester).
+    Write,
+    /// RDMA WRITE WITH IMMEDIATE (requester).
+    WriteImm,
+    /// RDMA READ (requester).
+    Read,
+    /// Another requester opcode (the WQE opcode byte).
+    OtherSend(u8),
+    /// An RDMA WRITE WITH IMMEDIATE consumed a receive.
+    RecvWriteImm,
+    /// A SEND (with or without immediate or invalidate) consumed a receive.
+    RecvSend,
+    /// An error completion (the status says which).
+    Failed,
+}
+
+/// One polled completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirectCompletion {
+    /// The work request's `wr_id`.
+    pub wr_id: u64,
+    /// `ibv_wc_status` value (0 = success).
+    pub status: u32,
+    /// Vendor syndrome of an error CQE.
+    pub vendor_err: u32,
+    /// Send or receive queue.
+    pub queue: WorkQueue,
+    /// What completed.
+    pub op: CompletedOp,
+    /// Immediate in host order, when the CQE carries one.
+    pub imm: Option<u32>,
+    /// Bytes (RDMA READ, and writes with immediate on the responder).
+    pub byte_len: u32,
+}
+
+/// Why posting or polling on the direct path failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirectError {
+    /// The queue geometry is unusable.
+    Layout {
+        /// Which rule it breaks.
+        what: &'static str,
+    },
+    /// The send queue lacks room for the chain.
+    SendQueueFull {
+        /// Basic blocks needed.
+        need: u32,
+        /// Basic blocks free.
+        free: u32,
+    },
+    /// The receive queue is full.
+    RecvQueueFull,
+    /// An inline payload exceeds the QP's inline limit.
+    InlineTooLong {
+        /// Bytes asked for.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A work request that cannot be expressed (e.g. inline RDMA READ).
+    Malformed {
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// A CQE the path cannot handle (compressed, unknown opcode).
+    UnexpectedCqe {
+        /// Its `op_own` byte.
+        op_own: u8,
+    },
+    /// A requester CQE names a WQE that is not outstanding.
+    UnknownWqe {
+        /// The CQE's `wqe_counter`.
+        wqe_counter: u16,
+    },
+    /// A responder CQE arrived with no receive posted.
+    NoReceivePosted,
+}
+
+impl DirectError {
+    /// The errno a verbs provider would report for the same condition.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Self::SendQueueFull { .. } | Self::RecvQueueFull => libc::ENOMEM,
+            Self::InlineTooLong { .. } | Self::Malformed { .. } | Self::Layout { .. } => {
+                libc::EINVAL
+            }
+            Self::UnexpectedCqe { .. } | Self::UnknownWqe { .. } | Self::NoReceivePosted => {
+                libc::EIO
+            }
+        }
+    }
+}
+
+impl fmt::Display for DirectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Layout { what } => write!(f, "unusable mlx5 queue layout: {what}"),
+            Self::SendQueueFull { need, free } => {
+                write!(
+                    f,
+                    "mlx5 send queue full: {need} basic blocks needed, {free} free"
+                )
+            }
+            Self::RecvQueueFull => f.write_str("mlx5 receive queue full"),
+            Self::InlineTooLong { len, max } => {
+                write!(
+                    f,
+                    "inline payload of {len} bytes exceeds the {max}-byte limit"
+                )
+            }
+            Self::Malformed { what } => write!(f, "malformed work request: {what}"),
+            Self::UnexpectedCqe { op_own } => {
+                write!(f, "unexpected mlx5 CQE (op_own {op_own:#04x})")
+            }
+            Self::UnknownWqe { wqe_counter } => {
+                write!(
+                    f,
+                    "mlx5 CQE for WQE {wqe_counter}, which is not outstanding"
+                )
+            }
+            Self::NoReceivePosted => f.write_str("mlx5 responder CQE with no receive posted"),
+        }
+    }
+}
+
+impl std::error::Error for DirectError {}
+
+/// Side-table entry of a posted WQE, at the index of its first basic block.
+#[derive(Clone, Copy, Debug, Default)]
+struct SqEntry {
+    wr_id: u64,
+    /// Producer index after this WQE.
+    next_pi: u16,
+}
+
+/// The direct data path of one QP and its CQ.
+#[derive(Debug)]
+pub struct DirectQp<D: DoorbellRegister> {
+    layout: QueueLayout,
+    doorbell: D,
+    max_inline: usize,
+    /// Send producer index (basic blocks, free-running 16 bits).
+    sq_pi: u16,
+    /// Send consumer index: everything before it has completed.
+    sq_ci: u16,
+    /// Offset of the BlueFlame half the next doorbell goes to.
+    bf_offset: usize,
+    sq_entries: Box<[SqEntry]>,
+    rq_head: u32,
+    rq_tail: u32,
+    rq_wr_ids: Box<[u64]>,
+    cq_ci: u32,
+}
+
+// SAFETY: the queue memory is owned by this QP's device objects (or the model) and touched by
+// this value only under `&mut self`; the doorbell is Send when its register is.
+unsafe impl<D: DoorbellRegister + Send> Send for DirectQp<D> {}
+
+impl<D: DoorbellRegister> DirectQp<D> {
+    /// Take over the queues described by `layout`.
+    ///
+    /// # Safety
+    /// Every buffer and doorbell record in `layout` must be valid for reads and writes of its full
+    /// size for the life of the returned value, used by no one but it and the device (no
+    /// `ibv_post_*`/`ibv_poll_cq` on these objects any more), the send queue may hold no
+    /// outstanding WQE, the CQ must be freshly created (every CQE `op_own` = `0xF0` or otherwise
+    /// hardware-owned for pass 0) and the receive queue empty.
+    pub unsafe fn new(
+        layout: QueueLayout,
+        doorbell: D,
+        max_inline: usize,
+    ) -> Result<Self, DirectError> {
+        layout.check()?;
+        if inline_ds(max_inline) + 2 > MAX_DS {
+            return Err(DirectError::Layout {
+                what: "inline limit beyond 63 ds units",
+            });
+        }
+        Ok(Self {
+            layout,
+            doorbell,
+            max_inline,
+            sq_pi: 0,
+            sq_ci: 0,
+            bf_offset: 0,
+            sq_entries: vec![SqEntry::default(); layout.sq_wqe_cnt as usize].into_boxed_slice(),
+            rq_head: 0,
+            rq_tail: 0,
+            rq_wr_ids: vec![0; layout.rq_wqe_cnt as usize].into_boxed_slice(),
+            cq_ci: 0,
+        })
+    }
+
+    /// The queue layout.
+    pub fn layout(&self) -> &QueueLayout {
+        &self.layout
+    }
+
+    /// The inline limit.
+    pub fn max_inline(&self) -> usize {
+        self.max_inline
+    }
+
+    /// Basic blocks of the send queue in use (posted and not yet known complete).
+    pub fn sq_outstanding(&self) -> u32 {
+        u32::from(self.sq_pi.wrapping_sub(self.sq_ci))
+    }
+
+    /// Receive WQEs posted and not yet completed.
+    pub fn rq_outstanding(&self) -> u32 {
+        self.rq_head.wrapping_sub(self.rq_tail)
+    }
+
+    /// The CQ consumer index.
+    pub fn cq_consumer_index(&self) -> u32 {
+        self.cq_ci
+    }
+
+    /// `ds` units of `wr`, validated.
+    fn wqe_ds(&self, wr: &DirectWr<'_>) -> Result<usize, DirectError> {
+        let data = match (wr.op, wr.data) {
+            (DirectOp::Read, WqeData::Inline(_)) => {
+                return Err(DirectError::Malformed {
+                    what: "inline RDMA READ",
+                });
+            }
+            (_, WqeData::None) => 0,
+            (_, WqeData::Inline([])) => 0,
+            (_, WqeData::Inline(bytes)) => {
+                if bytes.len() > self.max_inline {
+                    return Err(DirectError::InlineTooLong {
+                        len: bytes.len(),
+                        max: self.max_inline,
+                    });
+                }
+                inline_ds(bytes.len())
+            }
+            // A zero byte count means 2 GiB to the device: leave the segment out.
+            (_, WqeData::Gather { len: 0, .. }) => 0,
+            (_, WqeData::Gather { .. }) => 1,
+        };
+        Ok(2 + data)
+    }
+
+    /// Post `chain` in order and ring the doorbell once. All or nothing: the room for every WQE
+    /// is checked before the first is written.
+    pub fn post_send(&mut self, chain: &[DirectWr<'_>]) -> Result<(), DirectError> {
+        if chain.is_empty() {
+            return Ok(());
+        }
+        let mut need = 0u32;
+        for wr in chain {
+            need += wqe_bbs(self.wqe_ds(wr)?) as u32;
+        }
+        let free = self.layout.sq_wqe_cnt - self.sq_outstanding();
+        if need > free {
+            return Err(DirectError::SendQueueFull { need, free });
+        }
+        let mut last = (0u16, 0usize);
+        for wr in chain {
+            let ds = self.wqe_ds(wr)?;
+            last = (self.sq_pi, ds);
+            self.write_wqe(wr, ds);
+        }
+        self.ring(chain.len(), last.0, last.1);
+        Ok(())
+    }
+
+    /// Write one 16-byte unit of the send queue, `unit` counted from the ring start (wrapping).
+    #[inline(always)]
+    fn write_sq_unit(&mut self, unit: u32, bytes: &[u8; 16]) {
+        let units = self.layout.sq_wqe_cnt * (SEND_WQE_BB / DS_UNIT) as u32;
+        let at = (unit & (units - 1)) as usize * DS_UNIT;
+        // SAFETY: `at + 16 <= sq_wqe_cnt * 64`, inside the send queue (`new`'s contract); the unit
+        // belongs to a WQE the device has completed (room was checked), so only we touch it.
+        unsafe {
+            self.layout
+                .sq_buf
+                .add(at)
+                .cast::<[u8; 16]>()
+                .write_unaligned(*bytes)
+        };
+    }
+
+    #[inline(always)]
+    fn read_sq_u64(&self, unit: u32, half: usize) -> u64 {
+        let units = self.layout.sq_wqe_cnt * (SEND_WQE_BB / DS_UNIT) as u32;
+        let at = (unit & (units - 1)) as usize * DS_UNIT + half * 8;
+        // SAFETY: inside the send queue, in a WQE this value just wrote.
+        unsafe { self.layout.sq_buf.add(at).cast::<u64>().read_unaligned() }
+    }
+
+    fn write_wqe(&mut self, wr: &DirectWr<'_>, ds: usize) {
+        let pi = self.sq_pi;
+        let first_unit = u32::from(pi) * (SEND_WQE_BB / DS_UNIT) as u32;
+        let (opcode, imm) = match wr.op {
+            DirectOp::Write => (wqe::opcode::RDMA_WRITE, [0; 4]),
+            DirectOp::WriteImm(imm) => (wqe::opcode::RDMA_WRITE_IMM, imm.to_be_bytes()),
+            DirectOp::Read => (wqe::opcode::RDMA_READ, [0; 4]),
+        };
+        let ctrl = CtrlSeg {
+            opmod: 0,
+            wqe_index: pi,
+            opcode,
+            qpn: self.layout.qpn,
+            ds: ds as u8,
+            fm_ce_se: if wr.signaled { fm_ce_se::CQ_UPDATE } else { 0 },
+            imm,
+        };
+        self.write_sq_unit(first_unit, &ctrl.encode());
+        self.write_sq_unit(first_unit + 1, &raddr_seg(wr.remote_addr, wr.rkey));
+        match wr.data {
+            WqeData::Gather { addr, len, lkey } if len > 0 => {
+                self.write_sq_unit(first_unit + 2, &data_seg(len, lkey, addr));
+            }
+            WqeData::Inline(bytes) if !bytes.is_empty() => {
+                let mut unit = [0u8; 16];
+                unit[..4].copy_from_slice(&inline_header(bytes.len() as u32));
+                let head = bytes.len().min(12);
+                unit[4..4 + head].copy_from_slice(&bytes[..head]);
+                self.write_sq_unit(first_unit + 2, &unit);
+                for (i, chunk) in bytes[head..].chunks(DS_UNIT).enumerate() {
+                    let mut unit = [0u8; 16];
+                    unit[..chunk.len()].copy_from_slice(chunk);
+                    self.write_sq_unit(first_unit + 3 + i as u32, &unit);
+                }
+            }
+            _ => {}
+        }
+        let bbs = wqe_bbs(ds) as u16;
+        let index = usize::from(pi) & (self.layout.sq_wqe_cnt as usize - 1);
+        self.sq_entries[index] = SqEntry {
+            wr_id: wr.wr_id,
+            next_pi: pi.wrapping_add(bbs),
+        };
+        self.sq_pi = pi.wrapping_add(bbs);
+    }
+
+    /// Doorbell record, then BlueFlame copy (one WQE that fits a half) or the 8-byte doorbell of
+    /// the last WQE's control segment; then flip to the other half.
+    fn ring(&mut self, nreq: usize, last_pi: u16, last_ds: usize) {
+        // udma_to_device_barrier: the WQEs are in memory before the record says so.
+        fence(Ordering::Release);
+        // SAFETY: the doorbell record is valid for the QP's life (`new`'s contract).
+        unsafe {
+            self.layout
+                .qp_dbrec
+                .add(MLX5_SND_DBR)
+                .write_volatile((u32::from(self.sq_pi)).to_be())
+        };
+        self.doorbell.wc_start();
+        let bf_size = self.doorbell.bf_size() as usize;
+        let first_unit = u32::from(last_pi) * (SEND_WQE_BB / DS_UNIT) as u32;
+        if nreq == 1 && bf_size > 0 && last_ds * DS_UNIT <= bf_size {
+            let words = wqe_bbs(last_ds) * SEND_WQE_BB / 8;
+            for word in 0..words {
+                let value = self.read_sq_u64(first_unit + (word / 2) as u32, word % 2);
+                self.doorbell.store64(self.bf_offset + word * 8, value);
+            }
+        } else {
+            let value = self.read_sq_u64(first_unit, 0);
+            self.doorbell.store64(self.bf_offset, value);
+        }
+        self.doorbell.wc_flush();
+        self.bf_offset ^= bf_size;
+    }
+
+    /// Post one receive WQE with no scatter entry and update the receive doorbell record.
+    pub fn post_recv(&mut self, wr_id: u64) -> Result<(), DirectError> {
+        if self.rq_outstanding() >= self.layout.rq_wqe_cnt {
+            return Err(DirectError::RecvQueueFull);
+        }
+        let index = self.rq_head & (self.layout.rq_wqe_cnt - 1);
+        let at = index as usize * self.layout.rq_stride as usize;
+        // SAFETY: `at + 16 <= rq_wqe_cnt * rq_stride`, inside the receive queue; the slot's previous
+        // WQE has completed (occupancy checked), so the device no longer reads it.
+        unsafe {
+            self.layout
+                .rq_buf
+                .add(at)
+                .cast::<[u8; 16]>()
+                .write_unaligned(RECV_TERMINATOR)
+        };
+        self.rq_wr_ids[index as usize] = wr_id;
+        self.rq_head = self.rq_head.wrapping_add(1);
+        fence(Ordering::Release);
+        // SAFETY: the QP doorbell record is valid for the QP's life.
+        unsafe {
+            self.layout
+                .qp_dbrec
+                .add(MLX5_RCV_DBR)
+                .write_volatile((self.rq_head & 0xffff).to_be())
+        };
+        Ok(())
+    }
+
+    /// Poll up to `max` completions, handing each to `sink`; returns how many. The CQ doorbell
+    /// record is updated once per call.
+    pub fn poll(
+        &mut self,
+        max: usize,
+        mut sink: impl FnMut(DirectCompletion),
+    ) -> Result<usize, DirectError> {
+        let mut got = 0;
+        let mut consumed = false;
+        let mut result = Ok(());
+        while got < max {
+            let mask = self.layout.cqe_cnt - 1;
+            let slot = (self.cq_ci & mask) as usize * self.layout.cqe_size as usize
+                + (self.layout.cqe_size as usize - CQE64_LEN);
+            // SAFETY: the slot lies inside the CQ buffer (`new`'s contract); the device writes it
+            // concurrently, hence the volatile read of the ownership byte.
+            let cqe_ptr = unsafe { self.layout.cq_buf.add(slot) };
+            // SAFETY: as above.
+            let op_own = unsafe { cqe_ptr.add(cqe::offset::OP_OWN).read_volatile() };
+            if !sw_owns(op_own, self.cq_ci, self.layout.cqe_cnt) {
+                break;
+            }
+            // The body is read only after ownership is seen (udma_from_device_barrier).
+            fence(Ordering::Acquire);
+            // SAFETY: a software-owned CQE the device no longer writes.
+            let bytes = unsafe { cqe_ptr.cast::<[u8; CQE64_LEN]>().read_volatile() };
+            self.cq_ci = self.cq_ci.wrapping_add(1);
+            consumed = true;
+            match self.complete(&Cqe::decode(&bytes)) {
+                Ok(Some(c)) => {
+                    sink(c);
+                    got += 1;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        if consumed {
+            fence(Ordering::Release);
+            // SAFETY: the CQ doorbell record is valid for the CQ's life.
+            unsafe {
+                self.layout
+                    .cq_dbrec
+                    .add(MLX5_CQ_SET_CI)
+                    .write_volatile((self.cq_ci & 0x00ff_ffff).to_be())
+            };
+        }
+        result.map(|()| got)
+    }
+
+    /// Turn a CQE into a completion (None for CQEs to skip).
+    fn complete(&mut self, cqe: &Cqe) -> Result<Option<DirectCompletion>, DirectError> {
+        let op_own = cqe.opcode << 4 | cqe.format << 2 | u8::from(cqe.owner);
+        if cqe.format == 3 {
+            return Err(DirectError::UnexpectedCqe { op_own });
+        }
+        match cqe.opcode {
+            cqe::opcode::REQ | cqe::opcode::REQ_ERR => {
+                let outstanding = self.sq_outstanding();
+                if u32::from(cqe.wqe_counter.wrapping_sub(self.sq_ci)) >= outstanding {
+                    return Err(DirectError::UnknownWqe {
+                        wqe_counter: cqe.wqe_counter,
+                    });
+                }
+                let index = usize::from(cqe.wqe_counter) & (self.layout.sq_wqe_cnt as usize - 1);
+                let entry = self.sq_entries[index];
+                self.sq_ci = entry.next_pi;
+                let (status, vendor_err, op) = if cqe.opcode == cqe::opcode::REQ {
+                    let op = match cqe.wqe_opcode {
+                        wqe::opcode::RDMA_WRITE => CompletedOp::Write,
+                        wqe::opcode::RDMA_WRITE_IMM => CompletedOp::WriteImm,
+                        wqe::opcode::RDMA_READ => CompletedOp::Read,
+                        other => CompletedOp::OtherSend(other),
+                    };
+                    (0, 0, op)
+                } else {
+                    (
+                        syndrome_status(cqe.syndrome),
+                        u32::from(cqe.vendor_err),
+                        CompletedOp::Failed,
+                    )
+                };
+                Ok(Some(DirectCompletion {
+                    wr_id: entry.wr_id,
+                    status,
+                    vendor_err,
+                    queue: WorkQueue::Send,
+                    op,
+                    imm: None,
+                    byte_len: if op == CompletedOp::Read {
+                        cqe.byte_cnt
+                    } else {
+                        0
+                    },
+                }))
+            }
+            cqe::opcode::RESP_WR_IMM
+            | cqe::opcode::RESP_SEND
+            | cqe::opcode::RESP_SEND_IMM
+            | cqe::opcode::RESP_SEND_INV
+            | cqe::opcode::RESP_ERR => {
+                if self.rq_outstanding() == 0 {
+                    return Err(DirectError::NoReceivePosted);
+                }
+                // RC receives complete in order: the oldest posted one (rdma-core uses its tail too).
+                let index = (self.rq_tail & (self.layout.rq_wqe_cnt - 1)) as usize;
+                self.rq_tail = self.rq_tail.wrapping_add(1);
+                let imm = u32::from_be_bytes(cqe.imm);
+                let (status, vendor_err, op, imm) = match cqe.opcode {
+                    cqe::opcode::RESP_WR_IMM => (0, 0, CompletedOp::RecvWriteImm, Some(imm)),
+                    cqe::opcode::RESP_SEND_IMM => (0, 0, CompletedOp::RecvSend, Some(imm)),
+                    cqe::opcode::RESP_SEND | cqe::opcode::RESP_SEND_INV => {
+                        (0, 0, CompletedOp::RecvSend, None)
+                    }
+                    _ => (
+                        syndrome_status(cqe.syndrome),
+                        u32::from(cqe.vendor_err),
+                        CompletedOp::Failed,
+                        None,
+                    ),
+                };
+                Ok(Some(DirectCompletion {
+                    wr_id: self.rq_wr_ids[index],
+                    status,
+                    vendor_err,
+                    queue: WorkQueue::Recv,
+                    op,
+                    imm,
+                    byte_len: if status == 0 { cqe.byte_cnt } else { 0 },
+                }))
+            }
+            cqe::opcode::RESIZE_CQ => Ok(None),
+            _ => Err(DirectError::UnexpectedCqe { op_own }),
+        }
+    }
+}
