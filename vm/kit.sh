@@ -43,7 +43,6 @@ packages=(
     ibverbs-utils     # ibv_devinfo
     libibverbs-dev
     perftest          # ib_write_bw, ib_send_lat
-    procps            # pkill -P in run.sh's cleanup (minimal images lack it)
 )
 
 apt_env=(env DEBIAN_FRONTEND=noninteractive)

@@ -75,7 +75,6 @@ cleanup() {
     # The VM must never outlive this script (killing `timeout` makes it kill QEMU).
     local pid
     for pid in $qemu_pid $out_pid $err_pid; do
-        pkill -P "$pid" 2>/dev/null || true # a relay's cat
         kill "$pid" 2>/dev/null || true
     done
     if [[ ${RIVET_VM_KEEP:-0} == 1 ]]; then
@@ -87,9 +86,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'say "interrupted"; exit 130' INT
 trap 'say "terminated"; exit 143' TERM
-# A relay lost its reader (e.g. `vm/run.sh -- cmd | head -1`): behave like SIGPIPE would natively,
-# rather than leaving the guest blocked on a full port until the timeout.
-trap 'say "output closed; stopping the VM"; exit 141' USR1
 
 # cmd.sh: what the guest runs inside the chroot (under `env -i`). Every value is quoted with %q.
 {
@@ -127,13 +123,10 @@ trap 'say "output closed; stopping the VM"; exit 141' USR1
 
 # QEMU "pipe" chardevs write to <path>.out and read <path>.in; a cat on each .out relays to our
 # stdout/stderr as the guest writes.
-relay() { # relay FIFO FD
-    cat "$1" >&"$2" || kill -USR1 $$
-}
 mkfifo "$rundir"/stdout.{in,out} "$rundir"/stderr.{in,out}
-relay "$rundir/stdout.out" 1 &
+cat "$rundir/stdout.out" &
 out_pid=$!
-relay "$rundir/stderr.out" 2 &
+cat "$rundir/stderr.out" >&2 &
 err_pid=$!
 
 # shellcheck disable=SC2054 # commas belong to QEMU's option syntax
@@ -156,9 +149,25 @@ t_boot=$(date +%s.%N)
 # QEMU gets its own stdin (none) and keeps its own stderr for its own diagnostics.
 timeout --kill-after=10 "$timeout_s" "${qemu[@]}" </dev/null >"$rundir/qemu.log" 2>&1 &
 qemu_pid=$!
-qemu_rc=0
-wait "$qemu_pid" || qemu_rc=$?
-qemu_pid=
+
+# Wait for QEMU. A relay that ends first has lost its reader (e.g. `vm/run.sh -- cmd | head -1`):
+# stop the VM and exit 141 as SIGPIPE would end a native command, rather than leave the guest blocked
+# on a full port until the timeout.
+declare -A waiting=(["$qemu_pid"]=qemu ["$out_pid"]=relay ["$err_pid"]=relay)
+qemu_rc=''
+while [[ -z $qemu_rc ]]; do
+    finished='' status=0
+    wait -n -p finished "${!waiting[@]}" || status=$?
+    [[ -n $finished ]] || continue
+    if [[ ${waiting[$finished]} == qemu ]]; then
+        qemu_rc=$status
+        qemu_pid=''
+    elif ((status != 0)); then
+        say "output closed; stopping the VM"
+        exit 141
+    fi
+    unset "waiting[$finished]"
+done
 t_end=$(date +%s.%N)
 
 # QEMU has closed the FIFOs, so the relays see EOF at once; if QEMU died before opening them they
