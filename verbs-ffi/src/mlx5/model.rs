@@ -35,7 +35,7 @@ use std::ptr::NonNull;
 use std::rc::Rc;
 
 use super::cqe::{self, CQE64_LEN, Cqe, syndrome};
-use super::direct::{MAX_SQ_BBS, QueueLayout};
+use super::direct::{DirectError, DirectQp, MAX_SQ_BBS, QueueLayout};
 use super::doorbell::DoorbellRegister;
 use super::dv::{MLX5_CQ_SET_CI, MLX5_RCV_DBR, MLX5_SND_DBR};
 use super::wqe::{
@@ -168,6 +168,8 @@ enum QpState {
 
 #[derive(Debug)]
 struct QpModel {
+    /// A DirectQp was built on it.
+    taken: bool,
     pd: usize,
     peer: Option<usize>,
     state: QpState,
@@ -351,9 +353,10 @@ impl Inner {
         };
         match ctrl.opcode {
             wqe::opcode::RDMA_WRITE | wqe::opcode::RDMA_WRITE_IMM => {}
+            // A zero-length READ carries no data segment (a byte count of 0 would mean 2 GiB).
             wqe::opcode::RDMA_READ => assert!(
-                matches!(data, ParsedData::Gather { .. }),
-                "{}: RDMA READ needs exactly one data segment",
+                !matches!(data, ParsedData::Inline(_)),
+                "{}: inline RDMA READ",
                 where_()
             ),
             other => panic!(
@@ -667,7 +670,7 @@ impl Inner {
         let len = p.len();
         if p.opcode == wqe::opcode::RDMA_READ {
             let ParsedData::Gather { addr, lkey, .. } = p.data else {
-                unreachable!("checked in parse")
+                return Ok(()); // zero-length READ: no key is checked, nothing moves
             };
             if !self.find_mr(pd, lkey, false, addr, u64::from(len), access::LOCAL_WRITE) {
                 return Err((syndrome::LOCAL_PROT_ERR, false));
@@ -863,6 +866,7 @@ impl Model {
         };
         layout.check().expect("model: QP configuration");
         inner.qps.push(QpModel {
+            taken: false,
             pd: pd.0,
             peer: None,
             state: QpState::Ready,
@@ -945,8 +949,76 @@ impl ModelQp {
         &self.model
     }
 
+    /// `len` bytes of the send queue ring from byte `offset` (wrapping), for inspection.
+    pub fn sq_bytes(&self, offset: usize, len: usize) -> Vec<u8> {
+        let size = self.layout.sq_wqe_cnt as usize * SEND_WQE_BB;
+        (0..len)
+            // SAFETY: the index is reduced modulo the ring size, inside the model's allocation.
+            .map(|i| unsafe { self.layout.sq_buf.add((offset + i) % size).read() })
+            .collect()
+    }
+
+    /// Overwrite send queue bytes from `offset` (wrapping): lets tests corrupt a WQE to see the
+    /// model refuse it.
+    pub fn poke_sq(&self, offset: usize, bytes: &[u8]) {
+        let size = self.layout.sq_wqe_cnt as usize * SEND_WQE_BB;
+        for (i, b) in bytes.iter().enumerate() {
+            // SAFETY: the index is reduced modulo the ring size, inside the model's allocation.
+            unsafe { self.layout.sq_buf.add((offset + i) % size).write(*b) };
+        }
+    }
+
+    /// The CQ consumer index the device sees (the CQ doorbell record).
+    pub fn cq_doorbell_record(&self) -> u32 {
+        Inner::dbrec(self.layout.cq_dbrec, MLX5_CQ_SET_CI)
+    }
+
+    /// The QP doorbell record: (receive counter, send counter).
+    pub fn qp_doorbell_record(&self) -> (u32, u32) {
+        (
+            Inner::dbrec(self.layout.qp_dbrec, MLX5_RCV_DBR),
+            Inner::dbrec(self.layout.qp_dbrec, MLX5_SND_DBR),
+        )
+    }
+
+    /// The raw 64 bytes of CQE slot `index`.
+    pub fn cqe_bytes(&self, index: u32) -> [u8; CQE64_LEN] {
+        let l = &self.layout;
+        let slot = (index & (l.cqe_cnt - 1)) as usize * l.cqe_size as usize
+            + (l.cqe_size as usize - CQE64_LEN);
+        // SAFETY: inside the CQ buffer the model allocated.
+        unsafe { l.cq_buf.add(slot).cast::<[u8; CQE64_LEN]>().read() }
+    }
+
+    /// The direct data path on this QP, ringing the model's doorbell register.
+    ///
+    /// Panics when called twice for one QP (the queues have one owner).
+    pub fn direct_qp(&self, max_inline: usize) -> Result<DirectQp<ModelDoorbell>, DirectError> {
+        self.direct_qp_with(max_inline, |d| d)
+    }
+
+    /// Like [`Self::direct_qp`], with the doorbell register wrapped by `wrap` (tests use this to
+    /// tamper with what reaches the model).
+    pub fn direct_qp_with<D: DoorbellRegister>(
+        &self,
+        max_inline: usize,
+        wrap: impl FnOnce(ModelDoorbell) -> D,
+    ) -> Result<DirectQp<D>, DirectError> {
+        {
+            let mut inner = self.model.inner.borrow_mut();
+            let q = &mut inner.qps[self.id];
+            assert!(!q.taken, "model: a second DirectQp for one QP");
+            q.taken = true;
+        }
+        let doorbell = wrap(self.doorbell());
+        // SAFETY: the queues and doorbell records are model allocations that live as long as any
+        // `Model` clone, and the doorbell register holds one; this is the QP's only DirectQp
+        // (checked above); the CQ was initialised to 0xF0 and nothing was posted yet.
+        unsafe { DirectQp::new(self.layout, doorbell, max_inline) }
+    }
+
     /// This QP's doorbell register.
-    pub fn doorbell(&self) -> ModelDoorbell {
+    fn doorbell(&self) -> ModelDoorbell {
         ModelDoorbell {
             model: self.model.clone(),
             qp: self.id,
