@@ -86,12 +86,18 @@ done
 # RDMA pins memory: never let RLIMIT_MEMLOCK get in the way.
 ulimit -l unlimited
 
+# The device of the virtio serial port named $1; ports are announced asynchronously, so wait up to 5 s.
 port_dev() {
-    for p in /sys/class/virtio-ports/*; do
-        if [ "$(cat "$p/name" 2>/dev/null)" = "$1" ]; then
-            echo "/dev/${p##*/}"
-            return 0
-        fi
+    n=0
+    while [ $n -lt 50 ]; do
+        for p in /sys/class/virtio-ports/*; do
+            if [ "$(cat "$p/name" 2>/dev/null)" = "$1" ] && [ -c "/dev/${p##*/}" ]; then
+                echo "/dev/${p##*/}"
+                return 0
+            fi
+        done
+        n=$((n + 1))
+        sleep 0.1
     done
     return 1
 }

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2016 # single-quoted $ are meant literally (they expand in the VM)
 # vm/selftest.sh: checks vm/run.sh's contract (from the host; three VM boots, ~40 s):
 #   exit status passed back, stdout and stderr kept apart, working directory, arguments and selected
 #   environment carried in, others not; a hung VM killed at --timeout with exit 124 and no QEMU left.
 # Exits non-zero on the first broken promise.
 set -euo pipefail
-# shellcheck disable=SC2016 # the single-quoted $ are meant literally (they expand in the VM)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 run=(bash "$here/run.sh")
