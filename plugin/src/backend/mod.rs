@@ -3,4 +3,5 @@
 
 pub(crate) mod device;
 pub(crate) mod endpoint;
+pub(crate) mod mlx5;
 pub(crate) mod region;

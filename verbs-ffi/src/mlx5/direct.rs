@@ -298,6 +298,8 @@ struct SqEntry {
     wr_id: u64,
     /// Producer index after this WQE.
     next_pi: u16,
+    /// WQEs posted up to and including this one.
+    posted: u32,
 }
 
 /// The direct data path of one QP and its CQ.
@@ -313,6 +315,9 @@ pub struct DirectQp<D: DoorbellRegister> {
     /// Offset of the BlueFlame half the next doorbell goes to.
     bf_offset: usize,
     sq_entries: Box<[SqEntry]>,
+    /// WQEs ever posted, and ever completed (both wrapping).
+    sq_posted: u32,
+    sq_completed: u32,
     rq_head: u32,
     rq_tail: u32,
     rq_wr_ids: Box<[u64]>,
@@ -351,6 +356,8 @@ impl<D: DoorbellRegister> DirectQp<D> {
             sq_ci: 0,
             bf_offset: 0,
             sq_entries: vec![SqEntry::default(); layout.sq_wqe_cnt as usize].into_boxed_slice(),
+            sq_posted: 0,
+            sq_completed: 0,
             rq_head: 0,
             rq_tail: 0,
             rq_wr_ids: vec![0; layout.rq_wqe_cnt as usize].into_boxed_slice(),
@@ -371,6 +378,11 @@ impl<D: DoorbellRegister> DirectQp<D> {
     /// Basic blocks of the send queue in use (posted and not yet known complete).
     pub fn sq_outstanding(&self) -> u32 {
         u32::from(self.sq_pi.wrapping_sub(self.sq_ci))
+    }
+
+    /// Send WQEs posted and not yet known complete.
+    pub fn sq_outstanding_wqes(&self) -> u32 {
+        self.sq_posted.wrapping_sub(self.sq_completed)
     }
 
     /// Receive WQEs posted and not yet completed.
@@ -496,9 +508,11 @@ impl<D: DoorbellRegister> DirectQp<D> {
         }
         let bbs = wqe_bbs(ds) as u16;
         let index = usize::from(pi) & (self.layout.sq_wqe_cnt as usize - 1);
+        self.sq_posted = self.sq_posted.wrapping_add(1);
         self.sq_entries[index] = SqEntry {
             wr_id: wr.wr_id,
             next_pi: pi.wrapping_add(bbs),
+            posted: self.sq_posted,
         };
         self.sq_pi = pi.wrapping_add(bbs);
     }
@@ -631,6 +645,7 @@ impl<D: DoorbellRegister> DirectQp<D> {
                 let index = usize::from(cqe.wqe_counter) & (self.layout.sq_wqe_cnt as usize - 1);
                 let entry = self.sq_entries[index];
                 self.sq_ci = entry.next_pi;
+                self.sq_completed = entry.posted;
                 let (status, vendor_err, op) = if cqe.opcode == cqe::opcode::REQ {
                     let op = match cqe.wqe_opcode {
                         wqe::opcode::RDMA_WRITE => CompletedOp::Write,

@@ -1,0 +1,157 @@
+//! [`DirectNic`]: rivet-core's [`Nic`] on the mlx5 direct data path. It only translates: core
+//! work requests into [`DirectWr`]s, [`DirectCompletion`]s into core completions, with the same
+//! mapping the libibverbs backend applies to `ibv_wc`, so the core cannot tell the two apart.
+//!
+//! This file depends on nothing but rivet-core and rivet-verbs-ffi: `benches/mlx5_model.rs`
+//! includes it with `#[path]` to measure exactly this code.
+
+use rivet_core::nic::WcStatus;
+use rivet_core::nic::{Completion, CompletionKind, Nic, NicError, Payload, SendOp, SendWr};
+use rivet_verbs_ffi::mlx5::{
+    CompletedOp, DirectCompletion, DirectOp, DirectQp, DirectWr, DoorbellRegister, WorkQueue,
+    WqeData,
+};
+
+/// Work requests translated per [`DirectQp::post_send`] call (the core's chains are shorter;
+/// longer ones go in pieces, which RC orders the same way, as in the verbs backend).
+const MAX_CHAIN: usize = 16;
+
+/// The two control regions of a connection, wherever they live (registered host memory on a
+/// device, model memory on the model).
+pub(crate) trait ControlRegions {
+    /// Copy inbound bytes at `offset` out (volatile loads, then an acquire fence).
+    fn read_inbound(&self, offset: usize, out: &mut [u8]);
+    /// Copy `bytes` into staging at `offset`; false when out of range.
+    fn write_staging(&mut self, offset: usize, bytes: &[u8]) -> bool;
+    /// The staging region: address, local key, length.
+    fn staging(&self) -> (u64, u32, usize);
+}
+
+/// A connection's direct queue pair and control regions.
+#[derive(Debug)]
+pub(crate) struct DirectNic<D: DoorbellRegister, R: ControlRegions> {
+    pub(crate) qp: DirectQp<D>,
+    pub(crate) regions: R,
+}
+
+impl<D: DoorbellRegister, R: ControlRegions> DirectNic<D, R> {
+    fn translate<'a>(&self, wr: &SendWr<'a>) -> Result<DirectWr<'a>, NicError> {
+        let data = match wr.payload {
+            Payload::Empty => WqeData::None,
+            Payload::Inline(bytes) => WqeData::Inline(bytes),
+            Payload::Local(sge) => WqeData::Gather {
+                addr: sge.addr,
+                len: sge.len,
+                lkey: sge.lkey,
+            },
+            Payload::Staged { offset, len } => {
+                let (addr, lkey, staging_len) = self.regions.staging();
+                if u64::from(offset) + u64::from(len) > staging_len as u64 {
+                    return Err(NicError::Post {
+                        errno: libc::EINVAL,
+                    });
+                }
+                WqeData::Gather {
+                    addr: addr + u64::from(offset),
+                    len,
+                    lkey,
+                }
+            }
+        };
+        let op = match wr.op {
+            SendOp::Write => DirectOp::Write,
+            SendOp::WriteImm(imm) => DirectOp::WriteImm(imm),
+        };
+        Ok(DirectWr {
+            wr_id: wr.wr_id,
+            op,
+            data,
+            remote_addr: wr.remote_addr,
+            rkey: wr.rkey,
+            signaled: wr.signaled,
+        })
+    }
+}
+
+/// The core's view of a direct completion (the verbs backend's `ibv_wc` mapping).
+fn completion(c: &DirectCompletion) -> Completion {
+    let status = WcStatus(c.status);
+    let kind = if status.is_success() {
+        match c.op {
+            CompletedOp::RecvWriteImm => CompletionKind::RecvWriteImm {
+                imm: c.imm.unwrap_or(0),
+                byte_len: c.byte_len,
+            },
+            // A receive consumed by a SEND cannot happen in this protocol; like the verbs
+            // backend, report it as a write-with-immediate of 0 so the core names the violation.
+            CompletedOp::RecvSend => CompletionKind::RecvWriteImm {
+                imm: 0,
+                byte_len: c.byte_len,
+            },
+            _ => CompletionKind::Send,
+        }
+    } else if c.queue == WorkQueue::Recv {
+        CompletionKind::RecvFailed
+    } else {
+        CompletionKind::Send
+    };
+    Completion {
+        wr_id: c.wr_id,
+        status,
+        vendor_err: c.vendor_err,
+        kind,
+    }
+}
+
+impl<D: DoorbellRegister, R: ControlRegions> Nic for DirectNic<D, R> {
+    fn max_inline(&self) -> usize {
+        self.qp.max_inline()
+    }
+
+    fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
+        for piece in chain.chunks(MAX_CHAIN) {
+            let mut wrs = [DirectWr {
+                wr_id: 0,
+                op: DirectOp::Write,
+                data: WqeData::None,
+                remote_addr: 0,
+                rkey: 0,
+                signaled: false,
+            }; MAX_CHAIN];
+            for (slot, wr) in wrs.iter_mut().zip(piece) {
+                *slot = self.translate(wr)?;
+            }
+            self.qp
+                .post_send(&wrs[..piece.len()])
+                .map_err(|e| NicError::Post { errno: e.errno() })?;
+        }
+        Ok(())
+    }
+
+    fn post_recv(&mut self, wr_id: u64) -> Result<(), NicError> {
+        self.qp
+            .post_recv(wr_id)
+            .map_err(|e| NicError::Post { errno: e.errno() })
+    }
+
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError> {
+        let mut slots = out.iter_mut();
+        self.qp
+            .poll(slots.len(), |c| {
+                if let Some(slot) = slots.next() {
+                    *slot = completion(&c);
+                }
+            })
+            .map_err(|e| NicError::Poll { code: e.errno() })
+    }
+
+    fn read_inbound(&self, offset: usize, out: &mut [u8]) {
+        self.regions.read_inbound(offset, out);
+    }
+
+    fn write_staging(&mut self, offset: usize, bytes: &[u8]) {
+        // The core only stages inside the region it sized; a refusal would surface as a protocol
+        // error when the peer validates what arrives (as in the verbs backend).
+        let _ = self.regions.write_staging(offset, bytes);
+    }
+}
