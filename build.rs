@@ -8,6 +8,7 @@ fn main() {
     let programs = [
         ("loader", "tests/c/loader.c", "RIVET_C_LOADER"),
         ("transfer", "tests/c/transfer.c", "RIVET_C_TRANSFER"),
+        ("faults", "tests/c/faults.c", "RIVET_C_FAULTS"),
     ];
     for (name, source, env) in programs {
         println!("cargo:rerun-if-changed={source}");
@@ -34,4 +35,5 @@ fn main() {
         println!("cargo:rustc-env={env}={}", exe.display());
     }
     println!("cargo:rerun-if-changed=tests/c/nccl_net_abi.h");
+    println!("cargo:rerun-if-changed=tests/c/harness.h");
 }

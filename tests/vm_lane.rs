@@ -16,9 +16,16 @@ fn plugin_library() -> PathBuf {
         return PathBuf::from(path);
     }
     let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
     let lib = profile_dir.join("libnccl_net_rivet.so");
-    assert!(lib.exists(), "{} is missing: cargo build --workspace first", lib.display());
+    assert!(
+        lib.exists(),
+        "{} is missing: cargo build --workspace first",
+        lib.display()
+    );
     lib
 }
 
@@ -30,7 +37,8 @@ fn script() -> String {
     let loader = env!("RIVET_C_LOADER");
     let transfer = env!("RIVET_C_TRANSFER");
     let device_tests = std::env::var("RIVET_VERBS_DEVICE_TEST").unwrap_or_default();
-    let mut s = String::from("set -u\nstep() { name=$1; shift; \"$@\"; echo \"STEP $name rc=$?\"; }\n");
+    let mut s =
+        String::from("set -u\nstep() { name=$1; shift; \"$@\"; echo \"STEP $name rc=$?\"; }\n");
     s += &format!("step info {rivet} info\n");
     s += &format!("step loader {loader} {lib} devices\n");
     if !device_tests.is_empty() {
@@ -56,7 +64,11 @@ fn soft_roce_lane() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     println!("{stdout}");
     eprintln!("{stderr}");
-    assert!(output.status.success(), "vm/run.sh failed with {:?}", output.status);
+    assert!(
+        output.status.success(),
+        "vm/run.sh failed with {:?}",
+        output.status
+    );
 
     let step = |name: &str| -> i32 {
         let prefix = format!("STEP {name} rc=");
@@ -66,15 +78,29 @@ fn soft_roce_lane() {
             .and_then(|rc| rc.trim().parse().ok())
             .unwrap_or_else(|| panic!("step {name} did not run"))
     };
-    let info = stdout.lines().find(|l| l.contains("rxe0")).unwrap_or_else(|| panic!("rivet info shows no rxe0"));
-    assert!(info.contains("RoCE") && info.contains("::ffff:10.0.2.15"), "rxe0 without its RoCE v2 IPv4 GID: {info}");
+    let info = stdout
+        .lines()
+        .find(|l| l.contains("rxe0"))
+        .unwrap_or_else(|| panic!("rivet info shows no rxe0"));
+    assert!(
+        info.contains("RoCE") && info.contains("::ffff:10.0.2.15"),
+        "rxe0 without its RoCE v2 IPv4 GID: {info}"
+    );
     assert_eq!(step("info"), 0);
     assert_eq!(step("loader"), 0, "C loader with devices present failed");
     if std::env::var("RIVET_VERBS_DEVICE_TEST").is_ok_and(|v| !v.is_empty()) {
-        assert_eq!(step("verbs-device-tests"), 0, "verbs-ffi device tests failed");
+        assert_eq!(
+            step("verbs-device-tests"),
+            0,
+            "verbs-ffi device tests failed"
+        );
     }
     for v in [12, 11, 10, 9] {
-        assert_eq!(step(&format!("transfer-v{v}")), 0, "transfer through ncclNetPlugin_v{v} failed");
+        assert_eq!(
+            step(&format!("transfer-v{v}")),
+            0,
+            "transfer through ncclNetPlugin_v{v} failed"
+        );
     }
     for needle in [
         "PASS message of 67108864 bytes arrived intact",
