@@ -13,6 +13,7 @@ fn main() {
             "tests/c/conformance.c",
             "RIVET_C_CONFORMANCE",
         ),
+        ("faults", "tests/c/faults.c", "RIVET_C_FAULTS"),
     ];
     for (name, source, env) in programs {
         println!("cargo:rerun-if-changed={source}");
@@ -39,4 +40,5 @@ fn main() {
         println!("cargo:rustc-env={env}={}", exe.display());
     }
     println!("cargo:rerun-if-changed=tests/c/nccl_net_abi.h");
+    println!("cargo:rerun-if-changed=tests/c/harness.h");
 }

@@ -52,9 +52,11 @@ if [ "${RIVET_SKIP_FUZZ:-0}" != 1 ] && [ -x scripts/fuzz-smoke.sh ]; then
   scripts/fuzz-smoke.sh
 fi
 
-if [ "${RIVET_SKIP_VM:-0}" != 1 ] && [ -x scripts/vm-lane.sh ]; then
+if [ "${RIVET_SKIP_VM:-0}" != 1 ]; then
   stage "Soft-RoCE VM lane"
   scripts/vm-lane.sh
+  stage "Soft-RoCE VM lane: failure behaviour"
+  scripts/vm-faults.sh
 fi
 
 stage "all passed"

@@ -17,7 +17,12 @@ pub(crate) fn ffi_call(name: &'static str, body: impl FnOnce() -> NetResult<()>)
         Ok(Ok(())) => NCCL_SUCCESS,
         Ok(Err(err)) => {
             if !err.was_logged() {
-                warn!("{name}: {err}");
+                // Most messages already start with the call's name; do not say it twice.
+                if err.message().starts_with(name) {
+                    warn!("{err}");
+                } else {
+                    warn!("{name}: {err}");
+                }
             }
             err.class().code()
         }

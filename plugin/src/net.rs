@@ -53,6 +53,8 @@ fn acquire(counted: bool) -> NetResult<()> {
     }
     match devices::discover() {
         Ok(ports) => {
+            // Before any memory is registered (only comms register).
+            fork_policy();
             info!(INIT_NET, "initialized with {} port(s)", ports.len());
             *global = Some(Global {
                 ports: Arc::new(ports),
@@ -62,6 +64,32 @@ fn acquire(counted: bool) -> NetResult<()> {
             Ok(())
         }
         Err(why) => Err(no_device(&why)),
+    }
+}
+
+/// Fork policy: registered memory must stay intact in the parent when a child is forked after
+/// `init` (PyTorch DataLoader workers do that). On kernels with copy-on-fork for pinned pages
+/// (Linux 5.13+, which rdma-core reports as "fork unneeded") nothing is needed; otherwise Rivet
+/// calls `ibv_fork_init` before registering anything, so libibverbs marks registered ranges
+/// `MADV_DONTFORK`. Rivet never calls `madvise` on user buffers itself.
+fn fork_policy() {
+    const IBV_FORK_UNNEEDED: i32 = 2;
+    match rivet_verbs_ffi::fork_status() {
+        Ok(Some(IBV_FORK_UNNEEDED)) => info!(
+            INIT_NET,
+            "fork: the kernel keeps registered memory safe across fork()"
+        ),
+        Ok(_) => match rivet_verbs_ffi::fork_init() {
+            Ok(()) => info!(
+                INIT_NET,
+                "fork: ibv_fork_init enabled fork-safe registration"
+            ),
+            Err(e) => warn!(
+                "fork: ibv_fork_init failed ({e}); a child forked after init may corrupt transfers"
+            ),
+        },
+        // No libibverbs: discovery reports that next.
+        Err(_) => {}
     }
 }
 

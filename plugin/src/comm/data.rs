@@ -10,11 +10,15 @@ use super::mr;
 use super::{Finished, Ptr, RecvArgs, decode, unknown};
 use crate::backend::device::OpenPort;
 use crate::backend::endpoint::Endpoint;
+use crate::clock;
 use crate::error::{NetError, NetResult};
 use crate::log::warn;
+use crate::oob::socket::{self, Liveness};
 use crate::registry::{Handle, Registry};
 use core::ffi::c_int;
 use rivet_core::data::{Completed, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn};
+use rivet_core::nic::NicError;
+use rivet_core::time::{Duration, Instant};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
@@ -39,26 +43,88 @@ pub(crate) struct Side<Conn> {
     peer: String,
     /// Whether this comm's failure was already logged (errors are sticky; log the first only).
     warned: AtomicBool,
-    /// Kept open for the life of the comm: the peer sees EOF when this process dies.
-    _socket: TcpStream,
 }
 
 #[derive(Debug)]
 struct State<Conn> {
     conn: Conn,
     endpoint: Endpoint,
+    watch: Watch,
+}
+
+/// How often (in data-path calls that found nothing to complete) the peer and the port are checked.
+const CHECK_EVERY_CALLS: u32 = 64;
+/// Least time between two checks.
+const CHECK_INTERVAL: Duration = Duration::from_millis(100);
+/// How long a peer's EOF may precede the failure: completions the peer caused before it closed
+/// are still being drained from the completion queue meanwhile.
+const EOF_GRACE: Duration = Duration::from_millis(200);
+
+/// Watches what RDMA alone cannot report promptly: the peer process dying while nothing is
+/// outstanding on the queue pair (its out-of-band socket reaches EOF), and asynchronous device
+/// events (port down, QP or device fatal). Checked from the data path, rate-limited; no thread.
+#[derive(Debug)]
+struct Watch {
+    /// The handshake socket, kept open for the life of the comm.
+    socket: TcpStream,
+    calls: u32,
+    next_check: Instant,
+    eof_since: Option<Instant>,
+}
+
+impl Watch {
+    fn new(socket: TcpStream) -> Self {
+        // Keepalive failing to switch on leaves process death (EOF) detection intact.
+        let _ = socket::keepalive(&socket);
+        Self {
+            socket,
+            calls: 0,
+            next_check: Instant::from_nanos(0),
+            eof_since: None,
+        }
+    }
+
+    /// A fatal error to inject into the connection, if the peer or the port is gone.
+    fn check(&mut self, port: &OpenPort, qpn: u32) -> Option<DataError> {
+        self.calls = self.calls.wrapping_add(1);
+        if self.calls % CHECK_EVERY_CALLS != 0 {
+            return None;
+        }
+        let now = clock::now();
+        if now < self.next_check {
+            return None;
+        }
+        self.next_check = now + CHECK_INTERVAL;
+        if let Some(event) = port.fatal_event_for(qpn) {
+            return Some(DataError::Nic(NicError::Fatal { event }));
+        }
+        match socket::liveness(&self.socket) {
+            Liveness::Alive => {
+                self.eof_since = None;
+                None
+            }
+            Liveness::Gone => {
+                let since = *self.eof_since.get_or_insert(now);
+                (now.saturating_duration_since(since) >= EOF_GRACE).then_some(DataError::PeerLost)
+            }
+        }
+    }
 }
 
 impl<Conn> Side<Conn> {
     /// Wrap an established connection.
     pub(crate) fn new(conn: Conn, endpoint: Endpoint, socket: TcpStream, peer: String) -> Self {
         let port = Arc::clone(endpoint.port());
+        let watch = Watch::new(socket);
         Self {
-            state: Mutex::new(State { conn, endpoint }),
+            state: Mutex::new(State {
+                conn,
+                endpoint,
+                watch,
+            }),
             port,
             peer,
             warned: AtomicBool::new(false),
-            _socket: socket,
         }
     }
 
@@ -96,6 +162,52 @@ impl<Conn> Side<Conn> {
             error.logged()
         } else {
             error
+        }
+    }
+}
+
+/// What `test` needs of either connection direction.
+pub(crate) trait Testable {
+    fn test(&mut self, nic: &mut Endpoint, req: RequestId) -> Result<Completed, DataError>;
+    fn handle_fatal(&mut self, err: DataError);
+}
+
+impl Testable for SendConn {
+    fn test(&mut self, nic: &mut Endpoint, req: RequestId) -> Result<Completed, DataError> {
+        Self::test(self, nic, req)
+    }
+    fn handle_fatal(&mut self, err: DataError) {
+        Self::handle_fatal(self, err);
+    }
+}
+
+impl Testable for RecvConn {
+    fn test(&mut self, nic: &mut Endpoint, req: RequestId) -> Result<Completed, DataError> {
+        Self::test(self, nic, req)
+    }
+    fn handle_fatal(&mut self, err: DataError) {
+        Self::handle_fatal(self, err);
+    }
+}
+
+impl<Conn: Testable> Side<Conn> {
+    fn test(&self, req: RequestId) -> NetResult<Option<Finished>> {
+        let mut state = self.lock("test")?;
+        let State {
+            conn,
+            endpoint,
+            watch,
+        } = &mut *state;
+        match conn.test(endpoint, req) {
+            Ok(Completed::Pending) => match watch.check(&self.port, endpoint.qp_num()) {
+                None => Ok(None),
+                Some(err) => {
+                    conn.handle_fatal(err);
+                    Err(self.fail("test", endpoint.qp_num(), &err))
+                }
+            },
+            Ok(done) => Ok(finished(done)),
+            Err(e) => Err(self.fail("test", endpoint.qp_num(), &e)),
         }
     }
 }
@@ -147,7 +259,11 @@ pub(crate) fn isend(
         mr::lookup("isend", mh)?.lkey_for(data as u64, len)?
     };
     let mut state = side.lock("isend")?;
-    let State { conn, endpoint } = &mut *state;
+    let State {
+        conn,
+        endpoint,
+        watch,
+    } = &mut *state;
     match conn.isend(
         endpoint,
         SendBuf {
@@ -157,7 +273,14 @@ pub(crate) fn isend(
         },
         tag as u32,
     ) {
-        Ok(req) => Ok(req.map(|r| request_ptr(handle, r))),
+        Ok(Some(req)) => Ok(Some(request_ptr(handle, req))),
+        Ok(None) => match watch.check(&side.port, endpoint.qp_num()) {
+            None => Ok(None),
+            Some(err) => {
+                conn.handle_fatal(err);
+                Err(side.fail("isend", endpoint.qp_num(), &err))
+            }
+        },
         Err(e) => Err(side.fail("isend", endpoint.qp_num(), &e)),
     }
 }
@@ -187,9 +310,20 @@ pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Option<Ptr>> {
         tags[i] = args.tags[i] as u32;
     }
     let mut state = side.lock("irecv")?;
-    let State { conn, endpoint } = &mut *state;
+    let State {
+        conn,
+        endpoint,
+        watch,
+    } = &mut *state;
     match conn.irecv(endpoint, &bufs[..args.n], &tags[..args.n]) {
-        Ok(req) => Ok(req.map(|r| request_ptr(handle, r))),
+        Ok(Some(req)) => Ok(Some(request_ptr(handle, req))),
+        Ok(None) => match watch.check(&side.port, endpoint.qp_num()) {
+            None => Ok(None),
+            Some(err) => {
+                conn.handle_fatal(err);
+                Err(side.fail("irecv", endpoint.qp_num(), &err))
+            }
+        },
         Err(e) => Err(side.fail("irecv", endpoint.qp_num(), &e)),
     }
 }
@@ -219,20 +353,8 @@ pub(crate) fn test(request: Ptr) -> NetResult<Option<Finished>> {
     let req =
         RequestId::from_bits(handle.low).ok_or_else(|| unknown("test", "request", request))?;
     match entry {
-        DataComm::Send(side) => {
-            let mut state = side.lock("test")?;
-            let State { conn, endpoint } = &mut *state;
-            conn.test(endpoint, req)
-                .map(finished)
-                .map_err(|e| side.fail("test", endpoint.qp_num(), &e))
-        }
-        DataComm::Recv(side) => {
-            let mut state = side.lock("test")?;
-            let State { conn, endpoint } = &mut *state;
-            conn.test(endpoint, req)
-                .map(finished)
-                .map_err(|e| side.fail("test", endpoint.qp_num(), &e))
-        }
+        DataComm::Send(side) => side.test(req),
+        DataComm::Recv(side) => side.test(req),
     }
 }
 

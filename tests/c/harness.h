@@ -1,0 +1,129 @@
+/* Shared pieces of the C programs that drive a net plugin through ncclNetPlugin_v12 as NCCL's
+ * proxy does: loading, logging, connection set-up, posting and waiting with deadlines. */
+#ifndef RIVET_HARNESS_H
+#define RIVET_HARNESS_H
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "nccl_net_abi.h"
+
+static const char* h_role = "?";
+static int h_failures;
+static net_v12* h_net;
+static char h_last_warn[1024];
+static int h_warns;
+
+static double h_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void h_fail(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "FAIL [%s] ", h_role);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  h_failures++;
+}
+
+static void h_pass(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "PASS [%s] ", h_role);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+}
+
+/* NCCL's logger: WARN lines are printed and remembered; INFO only with HARNESS_VERBOSE. */
+static void h_logger(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
+  (void)flags; (void)file; (void)line;
+  char text[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof text, fmt, ap);
+  va_end(ap);
+  if (level == LOG_WARN) {
+    h_warns++;
+    snprintf(h_last_warn, sizeof h_last_warn, "%s", text);
+  }
+  if (level == LOG_WARN || getenv("HARNESS_VERBOSE")) fprintf(stderr, "[%s] plugin: %s\n", h_role, text);
+}
+
+static unsigned char h_pattern(unsigned seed, size_t i) { return (unsigned char)(seed * 131u + i * 7u + (i >> 12)); }
+static void h_fill(unsigned char* p, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++) p[i] = h_pattern(seed, i);
+}
+static int h_verify(const unsigned char* p, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != h_pattern(seed, i)) return 0;
+  return 1;
+}
+
+/* dlopen the plugin and init it through v12; returns the context or NULL. */
+static void* h_load_and_init(const char* path) {
+  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    h_fail("dlopen %s: %s", path, dlerror());
+    return NULL;
+  }
+  h_net = dlsym(lib, "ncclNetPlugin_v12");
+  if (!h_net) {
+    h_fail("dlsym ncclNetPlugin_v12");
+    return NULL;
+  }
+  void* ctx = NULL;
+  comm_config cfg = {.traffic_class = -1};
+  nccl_result r = h_net->init(&ctx, 7, &cfg, h_logger, NULL);
+  if (r != NCCL_OK) {
+    h_fail("init returned %d", r);
+    return NULL;
+  }
+  return ctx;
+}
+
+/* Poll connect until it yields a comm, fails, or `limit` seconds pass; returns the result code
+ * (NCCL_OK with *comm == NULL means the time ran out). */
+static nccl_result h_connect(void* ctx, void* handle, void** comm, double limit) {
+  double start = h_now();
+  *comm = NULL;
+  while (!*comm && h_now() - start < limit) {
+    nccl_result r = h_net->connect(ctx, 0, handle, comm, NULL);
+    if (r != NCCL_OK) return r;
+  }
+  return NCCL_OK;
+}
+
+static nccl_result h_accept(void* listen_comm, void** comm, double limit) {
+  double start = h_now();
+  *comm = NULL;
+  while (!*comm && h_now() - start < limit) {
+    nccl_result r = h_net->accept(listen_comm, comm, NULL);
+    if (r != NCCL_OK) return r;
+  }
+  return NCCL_OK;
+}
+
+/* Spin on test until done, an error, or `limit` seconds; returns the result code and sets
+ * *elapsed. A timeout returns NCCL_OK with *done == 0. */
+static nccl_result h_wait(void* req, int* done, int* sizes, double limit, double* elapsed) {
+  double start = h_now();
+  *done = 0;
+  nccl_result r = NCCL_OK;
+  while (!*done && h_now() - start < limit) {
+    r = h_net->test(req, done, sizes);
+    if (r != NCCL_OK) break;
+  }
+  *elapsed = h_now() - start;
+  return r;
+}
+#endif
