@@ -1,6 +1,9 @@
 //! `rivet`: the command-line companion of the Rivet NCCL net plugin.
 //!
 //! - `rivet info`: the RDMA ports the plugin would expose to NCCL, one line each, or why there are none.
+//! - `rivet bench`: bandwidth and latency between two processes through the plugin's C table.
+
+mod bench;
 
 use std::process::ExitCode;
 
@@ -8,6 +11,7 @@ const USAGE: &str = "usage: rivet <command>
 
 commands:
   info      list the RDMA ports the plugin exposes to NCCL (or say why there are none)
+  bench     bandwidth and latency through the plugin (rivet bench --help)
   version   print the version
   help      print this text
 ";
@@ -32,6 +36,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("info") => info(),
+        Some("bench") => bench::main(&args[1..]),
         Some("version" | "--version" | "-V") => {
             println!("rivet {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# benches/side_by_side.sh: Rivet against perftest on the same RDMA device, in the same boot.
+#
+# On the host it boots the Soft-RoCE VM (vm/run.sh) and runs itself inside; on a machine with a real
+# device, set RIVET_IN_VM=1 and DEV/IP yourself. For each of RUNS rounds it runs, per size,
+#   ib_write_bw -d DEV -x <RoCE v2 IPv4 GID> -t 8 -s SIZE -n N   (8 writes in flight, as NCCL keeps)
+# then ib_send_lat -s 8, then `rivet bench --json` over the same sizes (window 8) and 8-byte
+# ping-pong, and prints the medians and the Rivet/perftest ratios:
+#   bandwidth (MiB/s, perftest's "MB/sec"): goal >= 0.95 x ib_write_bw for sizes >= 64 KiB
+#   latency (one-way, µs): Rivet p50 against ib_send_lat t_typical; goal <= 1.2 x
+#
+# usage: benches/side_by_side.sh [--release]
+#   RUNS=3                 rounds (the median is reported)
+#   SIZES="4K 16K 64K 256K 1M 4M 16M 64M"
+#   LAT_ITERS=2000         round trips per latency run
+#   RIVET=path/to/rivet    (default target/release/rivet with --release, else target/debug/rivet)
+#   RIVET_PLUGIN_LIB=...   plugin library (default: next to rivet)
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+
+profile=debug
+for a in "$@"; do
+    case $a in
+        --release) profile=release ;;
+        *) echo "usage: $0 [--release]" >&2; exit 2 ;;
+    esac
+done
+
+if [[ ${RIVET_IN_VM:-0} != 1 ]]; then
+    exec bash "$repo/vm/run.sh" --timeout "${RIVET_SIDE_TIMEOUT:-1800}" \
+        -e RUNS="${RUNS:-3}" -e SIZES="${SIZES:-}" -e LAT_ITERS="${LAT_ITERS:-2000}" -e RIVET="${RIVET:-}" \
+        -- bash "$here/side_by_side.sh" "$@"
+fi
+
+runs=${RUNS:-3}
+sizes=(${SIZES:-4K 16K 64K 256K 1M 4M 16M 64M})
+lat_iters=${LAT_ITERS:-2000}
+rivet=${RIVET:-$repo/target/$profile/rivet}
+dev=${DEV:-rxe0}
+[[ -x $rivet ]] || { echo "side_by_side: $rivet is missing: cargo build --workspace${profile/debug/} first" >&2; exit 1; }
+for tool in ib_write_bw ib_send_lat ss awk; do
+    command -v "$tool" >/dev/null || { echo "side_by_side: $tool is not installed (perftest, iproute2)" >&2; exit 1; }
+done
+
+say() { echo "side_by_side: $*" >&2; }
+bytes() { # 4K -> 4096
+    local s=$1 n=${1%[KMG]}
+    case $s in *K) echo $((n << 10)) ;; *M) echo $((n << 20)) ;; *G) echo $((n << 30)) ;; *) echo "$s" ;; esac
+}
+iters_for() { # the same schedule as rivet bench: 128 MiB per size, between 8 and 1000 messages
+    local n=$(((128 << 20) / $1))
+    ((n > 1000)) && n=1000
+    ((n < 8)) && n=8
+    echo $n
+}
+
+ip4=${IP:-$(ip -4 -o addr show dev eth0 | awk '{ split($4, a, "/"); print a[1]; exit }')}
+IFS=. read -r a b c d <<<"$ip4"
+want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d")
+gid_index=
+ports=/sys/class/infiniband/$dev/ports/1
+for g in "$ports"/gids/*; do
+    i=${g##*/}
+    if [[ $(cat "$g") == "$want" && $(cat "$ports/gid_attrs/types/$i" 2>/dev/null) == "RoCE v2" ]]; then
+        gid_index=$i
+        break
+    fi
+done
+[[ -n $gid_index ]] || { echo "side_by_side: no RoCE v2 GID for $ip4 on $dev" >&2; exit 1; }
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/rivet-side.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+port=18700
+
+# perf_pair TOOL ARGS...: server and client on DEV/ip4; prints the client's numeric result line.
+perf_pair() {
+    local tool=$1
+    shift
+    port=$((port + 1))
+    local args=(-d "$dev" -x "$gid_index" -F -p "$port" "$@")
+    timeout 300 "$tool" "${args[@]}" >"$work/server" 2>&1 &
+    local server=$! n=0
+    until ss -Hltn "sport = :$port" | grep -q .; do
+        ((++n <= 400)) || { cat "$work/server" >&2; return 1; }
+        kill -0 "$server" 2>/dev/null || { cat "$work/server" >&2; return 1; }
+        sleep 0.05
+    done
+    local rc=0
+    timeout 300 "$tool" "${args[@]}" "$ip4" >"$work/client" 2>&1 || rc=$?
+    wait "$server" || rc=$?
+    ((rc == 0)) || { cat "$work/client" "$work/server" >&2; return 1; }
+    awk '/^ *#bytes/ { on = 1; next } on && /^ *[0-9]/ { print; exit }' "$work/client"
+}
+
+say "device $dev, GID index $gid_index ($ip4), $runs round(s), sizes ${sizes[*]}, rivet $rivet"
+say "$(uname -r), $(nproc) vCPU(s), $(date -u +%Y-%m-%dT%H:%MZ)"
+results=$work/results # lines: KIND SIZE VALUE
+: >"$results"
+csv_sizes=$(IFS=,; echo "${sizes[*]}")
+for ((r = 1; r <= runs; r++)); do
+    for s in "${sizes[@]}"; do
+        n=$(bytes "$s")
+        line=$(perf_pair ib_write_bw -t 8 -s "$n" -n "$(iters_for "$n")") || { say "ib_write_bw -s $n failed"; exit 1; }
+        # #bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]
+        bw=$(awk '{ print $4 }' <<<"$line")
+        echo "perf_bw $n $bw" >>"$results"
+        say "round $r: ib_write_bw $s: $bw MiB/s"
+    done
+    line=$(perf_pair ib_send_lat -s 8 -n "$lat_iters") || { say "ib_send_lat failed"; exit 1; }
+    # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
+    read -r _ _ tmin _ ttyp tavg _ t99 _ <<<"$line"
+    echo "perf_lat 8 $ttyp" >>"$results"
+    echo "perf_lat99 8 $t99" >>"$results"
+    say "round $r: ib_send_lat 8 B: t_min $tmin typical $ttyp avg $tavg 99% $t99 us"
+    json=$("$rivet" bench --json --quiet --sizes "$csv_sizes" --lat-iters "$lat_iters") || { say "rivet bench failed"; exit 1; }
+    echo "$json" >"$work/rivet-$r.json"
+    # Pull "size":N ... "mib_per_s":X pairs and the latency percentiles out of the one-line JSON.
+    grep -o '"size":[0-9]*,"iters":[0-9]*,"seconds":[0-9.]*,"mib_per_s":[0-9.]*' <<<"$json" |
+        awk -F'[:,]' '{ print "rivet_bw", $2, $8 }' >>"$results"
+    lat=$(grep -o '"latency":{[^}]*}' <<<"$json")
+    p50=$(grep -o '"p50_us":[0-9.]*' <<<"$lat" | cut -d: -f2)
+    p99=$(grep -o '"p99_us":[0-9.]*' <<<"$lat" | cut -d: -f2)
+    echo "rivet_lat 8 $p50" >>"$results"
+    echo "rivet_lat99 8 $p99" >>"$results"
+    say "round $r: rivet bench done (p50 $p50 us, p99 $p99 us)"
+done
+
+median() { # KIND SIZE -> median of the values
+    awk -v k="$1" -v s="$2" '$1 == k && $2 == s { print $3 }' "$results" | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+echo
+echo "Rivet vs perftest on $dev (GID $gid_index), median of $runs round(s), $(date -u +%Y-%m-%d), $(nproc) vCPU(s), rivet $profile build"
+echo
+echo "| size | ib_write_bw -t 8 (MiB/s) | rivet bench, window 8 (MiB/s) | rivet / perftest |"
+echo "| ---: | ---: | ---: | ---: |"
+fail=0
+for s in "${sizes[@]}"; do
+    n=$(bytes "$s")
+    p=$(median perf_bw "$n")
+    q=$(median rivet_bw "$n")
+    ratio=$(awk -v a="$q" -v b="$p" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }')
+    mark=""
+    if ((n >= 65536)) && awk -v x="$ratio" 'BEGIN { exit !(x < 0.95) }'; then mark=" (goal 0.95)"; fail=1; fi
+    printf '| %s | %.1f | %.1f | %s%s |\n' "${s/K/ KiB}" "$p" "$q" "$ratio" "$mark" | sed 's/\([0-9]\)M |/\1 MiB |/'
+done
+pl=$(median perf_lat 8)
+rl=$(median rivet_lat 8)
+pl99=$(median perf_lat99 8)
+rl99=$(median rivet_lat99 8)
+lratio=$(awk -v a="$rl" -v b="$pl" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }')
+echo
+echo "| 8 B latency (one-way, us) | ib_send_lat | rivet bench | rivet / perftest |"
+echo "| --- | ---: | ---: | ---: |"
+printf '| p50 (perftest: t_typical) | %.1f | %.1f | %s |\n' "$pl" "$rl" "$lratio"
+printf '| p99 | %.1f | %.1f | %s |\n' "$pl99" "$rl99" \
+    "$(awk -v a="$rl99" -v b="$pl99" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }')"
+if awk -v x="$lratio" 'BEGIN { exit !(x > 1.2) }'; then fail=1; fi
+echo
+if ((fail)); then
+    echo "goals: MISSED (bandwidth >= 0.95 x ib_write_bw from 64 KiB, latency p50 <= 1.2 x ib_send_lat)"
+else
+    echo "goals: met (bandwidth >= 0.95 x ib_write_bw from 64 KiB, latency p50 <= 1.2 x ib_send_lat)"
+fi
+# A missed goal is a finding, not a script failure: exit 0 so the numbers are always printed.
+exit 0

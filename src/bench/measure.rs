@@ -1,0 +1,249 @@
+//! The measured loops, as NCCL's proxy drives a connection: a window of outstanding isends (or
+//! irecvs) refilled as the oldest completes, and an 8-byte ping-pong over two connections.
+
+use super::Error;
+use super::plugin::{Comm, Handle, Listener, Plugin, Region, Request};
+use core::ffi::c_int;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// `--poll yield`: give the CPU away whenever a `test` finds nothing done (see [`idle`]).
+static YIELD_WHEN_IDLE: AtomicBool = AtomicBool::new(false);
+
+/// Choose between spinning on `test` (NCCL's progress thread) and yielding between polls (which
+/// leaves CPU time to a software RDMA device such as Soft-RoCE, whose work runs in kernel threads).
+pub(crate) fn set_yield_when_idle(on: bool) {
+    YIELD_WHEN_IDLE.store(on, Ordering::Relaxed);
+}
+
+/// A poll found nothing to do.
+fn idle() {
+    if YIELD_WHEN_IDLE.load(Ordering::Relaxed) {
+        std::thread::yield_now();
+    }
+}
+
+/// How long any single wait (connect, a completion) may take before the run is abandoned.
+pub(crate) const STALL: Duration = Duration::from_secs(120);
+
+const TAG: c_int = 7;
+
+/// Connect to `peer` while accepting on `listener`, polling both from this one thread (either
+/// side may need the other to progress). Returns (send comm, receive comm).
+pub(crate) fn establish<'p>(
+    plugin: &'p Plugin,
+    listener: &Listener<'p>,
+    peer: &mut Handle,
+) -> Result<(Comm<'p>, Comm<'p>), Error> {
+    let start = Instant::now();
+    let (mut send, mut recv) = (None, None);
+    loop {
+        if send.is_none() {
+            send = plugin.connect_poll(peer)?;
+        }
+        if recv.is_none() {
+            recv = listener.accept_poll()?;
+        }
+        if let (Some(_), Some(_)) = (&send, &recv) {
+            break;
+        }
+        if start.elapsed() > STALL {
+            return Err(Error::Stalled(format!(
+                "connection setup (connect {}, accept {}) after {} s",
+                if send.is_some() { "done" } else { "pending" },
+                if recv.is_some() { "done" } else { "pending" },
+                STALL.as_secs()
+            )));
+        }
+        std::thread::yield_now();
+    }
+    match (send, recv) {
+        (Some(s), Some(r)) => Ok((s, r)),
+        _ => Err(Error::Stalled("connection setup".into())),
+    }
+}
+
+/// Offset of message `i`'s slot: separate slots when `window` messages fit, else all at 0.
+fn slot_offset(i: usize, size: usize, window: usize, capacity: usize) -> usize {
+    if size.saturating_mul(window) <= capacity {
+        (i % window) * size
+    } else {
+        0
+    }
+}
+
+/// Keep up to `window` requests from `post` outstanding on `comm` until `count` completed.
+fn pump(
+    comm: &Comm<'_>,
+    count: usize,
+    window: usize,
+    what: &str,
+    mut post: impl FnMut(usize) -> Result<Option<Request>, Error>,
+) -> Result<(), Error> {
+    let mut inflight: VecDeque<Request> = VecDeque::with_capacity(window);
+    let (mut next, mut completed) = (0, 0);
+    let mut last_progress = Instant::now();
+    while completed < count {
+        while next < count && inflight.len() < window {
+            match post(next)? {
+                Some(req) => {
+                    inflight.push_back(req);
+                    next += 1;
+                }
+                None => break, // "try later"
+            }
+        }
+        if let Some(oldest) = inflight.front() {
+            if comm.test(oldest)?.is_some() {
+                inflight.pop_front();
+                completed += 1;
+                last_progress = Instant::now();
+                continue;
+            }
+        }
+        idle();
+        if last_progress.elapsed() > STALL {
+            return Err(Error::Stalled(format!(
+                "{what}: {completed} of {count} messages done, no completion for {} s",
+                STALL.as_secs()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Sender side of one bandwidth step: `warmup` messages, then `iters` timed ones.
+pub(crate) fn bandwidth_send(
+    send: &Comm<'_>,
+    region: &Region<'_, '_>,
+    size: usize,
+    warmup: usize,
+    iters: usize,
+    window: usize,
+) -> Result<Duration, Error> {
+    let cap = region.len();
+    pump(send, warmup, window, "bandwidth warm-up", |i| {
+        send.isend(region, slot_offset(i, size, window, cap), size, TAG)
+    })?;
+    let start = Instant::now();
+    pump(send, iters, window, "bandwidth", |i| {
+        send.isend(region, slot_offset(i, size, window, cap), size, TAG)
+    })?;
+    Ok(start.elapsed())
+}
+
+/// Receiver side of one bandwidth step: `count` messages.
+pub(crate) fn bandwidth_recv(
+    recv: &Comm<'_>,
+    region: &Region<'_, '_>,
+    size: usize,
+    count: usize,
+    window: usize,
+) -> Result<(), Error> {
+    let cap = region.len();
+    pump(recv, count, window, "bandwidth receive", |i| {
+        recv.irecv(region, slot_offset(i, size, window, cap), size, TAG)
+    })
+}
+
+/// Post until the plugin takes it (a NULL request means "try later").
+fn post_until(
+    what: &str,
+    mut post: impl FnMut() -> Result<Option<Request>, Error>,
+) -> Result<Request, Error> {
+    let start = Instant::now();
+    loop {
+        if let Some(req) = post()? {
+            return Ok(req);
+        }
+        idle();
+        if start.elapsed() > STALL {
+            return Err(Error::Stalled(format!(
+                "{what} refused for {} s",
+                STALL.as_secs()
+            )));
+        }
+    }
+}
+
+fn wait(comm: &Comm<'_>, req: &Request, what: &str) -> Result<usize, Error> {
+    let start = Instant::now();
+    loop {
+        if let Some(n) = comm.test(req)? {
+            return Ok(n);
+        }
+        idle();
+        if start.elapsed() > STALL {
+            return Err(Error::Stalled(format!(
+                "{what}: no completion for {} s",
+                STALL.as_secs()
+            )));
+        }
+    }
+}
+
+/// Client side of the ping-pong: one-way latency (round trip / 2) of each timed round trip.
+pub(crate) fn latency_client(
+    send: &Comm<'_>,
+    recv: &Comm<'_>,
+    out: &Region<'_, '_>,
+    back: &Region<'_, '_>,
+    size: usize,
+    warmup: usize,
+    iters: usize,
+) -> Result<Vec<f64>, Error> {
+    let mut samples = Vec::with_capacity(iters);
+    for i in 0..warmup + iters {
+        // The reply's receive is posted before the clock starts, as perftest pre-posts its receives.
+        let rreq = post_until("irecv of the reply", || recv.irecv(back, 0, size, TAG))?;
+        let start = Instant::now();
+        let sreq = post_until("isend of the ping", || send.isend(out, 0, size, TAG))?;
+        let (mut sdone, mut rdone) = (false, false);
+        while !(sdone && rdone) {
+            if !sdone {
+                sdone = send.test(&sreq)?.is_some();
+            }
+            if !rdone {
+                rdone = recv.test(&rreq)?.is_some();
+            }
+            if !(sdone && rdone) {
+                idle();
+            }
+            if start.elapsed() > STALL {
+                return Err(Error::Stalled(format!(
+                    "round trip {i}: no reply for {} s",
+                    STALL.as_secs()
+                )));
+            }
+        }
+        if i >= warmup {
+            samples.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
+        }
+    }
+    Ok(samples)
+}
+
+/// Server side of the ping-pong: echo `count` messages.
+pub(crate) fn latency_server(
+    send: &Comm<'_>,
+    recv: &Comm<'_>,
+    inbox: &Region<'_, '_>,
+    outbox: &Region<'_, '_>,
+    size: usize,
+    count: usize,
+) -> Result<(), Error> {
+    if count == 0 {
+        return Ok(());
+    }
+    let mut pending = post_until("irecv of a ping", || recv.irecv(inbox, 0, size, TAG))?;
+    for i in 0..count {
+        wait(recv, &pending, "ping")?;
+        if i + 1 < count {
+            pending = post_until("irecv of a ping", || recv.irecv(inbox, 0, size, TAG))?;
+        }
+        let sreq = post_until("isend of a reply", || send.isend(outbox, 0, size, TAG))?;
+        wait(send, &sreq, "reply")?;
+    }
+    Ok(())
+}
