@@ -101,6 +101,8 @@ struct Inner {
     next_key: u32,
     /// Reused gather buffer, so executing a work request does not allocate.
     scratch: Vec<u8>,
+    /// Place each RDMA write in two steps, second half first (see [`Fabric::set_split_placement`]).
+    split_placement: bool,
 }
 
 #[derive(Debug)]
@@ -149,6 +151,8 @@ struct PendingWr {
     rkey: u32,
     signaled: bool,
     position: u64,
+    /// With split placement: the second half of the payload is already in the peer's memory.
+    tail_placed: bool,
 }
 
 // Inline bytes are kept in place rather than boxed: no allocation per post, like a real WQE.
@@ -279,6 +283,17 @@ impl Fabric {
         false
     }
 
+    /// Place every RDMA write of two or more bytes in two steps: the second half of the payload
+    /// first, then (on the next step of that queue pair) all of it, followed by its completions.
+    ///
+    /// RDMA gives no ordering of bytes *within* one write: a NIC (or Soft-RoCE's kernel copy) may
+    /// make a later byte visible before an earlier one, and a reader polling the target memory
+    /// sees the mix. This mode makes that visible to tests, e.g. a fresh stamp at the end of a
+    /// clear-to-send entry next to stale fields.
+    pub fn set_split_placement(&self, on: bool) {
+        self.inner.borrow_mut().split_placement = on;
+    }
+
     /// Execute queued work requests until none is left; returns how many ran.
     pub fn run_until_idle(&self) -> usize {
         let mut ran = 0;
@@ -403,6 +418,7 @@ impl Nic for SimNic {
                 rkey: wr.rkey,
                 signaled: wr.signaled,
                 position: qp.sq_posted,
+                tail_placed: false,
             });
             inner.order.push_back(self.qp);
         }
@@ -644,6 +660,19 @@ impl Inner {
             return true;
         }
         let len = bytes.len();
+        if self.split_placement && len >= 2 && !wr.tail_placed {
+            let half = len / 2;
+            let dst = self.endpoints[peer_ep]
+                .slice_mut(wr.remote_addr + half as u64, len - half)
+                .expect("a registered region is allocated");
+            dst.copy_from_slice(&bytes[half..]);
+            let mut wr = wr;
+            wr.tail_placed = true;
+            self.qps[qp].sq.push_front(wr);
+            self.order.push_front(qp);
+            self.scratch = big;
+            return true;
+        }
         if len > 0 {
             let dst = self.endpoints[peer_ep]
                 .slice_mut(wr.remote_addr, len)

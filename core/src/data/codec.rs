@@ -29,7 +29,7 @@ pub const RECORD_LEN: usize = 4 * MAX_RECVS;
 /// | 20 | 4 | `tag` |
 /// | 24 | 1 | `n`: buffers in the group, 1..=8 |
 /// | 25 | 1 | `index`: position within the group, < `n` |
-/// | 26 | 2 | reserved, zero |
+/// | 26 | 2 | `check`: [`entry_check`] of the other 30 bytes |
 /// | 28 | 4 | `stamp`: receive sequence number + 1 (wrapping), last so it lands last |
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct CtsEntry {
@@ -49,6 +49,23 @@ pub struct CtsEntry {
     pub stamp: u32,
 }
 
+/// FNV-1a over an entry's bytes other than the check field itself (26..28), folded to 16 bits.
+///
+/// RDMA orders nothing *within* one write: the peer's NIC may make the stamp at the end of an
+/// entry visible before the fields at its start. A fresh stamp whose entry does not check is
+/// therefore read as "not landed yet", not as a malformed entry. (An all-zero entry does not
+/// check either: the FNV offset basis seeds the hash.)
+pub fn entry_check(bytes: &[u8; CTS_ENTRY_LEN]) -> u16 {
+    let mut h: u32 = 0x811c_9dc5;
+    for (i, byte) in bytes.iter().enumerate() {
+        if i == 26 || i == 27 {
+            continue;
+        }
+        h = (h ^ u32::from(*byte)).wrapping_mul(0x0100_0193);
+    }
+    ((h >> 16) ^ (h & 0xffff)) as u16
+}
+
 /// The freshness stamp written into every entry of receive `seq`. A slot still holding an entry of
 /// an earlier lap (or the zeroed memory of the first lap) carries a different stamp.
 pub const fn stamp_for(seq: u32) -> u32 {
@@ -66,6 +83,8 @@ impl CtsEntry {
         out[24] = self.n;
         out[25] = self.index;
         out[28..32].copy_from_slice(&self.stamp.to_le_bytes());
+        let check = entry_check(&out);
+        out[26..28].copy_from_slice(&check.to_le_bytes());
         out
     }
 
@@ -81,8 +100,8 @@ impl CtsEntry {
             index: bytes[25],
             stamp: le_u32(bytes, 28),
         };
-        if bytes[26] != 0 || bytes[27] != 0 {
-            return Err(DecodeError::ReservedBits);
+        if u16::from_le_bytes([bytes[26], bytes[27]]) != entry_check(bytes) {
+            return Err(DecodeError::Checksum);
         }
         if entry.n == 0 || usize::from(entry.n) > MAX_RECVS {
             return Err(DecodeError::GroupSize(entry.n));
@@ -312,6 +331,8 @@ impl WrId {
 pub enum DecodeError {
     /// Reserved bits or bytes are not zero.
     ReservedBits,
+    /// A clear-to-send entry's check does not match its bytes (torn or corrupted).
+    Checksum,
     /// Group size outside 1..=8.
     GroupSize(u8),
     /// Index within the group not below the group size.
@@ -341,6 +362,9 @@ impl fmt::Display for DecodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::ReservedBits => f.write_str("reserved bits are not zero"),
+            Self::Checksum => {
+                f.write_str("check field does not match the entry (torn or corrupted)")
+            }
             Self::GroupSize(n) => write!(f, "group size {n} outside 1..={MAX_RECVS}"),
             Self::Index { index, n } => write!(f, "index {index} not below group size {n}"),
             Self::AddressOverflow => f.write_str("address plus size overflows"),
@@ -399,14 +423,23 @@ mod tests {
         assert_eq!(bytes[28..32], 42u32.to_le_bytes());
     }
 
+    /// Rewrite the check field after a test altered an entry's bytes.
+    fn recheck(bytes: &mut [u8; CTS_ENTRY_LEN]) {
+        let check = entry_check(bytes);
+        bytes[26..28].copy_from_slice(&check.to_le_bytes());
+    }
+
     #[test]
     fn cts_entry_rejects_bad_group() {
         let mut bytes = entry().encode();
         bytes[24] = 0;
+        recheck(&mut bytes);
         assert_eq!(CtsEntry::decode(&bytes), Err(DecodeError::GroupSize(0)));
         bytes[24] = 9;
+        recheck(&mut bytes);
         assert_eq!(CtsEntry::decode(&bytes), Err(DecodeError::GroupSize(9)));
         bytes[24] = 2;
+        recheck(&mut bytes);
         assert_eq!(
             CtsEntry::decode(&bytes),
             Err(DecodeError::Index { index: 2, n: 2 })
@@ -416,8 +449,20 @@ mod tests {
     #[test]
     fn cts_entry_rejects_reserved_and_overflow() {
         let mut bytes = entry().encode();
-        bytes[27] = 1;
-        assert_eq!(CtsEntry::decode(&bytes), Err(DecodeError::ReservedBits));
+        bytes[27] ^= 1;
+        assert_eq!(CtsEntry::decode(&bytes), Err(DecodeError::Checksum));
+        let mut torn = entry().encode();
+        torn[..16].fill(0);
+        assert_eq!(
+            CtsEntry::decode(&torn),
+            Err(DecodeError::Checksum),
+            "a torn entry must not check"
+        );
+        assert_eq!(
+            CtsEntry::decode(&[0; CTS_ENTRY_LEN]),
+            Err(DecodeError::Checksum),
+            "nor a zero one"
+        );
         let mut e = entry();
         e.addr = u64::MAX - 10;
         assert_eq!(

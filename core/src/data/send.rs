@@ -1,7 +1,8 @@
 //! The sending side of one connection.
 
 use super::codec::{
-    CTS_ENTRY_LEN, CTS_SLOT_LEN, CtsEntry, Imm, RECORD_LEN, SizeRecord, WrId, WrKind, stamp_for,
+    CTS_ENTRY_LEN, CTS_SLOT_LEN, CtsEntry, DecodeError, Imm, RECORD_LEN, SizeRecord, WrId, WrKind,
+    stamp_for,
 };
 use super::error::{DataError, ProtocolError};
 use super::queue::SendQueue;
@@ -89,9 +90,15 @@ pub struct SendConn {
     free: [u8; MAX_REQUESTS],
     free_len: usize,
     health: Health,
+    /// Consecutive reads of a fresh-stamped entry that did not check yet.
+    torn_reads: u32,
     /// Poll buffer, kept here so polling does not initialise one per call.
     batch: [Completion; POLL_BATCH],
 }
+
+/// Consecutive failed checks of a fresh-stamped entry after which it is called corrupt rather
+/// than still landing (a write lands within microseconds; this is many seconds of polling).
+const MAX_TORN_READS: u32 = 1 << 24;
 
 impl SendConn {
     /// A sender writing completion records into `peer_records` (the receiver's inbound region,
@@ -116,6 +123,7 @@ impl SendConn {
         }
         Self {
             peer_records,
+            torn_reads: 0,
             sq: SendQueue::default(),
             seq: 0,
             head: Head {
@@ -373,6 +381,36 @@ impl SendConn {
         MAX_REQUESTS - self.free_len
     }
 
+    /// [`read_entry`], counting how long an entry with a fresh stamp keeps failing its check: a
+    /// write lands in microseconds, so [`MAX_TORN_READS`] consecutive failures mean corruption.
+    fn read_landed(
+        &mut self,
+        nic: &impl Nic,
+        base: usize,
+        slot: u8,
+        i: u8,
+    ) -> Result<Option<CtsEntry>, DataError> {
+        match read_entry(nic, base, slot, i) {
+            Ok(Some(entry)) => {
+                self.torn_reads = 0;
+                Ok(Some(entry))
+            }
+            Ok(None) if self.torn_reads < MAX_TORN_READS => {
+                self.torn_reads += 1;
+                Ok(None)
+            }
+            Ok(None) => Err(self.health.fail(
+                ProtocolError::CtsEntry {
+                    slot: slot.into(),
+                    entry: i,
+                    err: DecodeError::Checksum,
+                }
+                .into(),
+            )),
+            Err(e) => Err(self.health.fail(e)),
+        }
+    }
+
     /// Read and validate the oldest receive's entries into `self.head` on first use. False while
     /// they are not all there or while the slot's previous lap has not completed here yet.
     fn load_head(&mut self, nic: &mut impl Nic) -> Result<bool, DataError> {
@@ -394,7 +432,9 @@ impl SendConn {
         if !stamp_fresh(nic, base, stamp) {
             return Ok(false);
         }
-        let first = read_entry(nic, base, slot, 0).map_err(|e| self.health.fail(e))?;
+        let Some(first) = self.read_landed(nic, base, slot, 0)? else {
+            return Ok(false);
+        };
         let n = first.n;
         if first.index != 0 {
             return Err(self.fail_group(slot));
@@ -407,7 +447,9 @@ impl SendConn {
         // after this receive completed, which needs this sender's write-with-immediate.
         self.head.m.entries[0] = first;
         for i in 1..n {
-            let entry = read_entry(nic, base, slot, i).map_err(|e| self.health.fail(e))?;
+            let Some(entry) = self.read_landed(nic, base, slot, i)? else {
+                return Ok(false);
+            };
             if entry.n != n || entry.index != i {
                 return Err(self.fail_group(slot));
             }
@@ -515,18 +557,22 @@ impl SendConn {
     }
 }
 
-/// Read and decode entry `i` of the FIFO slot at `base`; a malformed entry is a protocol error.
-fn read_entry(nic: &impl Nic, base: usize, slot: u8, i: u8) -> Result<CtsEntry, DataError> {
+/// Read and decode entry `i` of the FIFO slot at `base`. `None` while its bytes do not check
+/// (the write is still landing: RDMA does not order bytes within one write); a malformed entry
+/// that does check is a protocol error.
+fn read_entry(nic: &impl Nic, base: usize, slot: u8, i: u8) -> Result<Option<CtsEntry>, DataError> {
     let mut bytes = [0u8; CTS_ENTRY_LEN];
     nic.read_inbound(base + usize::from(i) * CTS_ENTRY_LEN, &mut bytes);
-    CtsEntry::decode(&bytes).map_err(|err| {
-        ProtocolError::CtsEntry {
+    match CtsEntry::decode(&bytes) {
+        Ok(entry) => Ok(Some(entry)),
+        Err(DecodeError::Checksum) => Ok(None),
+        Err(err) => Err(ProtocolError::CtsEntry {
             slot: slot.into(),
             entry: i,
             err,
         }
-        .into()
-    })
+        .into()),
+    }
 }
 
 /// The record bytes as a payload: inline when they fit, else staged at the slot's staging offset.

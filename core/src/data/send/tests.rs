@@ -160,11 +160,30 @@ fn unread_isend_too_large_stages_the_record_without_inline() {
     assert_eq!(wr.bytes, 101u32.to_le_bytes());
 }
 
+/// Rewrite the check field of the entry in `bytes` after a test altered it.
+fn recheck(bytes: &mut [u8]) {
+    let entry: &mut [u8; CTS_ENTRY_LEN] = bytes.try_into().expect("one entry");
+    let check = crate::data::codec::entry_check(entry);
+    entry[26..28].copy_from_slice(&check.to_le_bytes());
+}
+
+#[test]
+fn unread_isend_entry_that_does_not_check_is_try_later() {
+    let (mut s, mut nic) = sender(64);
+    write_cts(&mut nic, 0, &[(100, 5)]);
+    nic.inbound[0] ^= 0xff; // the head of the entry has not landed yet
+    assert_eq!(s.isend(&mut nic, buf(1), 5), Ok(None));
+    assert!(s.failure().is_none(), "a torn entry is not an error");
+    nic.inbound[0] ^= 0xff; // now it has
+    assert!(s.isend(&mut nic, buf(1), 5).unwrap().is_some());
+}
+
 #[test]
 fn unread_isend_malformed_fresh_entry_fails_the_connection() {
     let (mut s, mut nic) = sender(64);
     write_cts(&mut nic, 0, &[(100, 5)]);
     nic.inbound[25] = 3; // index 3 of a group of 1
+    recheck(&mut nic.inbound[..CTS_ENTRY_LEN]);
     let err = s.isend(&mut nic, buf(1), 5).unwrap_err();
     assert!(matches!(
         err,
@@ -179,6 +198,7 @@ fn unread_isend_group_disagreement_fails_the_connection() {
     write_cts(&mut nic, 0, &[(100, 0), (100, 1)]);
     nic.inbound[CTS_ENTRY_LEN + 24] = 3; // entry 1 claims a group of 3
     nic.inbound[CTS_ENTRY_LEN + 25] = 1;
+    recheck(&mut nic.inbound[CTS_ENTRY_LEN..2 * CTS_ENTRY_LEN]);
     let err = s.isend(&mut nic, buf(1), 0).unwrap_err();
     assert_eq!(
         err,
