@@ -11,9 +11,12 @@
  *   fork               a child forked after init does not disturb the parent's transfers
  *   port-down          `ip link set eth0 down` mid-run: both sides get errors (link restored after)
  *   link-delete        `rdma link delete rxe0` mid-run: both sides get errors (destroys rxe0: run last)
+ *   reload             finalize, dlclose, dlopen, init 100 times: no growth in fds, threads or RSS
+ *   cycles[=N]         N (default 1000) connect/transfer/close cycles: stable fds and RSS
  * Each prints PASS/FAIL lines with the time the error took; exit status 0 only if all passed. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -431,12 +434,136 @@ static int scenario_fabric(const char* lib, const char* breaker, const char* rep
   return 0;
 }
 
+static int count_dir(const char* path) {
+  DIR* d = opendir(path);
+  int n = 0;
+  struct dirent* e;
+  if (!d) return -1;
+  while ((e = readdir(d)))
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n;
+}
+
+static long rss_kib(void) {
+  FILE* f = fopen("/proc/self/status", "r");
+  char line[256];
+  long kib = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
+  if (f) fclose(f);
+  return kib;
+}
+
+struct usage {
+  int fds, threads;
+  long rss;
+};
+
+static struct usage usage_now(void) {
+  struct usage u = {count_dir("/proc/self/fd"), count_dir("/proc/self/task"), rss_kib()};
+  return u;
+}
+
+/* After a warm-up, resources must not grow with the number of iterations. */
+static void check_stable(const char* what, struct usage early, struct usage late, int iterations) {
+  long grown = late.rss - early.rss;
+  if (late.fds == early.fds && late.threads == early.threads && grown < 4096)
+    h_pass("%s: %d iterations, fds %d -> %d, threads %d -> %d, RSS %ld -> %ld KiB", what, iterations, early.fds,
+           late.fds, early.threads, late.threads, early.rss, late.rss);
+  else
+    h_fail("%s: growth after %d iterations: fds %d -> %d, threads %d -> %d, RSS %ld -> %ld KiB", what, iterations,
+           early.fds, late.fds, early.threads, late.threads, early.rss, late.rss);
+}
+
+static int scenario_reload(const char* lib) {
+  h_role = "reload";
+  struct usage early = {0}, start = usage_now();
+  for (int i = 1; i <= 100; i++) {
+    void* handle_lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    if (!handle_lib) {
+      h_fail("dlopen %d: %s", i, dlerror());
+      return 1;
+    }
+    h_net = dlsym(handle_lib, "ncclNetPlugin_v12");
+    void* ctx = NULL;
+    comm_config cfg = {.traffic_class = -1};
+    int ndev = 0;
+    char handle[NET_HANDLE_MAXSIZE];
+    void* listen_comm = NULL;
+    if (!h_net || h_net->init(&ctx, (uint64_t)i, &cfg, h_logger, NULL) != NCCL_OK || h_net->devices(&ndev) != NCCL_OK ||
+        ndev < 1 || h_net->listen(ctx, 0, handle, &listen_comm) != NCCL_OK ||
+        h_net->close_listen(listen_comm) != NCCL_OK || h_net->finalize(ctx) != NCCL_OK) {
+      h_fail("cycle %d of init/listen/finalize", i);
+      return 1;
+    }
+    if (dlclose(handle_lib) != 0) h_fail("dlclose %d", i);
+    if (i == 10) early = usage_now();
+  }
+  h_pass("100 x dlopen/init/listen/finalize/dlclose (before: %d fds, %d threads)", start.fds, start.threads);
+  check_stable("reload", early, usage_now(), 90);
+  return 0;
+}
+
+static int scenario_cycles(const char* lib, int count) {
+  h_role = "cycles";
+  void* ctx = h_load_and_init(lib);
+  if (!ctx) return 1;
+  unsigned char* sbuf = malloc(4096);
+  unsigned char* rbuf = malloc(4096);
+  struct usage early = {0};
+  double start = h_now();
+  for (int i = 1; i <= count; i++) {
+    char handle[NET_HANDLE_MAXSIZE];
+    void *listen_comm = NULL, *send = NULL, *recv = NULL, *smh = NULL, *rmh = NULL;
+    if (h_net->listen(ctx, 0, handle, &listen_comm) != NCCL_OK) return 1;
+    double t0 = h_now();
+    while ((!send || !recv) && h_now() - t0 < 30) {
+      if (!send && h_net->connect(ctx, 0, handle, &send, NULL) != NCCL_OK) break;
+      if (!recv && h_net->accept(listen_comm, &recv, NULL) != NCCL_OK) break;
+    }
+    h_net->close_listen(listen_comm);
+    if (!send || !recv || h_net->reg_mr(send, sbuf, 4096, PTR_HOST, &smh) != NCCL_OK ||
+        h_net->reg_mr(recv, rbuf, 4096, PTR_HOST, &rmh) != NCCL_OK) {
+      h_fail("cycle %d: connect or regMr", i);
+      return 1;
+    }
+    h_fill(sbuf, 4096, (unsigned)i);
+    void* data[1] = {rbuf};
+    size_t sizes[1] = {4096};
+    int tags[1] = {0};
+    void* mhs[1] = {rmh};
+    void *rreq = NULL, *sreq = NULL;
+    if (h_net->irecv(recv, 1, data, sizes, tags, mhs, NULL, &rreq) != NCCL_OK || !rreq) return 1;
+    while (!sreq)
+      if (h_net->isend(send, sbuf, 4096, 0, smh, NULL, &sreq) != NCCL_OK) return 1;
+    int sdone = 0, rdone = 0, size = 0;
+    while (!sdone || !rdone) {
+      if (!sdone && h_net->test(sreq, &sdone, &size) != NCCL_OK) return 1;
+      if (!rdone && h_net->test(rreq, &rdone, &size) != NCCL_OK) return 1;
+    }
+    if (!h_verify(rbuf, 4096, (unsigned)i)) {
+      h_fail("cycle %d: data", i);
+      return 1;
+    }
+    if (h_net->dereg_mr(send, smh) != NCCL_OK || h_net->dereg_mr(recv, rmh) != NCCL_OK ||
+        h_net->close_send(send) != NCCL_OK || h_net->close_recv(recv) != NCCL_OK) {
+      h_fail("cycle %d: teardown", i);
+      return 1;
+    }
+    if (i == 100 || (count < 100 && i == 1)) early = usage_now();
+  }
+  h_pass("%d connect/transfer/close cycles in %.1f s", count, h_now() - start);
+  check_stable("cycles", early, usage_now(), count);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc != 3) {
     fprintf(stderr, "usage: %s LIB SCENARIO\n", argv[0]);
     return 2;
   }
-  alarm(300);
+  alarm(1500);
   const char* lib = argv[1];
   const char* s = argv[2];
   int rc;
@@ -449,6 +576,8 @@ int main(int argc, char** argv) {
   else if (!strcmp(s, "port-down"))
     rc = scenario_fabric(lib, "ip link set eth0 down", "ip link set eth0 up && sleep 2", 0);
   else if (!strcmp(s, "link-delete")) rc = scenario_fabric(lib, "rdma link delete rxe0", NULL, 1);
+  else if (!strcmp(s, "reload")) rc = scenario_reload(lib);
+  else if (!strncmp(s, "cycles", 6)) rc = scenario_cycles(lib, s[6] == '=' ? atoi(s + 7) : 1000);
   else {
     fprintf(stderr, "unknown scenario %s\n", s);
     return 2;

@@ -90,28 +90,39 @@ pub(crate) fn reg_mr(
     dmabuf: Option<(u64, c_int)>,
 ) -> NetResult<Ptr> {
     let port = comm_port("regMr", comm)?;
-    if kind != NCCL_PTR_HOST {
-        return Err(NetError::invalid_usage(format!(
-            "regMr: memory type {kind} is not supported; Rivet registers host memory only (ptrSupport = NCCL_PTR_HOST)"
-        )));
-    }
-    if dmabuf.is_some() {
-        return Err(NetError::invalid_usage(
-            "regMrDmaBuf: DMA-BUF registration is not supported yet",
-        ));
-    }
     if data.is_null() && size > 0 {
         return Err(NetError::invalid_argument("regMr: NULL buffer"));
     }
-    let mr = if size == 0 {
-        None
-    } else {
-        let flags = access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ;
+    let flags = access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ;
+    let mr = match dmabuf {
+        _ if size == 0 => None,
+        // A DMA-BUF names its memory by file descriptor: register it as such (the kernel takes
+        // its own reference, so NCCL may close the fd right after), addressed by `data`.
+        Some((offset, fd)) => Some(
+            MemoryRegion::register_dmabuf(&port.pd, offset, size, data as u64, fd, flags).map_err(
+                |e| {
+                    let why = match e {
+                        VerbsError::Unsupported { .. } => {
+                            "; this libibverbs predates ibv_reg_dmabuf_mr (rdma-core v34)"
+                        }
+                        _ => "",
+                    };
+                    NetError::system(format!(
+                        "regMrDmaBuf of {size} bytes (fd {fd}, offset {offset}) failed: {e}{why}"
+                    ))
+                },
+            )?,
+        ),
+        None if kind != NCCL_PTR_HOST => {
+            return Err(NetError::invalid_usage(format!(
+                "regMr: memory type {kind} is not supported without a DMA-BUF; Rivet reports ptrSupport = NCCL_PTR_HOST"
+            )));
+        }
         // SAFETY: NCCL registers memory it owns and keeps it mapped until `deregMr`.
-        Some(
+        None => Some(
             unsafe { MemoryRegion::register(&port.pd, data.cast(), size, flags) }
                 .map_err(|e| reg_error(&e, data, size))?,
-        )
+        ),
     };
     let entry = Box::new(UserMr {
         mr,
