@@ -133,7 +133,7 @@ median() { # KIND SIZE -> median of the values
 }
 
 echo
-echo "Rivet vs perftest on $dev (GID $gid_index), median of $runs round(s), $(date -u +%Y-%m-%d), $(nproc) vCPU(s), rivet $profile build"
+echo "Rivet vs perftest on $dev (GID $gid_index), median of $runs round(s), $(date -u +%Y-%m-%d), $(nproc) vCPU(s), $rivet"
 echo
 echo "| size | ib_write_bw -t 8 (MiB/s) | rivet bench, window 8 (MiB/s) | rivet / perftest |"
 echo "| ---: | ---: | ---: | ---: |"

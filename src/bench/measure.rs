@@ -5,22 +5,45 @@ use super::Error;
 use super::plugin::{Comm, Handle, Listener, Plugin, Region, Request};
 use core::ffi::c_int;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-/// `--poll yield`: give the CPU away whenever a `test` finds nothing done (see [`idle`]).
-static YIELD_WHEN_IDLE: AtomicBool = AtomicBool::new(false);
+/// What a poll that finds nothing done does (`--poll`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Poll {
+    /// Call `test` again at once, as NCCL's progress thread does.
+    Spin,
+    /// `sched_yield` between polls.
+    Yield,
+    /// Sleep ~20 µs between polls: leaves the CPU to a software RDMA device such as Soft-RoCE,
+    /// whose work runs in kernel threads (a diagnostic: NCCL does not do this).
+    Sleep,
+}
 
-/// Choose between spinning on `test` (NCCL's progress thread) and yielding between polls (which
-/// leaves CPU time to a software RDMA device such as Soft-RoCE, whose work runs in kernel threads).
-pub(crate) fn set_yield_when_idle(on: bool) {
-    YIELD_WHEN_IDLE.store(on, Ordering::Relaxed);
+impl Poll {
+    /// The `--poll` word.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Spin => "spin",
+            Self::Yield => "yield",
+            Self::Sleep => "sleep",
+        }
+    }
+}
+
+static POLL_MODE: AtomicU8 = AtomicU8::new(0);
+
+/// Set what [`idle`] does.
+pub(crate) fn set_poll(mode: Poll) {
+    POLL_MODE.store(mode as u8, Ordering::Relaxed);
 }
 
 /// A poll found nothing to do.
 fn idle() {
-    if YIELD_WHEN_IDLE.load(Ordering::Relaxed) {
-        std::thread::yield_now();
+    match POLL_MODE.load(Ordering::Relaxed) {
+        x if x == Poll::Yield as u8 => std::thread::yield_now(),
+        x if x == Poll::Sleep as u8 => std::thread::sleep(Duration::from_micros(20)),
+        _ => {}
     }
 }
 

@@ -44,8 +44,9 @@ options:
                     at least 8)
   --lat-iters N     timed 8-byte round trips (default 2000; 0 skips latency)
   --window W        outstanding messages (default 8, as NCCL keeps)
-  --poll MODE       spin (default: call test back to back, as NCCL's progress thread does) or
-                    yield (give up the CPU after a test that finds nothing done)
+  --poll MODE       after a test that finds nothing done: spin (default: test again at once, as
+                    NCCL's progress thread does), yield (sched_yield) or sleep (~20 us; a diagnostic
+                    that leaves CPU time to a software device such as Soft-RoCE)
   --json            machine-readable output on stdout
   --quiet           no progress line on stderr
 ";
@@ -106,7 +107,7 @@ struct Options {
     json: bool,
     quiet: bool,
     once: bool,
-    yield_when_idle: bool,
+    poll: measure::Poll,
 }
 
 #[derive(Debug, Clone)]
@@ -168,7 +169,7 @@ fn parse(args: &[String]) -> Result<Options, Error> {
         json: false,
         quiet: false,
         once: false,
-        yield_when_idle: false,
+        poll: measure::Poll::Spin,
     };
     let mut it = args.iter();
     let num = |flag: &str, v: Option<&String>| -> Result<usize, Error> {
@@ -208,10 +209,11 @@ fn parse(args: &[String]) -> Result<Options, Error> {
             "--lat-iters" => o.lat_iters = num("--lat-iters", it.next())?,
             "--window" => o.window = num("--window", it.next())?.clamp(1, 32),
             "--poll" => {
-                o.yield_when_idle = match it.next().map(String::as_str) {
-                    Some("spin") => false,
-                    Some("yield") => true,
-                    _ => return Err(Error::Usage("--poll: spin or yield".into())),
+                o.poll = match it.next().map(String::as_str) {
+                    Some("spin") => measure::Poll::Spin,
+                    Some("yield") => measure::Poll::Yield,
+                    Some("sleep") => measure::Poll::Sleep,
+                    _ => return Err(Error::Usage("--poll: spin, yield or sleep".into())),
                 };
             }
             "--json" => o.json = true,
@@ -265,7 +267,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    measure::set_yield_when_idle(o.yield_when_idle);
+    measure::set_poll(o.poll);
     let result = match &o.role {
         Role::Server => server(&o),
         Role::Client(host) => client(&o, host, "client"),
@@ -508,7 +510,7 @@ fn client(o: &Options, host: &str, mode: &str) -> Result<(), Error> {
         server_device,
         speed_mbps: plugin.speed_mbps,
         window: o.window,
-        poll: if o.yield_when_idle { "yield" } else { "spin" },
+        poll: o.poll.name(),
         bandwidth,
         latency,
     };
@@ -531,7 +533,7 @@ fn loopback(o: &Options) -> Result<(), Error> {
         .arg(o.dev.to_string())
         .arg("--plugin")
         .arg(&path)
-        .args(["--poll", if o.yield_when_idle { "yield" } else { "spin" }])
+        .args(["--poll", o.poll.name()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
