@@ -421,27 +421,47 @@ impl<D: DoorbellRegister> DirectQp<D> {
         Ok(2 + data)
     }
 
-    /// Post `chain` in order and ring the doorbell once. All or nothing: the room for every WQE
-    /// is checked before the first is written.
+    /// Post `chain` in order and ring the doorbell once. All or nothing: when a WQE does not
+    /// fit or is malformed, nothing of the chain is posted.
     pub fn post_send(&mut self, chain: &[DirectWr<'_>]) -> Result<(), DirectError> {
-        if chain.is_empty() {
+        self.post_send_with(chain.len(), |i| Ok(chain[i]))
+    }
+
+    /// Post the `n` work requests `wr(0) .. wr(n - 1)` in order and ring the doorbell once, all or
+    /// nothing. Lets a caller translate its own work requests without building an array.
+    ///
+    /// WQEs are written straight into free ring space; on an error the producer index is rolled
+    /// back before the doorbell record moves, so the device never sees them.
+    pub fn post_send_with<'a>(
+        &mut self,
+        n: usize,
+        mut wr: impl FnMut(usize) -> Result<DirectWr<'a>, DirectError>,
+    ) -> Result<(), DirectError> {
+        if n == 0 {
             return Ok(());
         }
-        let mut need = 0u32;
-        for wr in chain {
-            need += wqe_bbs(self.wqe_ds(wr)?) as u32;
-        }
+        let (start_pi, start_posted) = (self.sq_pi, self.sq_posted);
         let free = self.layout.sq_wqe_cnt - self.sq_outstanding();
-        if need > free {
-            return Err(DirectError::SendQueueFull { need, free });
-        }
         let mut last = (0u16, 0usize);
-        for wr in chain {
-            let ds = self.wqe_ds(wr)?;
-            last = (self.sq_pi, ds);
-            self.write_wqe(wr, ds);
+        for i in 0..n {
+            let step = wr(i).and_then(|wr| {
+                let ds = self.wqe_ds(&wr)?;
+                let used = u32::from(self.sq_pi.wrapping_sub(start_pi));
+                let need = used + wqe_bbs(ds) as u32;
+                if need > free {
+                    return Err(DirectError::SendQueueFull { need, free });
+                }
+                last = (self.sq_pi, ds);
+                self.write_wqe(&wr, ds);
+                Ok(())
+            });
+            if let Err(e) = step {
+                self.sq_pi = start_pi;
+                self.sq_posted = start_posted;
+                return Err(e);
+            }
         }
-        self.ring(chain.len(), last.0, last.1);
+        self.ring(n, last.0, last.1);
         Ok(())
     }
 
@@ -599,8 +619,9 @@ impl<D: DoorbellRegister> DirectQp<D> {
             }
             // The body is read only after ownership is seen (udma_from_device_barrier).
             fence(Ordering::Acquire);
-            // SAFETY: a software-owned CQE the device no longer writes.
-            let bytes = unsafe { cqe_ptr.cast::<[u8; CQE64_LEN]>().read_volatile() };
+            // SAFETY: a software-owned CQE the device no longer writes (ownership was seen before
+            // the fence), so a plain read suffices (rdma-core reads it the same way).
+            let bytes = unsafe { cqe_ptr.cast::<[u8; CQE64_LEN]>().read() };
             self.cq_ci = self.cq_ci.wrapping_add(1);
             consumed = true;
             match self.complete(&Cqe::decode(&bytes)) {

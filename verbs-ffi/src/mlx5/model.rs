@@ -150,6 +150,8 @@ struct Inner {
     /// (QP, first basic block) of every queued send WQE, in doorbell order.
     order: VecDeque<(usize, u16)>,
     stats: ModelStats,
+    /// Place each write in two steps, second half first.
+    split_placement: bool,
     scratch: Vec<u8>,
     parsed_pis: Vec<u16>,
 }
@@ -187,6 +189,17 @@ struct QpModel {
     rq_consumed: u32,
     /// CQEs written.
     cq_pi: u32,
+    /// Split placement: the WQE whose second half is already placed.
+    tail_placed: Option<u16>,
+}
+
+/// How far a transfer got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Transfer {
+    /// Complete.
+    Done,
+    /// Split placement: only the second half is in place yet.
+    TailPlaced,
 }
 
 /// A parsed send WQE.
@@ -637,15 +650,20 @@ impl Inner {
         if self.qps[qp].pending.front() != Some(&pi) {
             return; // flushed meanwhile
         }
-        self.qps[qp].pending.pop_front();
         let p = self.parse(qp, pi);
-        self.qps[qp].sq_executed = pi.wrapping_add(p.bbs);
-        self.stats.executed += 1;
         if self.qps[qp].vanished {
+            self.retire(qp, pi, &p);
             return; // nothing leaves a vanished endpoint
         }
-        match self.transfer(qp, pi, &p) {
-            Ok(()) => {
+        let result = self.transfer(qp, pi, &p);
+        if result == Ok(Transfer::TailPlaced) {
+            // The rest lands on the next step of this QP, before anything else of it.
+            self.order.push_front((qp, pi));
+            return;
+        }
+        self.retire(qp, pi, &p);
+        match result {
+            Ok(_) => {
                 if p.signaled {
                     self.req_cqe(qp, pi, &p, None);
                 }
@@ -660,8 +678,15 @@ impl Inner {
         }
     }
 
+    /// The WQE at the head of `qp`'s queue has run.
+    fn retire(&mut self, qp: usize, pi: u16, p: &Parsed) {
+        self.qps[qp].pending.pop_front();
+        self.qps[qp].sq_executed = pi.wrapping_add(p.bbs);
+        self.stats.executed += 1;
+    }
+
     /// Move the bytes; `Err((syndrome, responder fails too))`.
-    fn transfer(&mut self, qp: usize, pi: u16, p: &Parsed) -> Result<(), (u8, bool)> {
+    fn transfer(&mut self, qp: usize, pi: u16, p: &Parsed) -> Result<Transfer, (u8, bool)> {
         let peer = self.qps[qp].peer.expect("model: WQE on an unconnected QP");
         if self.qps[peer].vanished || self.qps[peer].state == QpState::Error {
             return Err((syndrome::TRANSPORT_RETRY_EXC_ERR, false));
@@ -670,7 +695,7 @@ impl Inner {
         let len = p.len();
         if p.opcode == wqe::opcode::RDMA_READ {
             let ParsedData::Gather { addr, lkey, .. } = p.data else {
-                return Ok(()); // zero-length READ: no key is checked, nothing moves
+                return Ok(Transfer::Done); // zero-length READ: no key is checked, nothing moves
             };
             if !self.find_mr(pd, lkey, false, addr, u64::from(len), access::LOCAL_WRITE) {
                 return Err((syndrome::LOCAL_PROT_ERR, false));
@@ -688,7 +713,7 @@ impl Inner {
             // SAFETY: both ranges lie inside registered model allocations (checked above);
             // `copy` tolerates overlap.
             unsafe { std::ptr::copy(p.raddr as *const u8, addr as *mut u8, len as usize) };
-            return Ok(());
+            return Ok(Transfer::Done);
         }
         // Gather the payload.
         let mut scratch = std::mem::take(&mut self.scratch);
@@ -737,6 +762,21 @@ impl Inner {
             self.scratch = scratch;
             return Err((syndrome::RNR_RETRY_EXC_ERR, false));
         }
+        if self.split_placement && len >= 2 && self.qps[qp].tail_placed != Some(pi) {
+            let half = len as usize / 2;
+            // SAFETY: the destination range lies inside a registered model allocation (checked
+            // above for the whole write).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    scratch.as_ptr().add(half),
+                    (p.raddr as *mut u8).add(half),
+                    len as usize - half,
+                )
+            };
+            self.scratch = scratch;
+            self.qps[qp].tail_placed = Some(pi);
+            return Ok(Transfer::TailPlaced);
+        }
         if len > 0 {
             // SAFETY: the destination lies inside a registered model allocation (checked above);
             // the scratch buffer is separate memory.
@@ -758,7 +798,7 @@ impl Inner {
                 },
             );
         }
-        Ok(())
+        Ok(Transfer::Done)
     }
 }
 
@@ -879,6 +919,7 @@ impl Model {
             bf_offset: 0,
             rq_consumed: 0,
             cq_pi: 0,
+            tail_placed: None,
         });
         ModelQp {
             model: self.clone(),
@@ -909,6 +950,14 @@ impl Model {
     /// Execute everything queued.
     pub fn run_until_idle(&self) {
         while self.step() {}
+    }
+
+    /// Place every RDMA write of two or more bytes in two steps: the second half of the payload
+    /// first, then (on the next step) all of it and its completions. RDMA orders no bytes within
+    /// one write; this makes a reader polling the target see a torn write (as
+    /// `rivet_core::sim::Fabric::set_split_placement`).
+    pub fn set_split_placement(&self, on: bool) {
+        self.inner.borrow_mut().split_placement = on;
     }
 
     /// Send WQEs queued for execution.

@@ -8,13 +8,9 @@
 use rivet_core::nic::WcStatus;
 use rivet_core::nic::{Completion, CompletionKind, Nic, NicError, Payload, SendOp, SendWr};
 use rivet_verbs_ffi::mlx5::{
-    CompletedOp, DirectCompletion, DirectOp, DirectQp, DirectWr, DoorbellRegister, WorkQueue,
-    WqeData,
+    CompletedOp, DirectCompletion, DirectError, DirectOp, DirectQp, DirectWr, DoorbellRegister,
+    WorkQueue, WqeData,
 };
-
-/// Work requests translated per [`DirectQp::post_send`] call (the core's chains are shorter;
-/// longer ones go in pieces, which RC orders the same way, as in the verbs backend).
-const MAX_CHAIN: usize = 16;
 
 /// The two control regions of a connection, wherever they live (registered host memory on a
 /// device, model memory on the model).
@@ -34,43 +30,45 @@ pub(crate) struct DirectNic<D: DoorbellRegister, R: ControlRegions> {
     pub(crate) regions: R,
 }
 
-impl<D: DoorbellRegister, R: ControlRegions> DirectNic<D, R> {
-    fn translate<'a>(&self, wr: &SendWr<'a>) -> Result<DirectWr<'a>, NicError> {
-        let data = match wr.payload {
-            Payload::Empty => WqeData::None,
-            Payload::Inline(bytes) => WqeData::Inline(bytes),
-            Payload::Local(sge) => WqeData::Gather {
-                addr: sge.addr,
-                len: sge.len,
-                lkey: sge.lkey,
-            },
-            Payload::Staged { offset, len } => {
-                let (addr, lkey, staging_len) = self.regions.staging();
-                if u64::from(offset) + u64::from(len) > staging_len as u64 {
-                    return Err(NicError::Post {
-                        errno: libc::EINVAL,
-                    });
-                }
-                WqeData::Gather {
-                    addr: addr + u64::from(offset),
-                    len,
-                    lkey,
-                }
+/// A core work request as a direct one (staged payloads resolved against `regions`).
+fn translate<'a>(
+    regions: &impl ControlRegions,
+    wr: &SendWr<'a>,
+) -> Result<DirectWr<'a>, DirectError> {
+    let data = match wr.payload {
+        Payload::Empty => WqeData::None,
+        Payload::Inline(bytes) => WqeData::Inline(bytes),
+        Payload::Local(sge) => WqeData::Gather {
+            addr: sge.addr,
+            len: sge.len,
+            lkey: sge.lkey,
+        },
+        Payload::Staged { offset, len } => {
+            let (addr, lkey, staging_len) = regions.staging();
+            if u64::from(offset) + u64::from(len) > staging_len as u64 {
+                return Err(DirectError::Malformed {
+                    what: "staged range outside the staging region",
+                });
             }
-        };
-        let op = match wr.op {
-            SendOp::Write => DirectOp::Write,
-            SendOp::WriteImm(imm) => DirectOp::WriteImm(imm),
-        };
-        Ok(DirectWr {
-            wr_id: wr.wr_id,
-            op,
-            data,
-            remote_addr: wr.remote_addr,
-            rkey: wr.rkey,
-            signaled: wr.signaled,
-        })
-    }
+            WqeData::Gather {
+                addr: addr + u64::from(offset),
+                len,
+                lkey,
+            }
+        }
+    };
+    let op = match wr.op {
+        SendOp::Write => DirectOp::Write,
+        SendOp::WriteImm(imm) => DirectOp::WriteImm(imm),
+    };
+    Ok(DirectWr {
+        wr_id: wr.wr_id,
+        op,
+        data,
+        remote_addr: wr.remote_addr,
+        rkey: wr.rkey,
+        signaled: wr.signaled,
+    })
 }
 
 /// The core's view of a direct completion (the verbs backend's `ibv_wc` mapping).
@@ -109,23 +107,10 @@ impl<D: DoorbellRegister, R: ControlRegions> Nic for DirectNic<D, R> {
     }
 
     fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
-        for piece in chain.chunks(MAX_CHAIN) {
-            let mut wrs = [DirectWr {
-                wr_id: 0,
-                op: DirectOp::Write,
-                data: WqeData::None,
-                remote_addr: 0,
-                rkey: 0,
-                signaled: false,
-            }; MAX_CHAIN];
-            for (slot, wr) in wrs.iter_mut().zip(piece) {
-                *slot = self.translate(wr)?;
-            }
-            self.qp
-                .post_send(&wrs[..piece.len()])
-                .map_err(|e| NicError::Post { errno: e.errno() })?;
-        }
-        Ok(())
+        let Self { qp, regions } = self;
+        let regions = &*regions;
+        qp.post_send_with(chain.len(), |i| translate(regions, &chain[i]))
+            .map_err(|e| NicError::Post { errno: e.errno() })
     }
 
     fn post_recv(&mut self, wr_id: u64) -> Result<(), NicError> {

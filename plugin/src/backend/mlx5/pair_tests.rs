@@ -8,7 +8,7 @@
 
 use rivet_core::data::{
     Completed, DataError, MAX_RECVS, ProtocolError, RecvBuf, RecvConn, RequestId, SEND_QUEUE_DEPTH,
-    SLOTS, SendBuf, SendConn,
+    SLOTS, SendBuf, SendConn, codec,
 };
 use rivet_core::nic::WcStatus;
 use rivet_verbs_ffi::mlx5::model::ModelQpConfig;
@@ -721,6 +721,8 @@ fn malformed_fresh_cts_is_a_sticky_protocol_error() {
     let mut entry = [0u8; 32];
     entry[24] = 9; // n = 9
     entry[28..32].copy_from_slice(&1u32.to_le_bytes()); // fresh stamp for seq 0
+    let check = codec::entry_check(&entry); // malformed, yet fully landed
+    entry[26..28].copy_from_slice(&check.to_le_bytes());
     p.model.write(fifo.addr, &entry);
     let buf = p.send_buf(&[0; 8]);
     let err = p.send.isend(&mut p.send_nic, buf, 0).unwrap_err();
@@ -751,6 +753,62 @@ fn short_peer_region_fails_the_connection() {
         p.recv.irecv(&mut p.recv_nic, &[b], &[0]),
         Err(DataError::PeerRegion { len: 100, .. })
     ));
+}
+
+/// A clear-to-send entry whose second half (with the stamp) landed before its first half must
+/// read as "not there yet", never as a malformed entry: the sender checks each stamp first and
+/// reads the entry's fields only after it. Seen for real on Soft-RoCE before the fix.
+#[test]
+fn torn_clear_to_send_is_try_later_not_an_error() {
+    for n in [1usize, 3, 8] {
+        let mut p = ModelPair::new(256);
+        p.model.set_split_placement(true);
+        let bufs: Vec<RecvBuf> = (0..n).map(|_| p.recv_buf(64)).collect();
+        let tags: Vec<u32> = (0..n as u32).collect();
+        let recv_req = p
+            .recv
+            .irecv(&mut p.recv_nic, &bufs, &tags)
+            .expect("irecv")
+            .expect("slot");
+        // First step: only the tail of the CTS write (the last entries' stamps) is in place.
+        assert!(p.step());
+        let data = pattern(7, 40);
+        let buf = p.send_buf(&data);
+        let early = p.send.isend(&mut p.send_nic, buf, 0);
+        assert_eq!(
+            early,
+            Ok(None),
+            "n = {n}: a half-placed CTS must be try-later"
+        );
+        // Second step: the whole entry is there.
+        assert!(p.step());
+        let mut reqs = Vec::new();
+        for tag in 0..n as u32 {
+            let buf = p.send_buf(&data);
+            reqs.push(
+                p.send
+                    .isend(&mut p.send_nic, buf, tag)
+                    .expect("isend")
+                    .expect("matched"),
+            );
+        }
+        for req in reqs {
+            assert!(matches!(
+                finish_send(&mut p, req),
+                Ok(Completed::Done { .. })
+            ));
+        }
+        match finish_recv(&mut p, recv_req).expect("receive completes") {
+            Completed::Done { n: got, sizes } => {
+                assert_eq!(got, n);
+                for (i, buf) in bufs.iter().enumerate() {
+                    assert_eq!(sizes[i], 40);
+                    assert_eq!(p.received(buf, 40), data, "n = {n}, buffer {i}");
+                }
+            }
+            Completed::Pending => unreachable!("finish_recv returns only when done"),
+        }
+    }
 }
 
 // ---- mlx5-specific: the same traffic on the tightest geometry the core's depths allow ----
