@@ -1,28 +1,9 @@
 //! Loads the built plugin library the way NCCL does, through the C loader program
 //! (`tests/c/loader.c`, built by `build.rs`), and checks its exported symbols with `nm`.
 
-use std::path::PathBuf;
+mod common;
+use common::plugin_library;
 use std::process::Command;
-
-/// The plugin library next to this test's target directory, or `RIVET_PLUGIN_LIB`.
-fn plugin_library() -> PathBuf {
-    if let Some(path) = std::env::var_os("RIVET_PLUGIN_LIB") {
-        return PathBuf::from(path);
-    }
-    let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/abi_loader-<hash> -> target/<profile>/libnccl_net_rivet.so
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>");
-    let lib = profile_dir.join("libnccl_net_rivet.so");
-    assert!(
-        lib.exists(),
-        "{} is missing: build the workspace first (cargo build)",
-        lib.display()
-    );
-    lib
-}
 
 /// Whether this machine has RDMA devices the plugin should find.
 fn machine_has_rdma() -> bool {

@@ -8,23 +8,11 @@
 //!
 //! Slow (a VM under TCG), so it is `#[ignore]`d; `scripts/vm-faults.sh` (run by `.ci/run`) runs it.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
-fn plugin_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>");
-    let lib = profile_dir.join("libnccl_net_rivet.so");
-    assert!(
-        lib.exists(),
-        "{} is missing: cargo build --workspace first",
-        lib.display()
-    );
-    lib
-}
+mod common;
+use common::plugin_library;
+use std::process::Command;
 
 /// Scenarios in order; `link-delete` removes rxe0 and so runs last.
 const SCENARIOS: [&str; 8] = [

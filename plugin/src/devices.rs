@@ -38,7 +38,9 @@ pub struct Port {
     /// The properties reported through `getProperties` (pointing into `name` and `pci_path`).
     pub props: DeviceProps,
     _name: CString,
-    _pci_path: CString,
+    /// `None` when the device has no PCI function (Soft-RoCE): NCCL then gets a NULL `pciPath`,
+    /// as from its own IB transport, and places the NIC at the CPU.
+    _pci_path: Option<CString>,
     opened: Mutex<Option<Arc<OpenPort>>>,
 }
 
@@ -52,17 +54,16 @@ impl Port {
     fn new(index: usize, info: PortInfo) -> Self {
         let clean = |s: &str| CString::new(s.replace('\0', "")).unwrap_or_default();
         let name = clean(&info.name);
-        let pci = clean(
-            &info
-                .pci_path
-                .as_ref()
-                .map_or_else(String::new, |p| p.display().to_string()),
-        );
+        let merge_vfs = std::env::var("NCCL_IB_MERGE_VFS").map_or(true, |v| v.trim() != "0");
+        let pci = info
+            .pci_path
+            .as_ref()
+            .map(|p| clean(&nccl_pci_path(&p.display().to_string(), merge_vfs)));
         let mut members = [0; 8];
         members[0] = i32::try_from(index).unwrap_or(i32::MAX);
         let props = DeviceProps {
             name: name.as_ptr(),
-            pci_path: pci.as_ptr(),
+            pci_path: pci.as_ref().map_or(core::ptr::null(), |p| p.as_ptr()),
             guid: info.guid,
             // Host memory only until GPUDirect (peer memory / DMA-BUF) registration is supported.
             ptr_support: NCCL_PTR_HOST,
@@ -101,6 +102,23 @@ impl Port {
     }
 }
 
+/// The PCI path NCCL's own IB transport reports, so topology detection places Rivet's NICs
+/// exactly where it would place its own: the function digit set to 0 (the ports of a multi-port
+/// NIC are one NIC), and with `NCCL_IB_MERGE_VFS` (default on) the device digits too (virtual
+/// functions merge with their physical function).
+pub(crate) fn nccl_pci_path(path: &str, merge_vfs: bool) -> String {
+    let mut bytes = path.as_bytes().to_vec();
+    let n = bytes.len();
+    if n >= 1 {
+        bytes[n - 1] = b'0';
+    }
+    if merge_vfs && n >= 4 {
+        bytes[n - 3] = b'0';
+        bytes[n - 4] = b'0';
+    }
+    String::from_utf8(bytes).unwrap_or_else(|_| path.to_owned())
+}
+
 impl fmt::Display for Port {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let i = &self.info;
@@ -124,7 +142,7 @@ impl fmt::Display for Port {
             "{} port {} {link} {} Gb/s gid[{}] {} ({}) mtu {} pci {pci} ptr {ptr} path verbs",
             i.name,
             i.port,
-            i.speed_mbps / 1000,
+            f64::from(i.speed_mbps) / 1000.0,
             i.gid_index,
             i.gid_string,
             i.why,
@@ -195,4 +213,24 @@ pub fn discover() -> Result<Vec<Port>, NoDevice> {
         .enumerate()
         .map(|(i, info)| Port::new(i, info))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nccl_pci_path;
+
+    #[test]
+    fn pci_path_merges_functions_and_virtual_functions_like_nccl() {
+        let path = "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:00.1";
+        assert_eq!(
+            nccl_pci_path(path, false),
+            "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:00.0"
+        );
+        let vf = "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:01.3";
+        assert_eq!(
+            nccl_pci_path(vf, true),
+            "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:00.0"
+        );
+        assert_eq!(nccl_pci_path("", true), "");
+    }
 }

@@ -19,13 +19,13 @@ static net_v12* h_net;
 static char h_last_warn[1024];
 static int h_warns;
 
-static double h_now(void) {
+static inline double h_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static void h_fail(const char* fmt, ...) {
+static inline void h_fail(const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   fprintf(stderr, "FAIL [%s] ", h_role);
@@ -35,7 +35,7 @@ static void h_fail(const char* fmt, ...) {
   h_failures++;
 }
 
-static void h_pass(const char* fmt, ...) {
+static inline void h_pass(const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   fprintf(stderr, "PASS [%s] ", h_role);
@@ -45,7 +45,7 @@ static void h_pass(const char* fmt, ...) {
 }
 
 /* NCCL's logger: WARN lines are printed and remembered; INFO only with HARNESS_VERBOSE. */
-static void h_logger(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
+static inline void h_logger(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
   (void)flags; (void)file; (void)line;
   char text[1024];
   va_list ap;
@@ -59,18 +59,18 @@ static void h_logger(int level, unsigned long flags, const char* file, int line,
   if (level == LOG_WARN || getenv("HARNESS_VERBOSE")) fprintf(stderr, "[%s] plugin: %s\n", h_role, text);
 }
 
-static unsigned char h_pattern(unsigned seed, size_t i) { return (unsigned char)(seed * 131u + i * 7u + (i >> 12)); }
-static void h_fill(unsigned char* p, size_t n, unsigned seed) {
+static inline unsigned char h_pattern(unsigned seed, size_t i) { return (unsigned char)(seed * 131u + i * 7u + (i >> 12)); }
+static inline void h_fill(unsigned char* p, size_t n, unsigned seed) {
   for (size_t i = 0; i < n; i++) p[i] = h_pattern(seed, i);
 }
-static int h_verify(const unsigned char* p, size_t n, unsigned seed) {
+static inline int h_verify(const unsigned char* p, size_t n, unsigned seed) {
   for (size_t i = 0; i < n; i++)
     if (p[i] != h_pattern(seed, i)) return 0;
   return 1;
 }
 
 /* dlopen the plugin and init it through v12; returns the context or NULL. */
-static void* h_load_and_init(const char* path) {
+static inline void* h_load_and_init(const char* path) {
   void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
     h_fail("dlopen %s: %s", path, dlerror());
@@ -93,7 +93,7 @@ static void* h_load_and_init(const char* path) {
 
 /* Poll connect until it yields a comm, fails, or `limit` seconds pass; returns the result code
  * (NCCL_OK with *comm == NULL means the time ran out). */
-static nccl_result h_connect(void* ctx, void* handle, void** comm, double limit) {
+static inline nccl_result h_connect(void* ctx, void* handle, void** comm, double limit) {
   double start = h_now();
   *comm = NULL;
   while (!*comm && h_now() - start < limit) {
@@ -103,7 +103,7 @@ static nccl_result h_connect(void* ctx, void* handle, void** comm, double limit)
   return NCCL_OK;
 }
 
-static nccl_result h_accept(void* listen_comm, void** comm, double limit) {
+static inline nccl_result h_accept(void* listen_comm, void** comm, double limit) {
   double start = h_now();
   *comm = NULL;
   while (!*comm && h_now() - start < limit) {
@@ -115,7 +115,7 @@ static nccl_result h_accept(void* listen_comm, void** comm, double limit) {
 
 /* Spin on test until done, an error, or `limit` seconds; returns the result code and sets
  * *elapsed. A timeout returns NCCL_OK with *done == 0. */
-static nccl_result h_wait(void* req, int* done, int* sizes, double limit, double* elapsed) {
+static inline nccl_result h_wait(void* req, int* done, int* sizes, double limit, double* elapsed) {
   double start = h_now();
   *done = 0;
   nccl_result r = NCCL_OK;

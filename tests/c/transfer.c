@@ -7,46 +7,25 @@
  * (connect/isend); the listen handle travels over a pipe, as NCCL's bootstrap carries it.
  * Checks: sizes 0 B … 64 MiB (receive buffers larger than the sends), a grouped receive of
  * n = 8 with tags sent in shuffled order, and 10,000 small messages with a window of 8.
- * Prints "PASS ..."/"FAIL ..." lines; exits non-zero on any failure or after a 600 s watchdog. */
+ * Prints "PASS ..."/"FAIL ..." lines (set HARNESS_VERBOSE=1 for the plugin's INFO lines); exits non-zero on any failure or after a 600 s watchdog. */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <signal.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
-#include "nccl_net_abi.h"
+#include "harness.h"
 
 #define MIB (1024 * 1024)
 #define MAX_SIZE (64 * MIB)
 #define SLACK 64 /* receive buffers are larger than the sends */
 
-static const char* role = "?";
-static int failures;
-
-static void fail(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "FAIL [%s] ", role);
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-  failures++;
-}
-
-static void logger(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
-  (void)flags; (void)file; (void)line;
-  if (level > LOG_INFO && !getenv("TRANSFER_VERBOSE")) return;
-  if (level == LOG_INFO && !getenv("TRANSFER_VERBOSE")) return;
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "[%s] plugin: ", role);
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
+static int verify(const unsigned char* p, size_t n, unsigned seed, const char* what) {
+  for (size_t i = 0; i < n; i++) {
+    if (p[i] != h_pattern(seed, i)) {
+      h_fail("%s: byte %zu is %u, expected %u", what, i, p[i], h_pattern(seed, i));
+      return 0;
+    }
+  }
+  return 1;
 }
 
 /* The v12 table covers v11 too; for v9/v10 the differing entries are called through the right
@@ -54,28 +33,6 @@ static void logger(int level, unsigned long flags, const char* file, int line, c
 static net_v12* v12;
 static net_v10* v10;
 static int version = 12;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static unsigned char pattern(unsigned seed, size_t i) { return (unsigned char)(seed * 131u + i * 7u + (i >> 12)); }
-
-static void fill(unsigned char* p, size_t n, unsigned seed) {
-  for (size_t i = 0; i < n; i++) p[i] = pattern(seed, i);
-}
-
-static int verify(const unsigned char* p, size_t n, unsigned seed, const char* what) {
-  for (size_t i = 0; i < n; i++) {
-    if (p[i] != pattern(seed, i)) {
-      fail("%s: byte %zu is %u, expected %u", what, i, p[i], pattern(seed, i));
-      return 0;
-    }
-  }
-  return 1;
-}
 
 static nccl_result do_isend(void* comm, void* data, size_t size, int tag, void* mh, void** req) {
   if (version >= 10) return v12->isend(comm, data, size, tag, mh, NULL, req);
@@ -90,15 +47,15 @@ static nccl_result do_irecv(void* comm, int n, void** data, size_t* sizes, int* 
 /* Spin on test() until done; returns 0 on error. */
 static int wait_req(void* req, int* sizes, const char* what) {
   int done = 0;
-  double start = now_s();
+  double start = h_now();
   while (!done) {
     nccl_result r = v12->test(req, &done, sizes);
     if (r != NCCL_OK) {
-      fail("%s: test returned %d", what, r);
+      h_fail("%s: test returned %d", what, r);
       return 0;
     }
-    if (now_s() - start > 120) {
-      fail("%s: not complete after 120 s", what);
+    if (h_now() - start > 120) {
+      h_fail("%s: not complete after 120 s", what);
       return 0;
     }
   }
@@ -107,15 +64,15 @@ static int wait_req(void* req, int* sizes, const char* what) {
 
 static void* post_send(void* comm, void* data, size_t size, int tag, void* mh, const char* what) {
   void* req = NULL;
-  double start = now_s();
+  double start = h_now();
   while (!req) {
     nccl_result r = do_isend(comm, data, size, tag, mh, &req);
     if (r != NCCL_OK) {
-      fail("%s: isend returned %d", what, r);
+      h_fail("%s: isend returned %d", what, r);
       return NULL;
     }
-    if (!req && now_s() - start > 120) {
-      fail("%s: isend still refused after 120 s", what);
+    if (!req && h_now() - start > 120) {
+      h_fail("%s: isend still refused after 120 s", what);
       return NULL;
     }
   }
@@ -124,15 +81,15 @@ static void* post_send(void* comm, void* data, size_t size, int tag, void* mh, c
 
 static void* post_recv(void* comm, int n, void** data, size_t* sizes, int* tags, void** mhs, const char* what) {
   void* req = NULL;
-  double start = now_s();
+  double start = h_now();
   while (!req) {
     nccl_result r = do_irecv(comm, n, data, sizes, tags, mhs, &req);
     if (r != NCCL_OK) {
-      fail("%s: irecv returned %d", what, r);
+      h_fail("%s: irecv returned %d", what, r);
       return NULL;
     }
-    if (!req && now_s() - start > 120) {
-      fail("%s: irecv still refused after 120 s", what);
+    if (!req && h_now() - start > 120) {
+      h_fail("%s: irecv still refused after 120 s", what);
       return NULL;
     }
   }
@@ -151,16 +108,16 @@ static int run_sender(void* send, int quick) {
   unsigned char* buf = malloc(MAX_SIZE);
   void* mh = NULL;
   if (!buf || v12->reg_mr(send, buf, MAX_SIZE, PTR_HOST, &mh) != NCCL_OK) {
-    fail("sender: regMr of %d bytes", MAX_SIZE);
+    h_fail("sender: regMr of %d bytes", MAX_SIZE);
     return 1;
   }
   size_t nsizes = quick ? 8 : NSIZES;
   for (size_t k = 0; k < nsizes; k++) {
-    fill(buf, sizes_list[k], (unsigned)k + 1);
+    h_fill(buf, sizes_list[k], (unsigned)k + 1);
     void* req = post_send(send, buf, sizes_list[k], 1, mh, "size sweep");
     int sz = -1;
     if (!req || !wait_req(req, &sz, "size sweep send")) return 1;
-    if ((size_t)sz != sizes_list[k]) fail("send of %zu reported size %d", sizes_list[k], sz);
+    if ((size_t)sz != sizes_list[k]) h_fail("send of %zu reported size %d", sizes_list[k], sz);
   }
   /* Grouped: 8 sends of different sizes, in shuffled tag order. */
   void* reqs[8];
@@ -168,7 +125,7 @@ static int run_sender(void* send, int quick) {
     int tag = shuffled_tags[i];
     size_t size = 1000 * (size_t)(tag + 1);
     unsigned char* p = buf + (size_t)tag * 16384;
-    fill(p, size, 100 + tag);
+    h_fill(p, size, 100 + tag);
     reqs[i] = post_send(send, p, size, tag, mh, "grouped");
     if (!reqs[i]) return 1;
   }
@@ -178,7 +135,7 @@ static int run_sender(void* send, int quick) {
   }
   /* Many small messages, window of 8. */
   void* window[WINDOW] = {0};
-  double t0 = now_s();
+  double t0 = h_now();
   for (int i = 0; i < SMALL_COUNT + WINDOW; i++) {
     int w = i % WINDOW;
     if (window[w]) {
@@ -188,18 +145,18 @@ static int run_sender(void* send, int quick) {
     }
     if (i < SMALL_COUNT) {
       unsigned char* p = buf + (size_t)w * SMALL_SIZE;
-      fill(p, SMALL_SIZE, 1000 + i);
+      h_fill(p, SMALL_SIZE, 1000 + i);
       window[w] = post_send(send, p, SMALL_SIZE, 9, mh, "small");
       if (!window[w]) return 1;
     }
   }
-  double t1 = now_s();
+  double t1 = h_now();
   fprintf(stderr, "[sender] %d x %d B messages with a window of %d: %.1f msg/s\n", SMALL_COUNT, SMALL_SIZE, WINDOW,
           SMALL_COUNT / (t1 - t0));
-  if (v12->dereg_mr(send, mh) != NCCL_OK) fail("sender deregMr");
-  if (v12->close_send(send) != NCCL_OK) fail("closeSend");
+  if (v12->dereg_mr(send, mh) != NCCL_OK) h_fail("sender deregMr");
+  if (v12->close_send(send) != NCCL_OK) h_fail("closeSend");
   free(buf);
-  return failures != 0;
+  return h_failures != 0;
 }
 
 static int run_receiver(void* recv, int quick) {
@@ -207,7 +164,7 @@ static int run_receiver(void* recv, int quick) {
   unsigned char* buf = malloc(cap);
   void* mh = NULL;
   if (!buf || v12->reg_mr(recv, buf, cap, PTR_HOST, &mh) != NCCL_OK) {
-    fail("receiver: regMr of %zu bytes", cap);
+    h_fail("receiver: regMr of %zu bytes", cap);
     return 1;
   }
   size_t nsizes = quick ? 8 : NSIZES;
@@ -222,11 +179,11 @@ static int run_receiver(void* recv, int quick) {
     if (!req || !wait_req(req, &got, "size sweep recv")) return 1;
     char what[64];
     snprintf(what, sizeof what, "message of %zu bytes", sizes_list[k]);
-    if ((size_t)got != sizes_list[k]) fail("%s: receiver reported %d bytes", what, got);
+    if ((size_t)got != sizes_list[k]) h_fail("%s: receiver reported %d bytes", what, got);
     else if (verify(buf, sizes_list[k], (unsigned)k + 1, what) && buf[sizes_list[k]] == 0xee)
       fprintf(stderr, "PASS %s arrived intact\n", what);
     else if (buf[sizes_list[k]] != 0xee)
-      fail("%s: bytes written past the message", what);
+      h_fail("%s: bytes written past the message", what);
   }
   /* Grouped receive of 8 buffers, tags 0..7, each buffer larger than its message. */
   {
@@ -250,7 +207,7 @@ static int run_receiver(void* recv, int quick) {
       char what[64];
       snprintf(what, sizeof what, "grouped buffer for tag %d", t);
       if ((size_t)got[t] != want) {
-        fail("%s: size %d, expected %zu", what, got[t], want);
+        h_fail("%s: size %d, expected %zu", what, got[t], want);
         ok = 0;
       } else {
         ok &= verify(data[t], want, 100 + t, what);
@@ -270,7 +227,7 @@ static int run_receiver(void* recv, int quick) {
       char what[64];
       snprintf(what, sizeof what, "small message %d", seq);
       if (got != SMALL_SIZE) {
-        fail("%s: %d bytes", what, got);
+        h_fail("%s: %d bytes", what, got);
         ok = 0;
       } else {
         ok &= verify(buf + (size_t)w * 128, SMALL_SIZE, 1000 + seq, what);
@@ -287,32 +244,32 @@ static int run_receiver(void* recv, int quick) {
     }
   }
   if (ok) fprintf(stderr, "PASS %d small messages with a window of %d, every byte verified\n", SMALL_COUNT, WINDOW);
-  if (v12->dereg_mr(recv, mh) != NCCL_OK) fail("receiver deregMr");
-  if (v12->close_recv(recv) != NCCL_OK) fail("closeRecv");
+  if (v12->dereg_mr(recv, mh) != NCCL_OK) h_fail("receiver deregMr");
+  if (v12->close_recv(recv) != NCCL_OK) h_fail("closeRecv");
   free(buf);
-  return failures != 0;
+  return h_failures != 0;
 }
 
 static void* load(const char* path) {
   void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
-    fail("dlopen %s: %s", path, dlerror());
+    h_fail("dlopen %s: %s", path, dlerror());
     return NULL;
   }
   char sym[32];
   snprintf(sym, sizeof sym, "ncclNetPlugin_v%d", version);
   void* table = dlsym(lib, sym);
-  if (!table) fail("dlsym %s", sym);
+  if (!table) h_fail("dlsym %s", sym);
   return table;
 }
 
 static int init_plugin(void** ctx) {
   comm_config cfg = {.traffic_class = -1};
   nccl_result r;
-  if (version >= 11) r = v12->init(ctx, 42, &cfg, logger, NULL);
-  else if (version == 10) r = v10->init(logger, NULL);
-  else r = ((net_v9*)v10)->init(logger);
-  if (r != NCCL_OK) fail("init returned %d", r);
+  if (version >= 11) r = v12->init(ctx, 42, &cfg, h_logger, NULL);
+  else if (version == 10) r = v10->init(h_logger, NULL);
+  else r = ((net_v9*)v10)->init(h_logger);
+  if (r != NCCL_OK) h_fail("init returned %d", r);
   return r == NCCL_OK;
 }
 
@@ -347,7 +304,7 @@ int main(int argc, char** argv) {
   int pipefd[2];
   if (pipe(pipefd)) return 2;
   pid_t child = fork();
-  role = child == 0 ? "sender" : "receiver";
+  h_role = child == 0 ? "sender" : "receiver";
   void* table = load(lib);
   if (!table) return 1;
   v12 = table;
@@ -355,34 +312,34 @@ int main(int argc, char** argv) {
   void* ctx = NULL;
   if (!init_plugin(&ctx)) return 1;
   char handle[NET_HANDLE_MAXSIZE];
-  double start = now_s();
+  double start = h_now();
   if (child == 0) {
     close(pipefd[1]);
     if (read(pipefd[0], handle, sizeof handle) != (ssize_t)sizeof handle) {
-      fail("reading the handle from the receiver");
+      h_fail("reading the handle from the receiver");
       return 1;
     }
     void* send = NULL;
     while (!send) {
       nccl_result r = do_connect(ctx, dev, handle, &send);
       if (r != NCCL_OK) {
-        fail("connect returned %d", r);
+        h_fail("connect returned %d", r);
         return 1;
       }
-      if (now_s() - start > 60) {
-        fail("connect not established after 60 s");
+      if (h_now() - start > 60) {
+        h_fail("connect not established after 60 s");
         return 1;
       }
     }
-    fprintf(stderr, "PASS [sender] connected in %.3f s\n", now_s() - start);
+    fprintf(stderr, "PASS [sender] connected in %.3f s\n", h_now() - start);
     int rc = run_sender(send, quick);
-    if (version >= 11 && v12->finalize(ctx) != NCCL_OK) fail("finalize");
-    return rc || failures;
+    if (version >= 11 && v12->finalize(ctx) != NCCL_OK) h_fail("finalize");
+    return rc || h_failures;
   }
   close(pipefd[0]);
   void* listen_comm = NULL;
   if (do_listen(ctx, dev, handle, &listen_comm) != NCCL_OK || !listen_comm) {
-    fail("listen");
+    h_fail("listen");
     kill(child, SIGKILL);
     return 1;
   }
@@ -391,23 +348,23 @@ int main(int argc, char** argv) {
   while (!recv) {
     nccl_result r = v12->accept(listen_comm, &recv, NULL);
     if (r != NCCL_OK) {
-      fail("accept returned %d", r);
+      h_fail("accept returned %d", r);
       kill(child, SIGKILL);
       return 1;
     }
-    if (now_s() - start > 60) {
-      fail("accept not established after 60 s");
+    if (h_now() - start > 60) {
+      h_fail("accept not established after 60 s");
       kill(child, SIGKILL);
       return 1;
     }
   }
-  if (v12->close_listen(listen_comm) != NCCL_OK) fail("closeListen");
-  fprintf(stderr, "PASS [receiver] accepted in %.3f s\n", now_s() - start);
+  if (v12->close_listen(listen_comm) != NCCL_OK) h_fail("closeListen");
+  fprintf(stderr, "PASS [receiver] accepted in %.3f s\n", h_now() - start);
   int rc = run_receiver(recv, quick);
   int status = 0;
   waitpid(child, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) fail("the sender process failed (status %d)", status);
-  if (version >= 11 && v12->finalize(ctx) != NCCL_OK) fail("finalize");
-  fprintf(stderr, "%s: %d failure(s)\n", failures || rc ? "FAILED" : "OK", failures);
-  return rc || failures ? 1 : 0;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) h_fail("the sender process failed (status %d)", status);
+  if (version >= 11 && v12->finalize(ctx) != NCCL_OK) h_fail("finalize");
+  fprintf(stderr, "%s: %d failure(s)\n", h_failures || rc ? "FAILED" : "OK", h_failures);
+  return rc || h_failures ? 1 : 0;
 }
