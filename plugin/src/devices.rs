@@ -130,6 +130,9 @@ impl fmt::Display for Port {
             .pci_path
             .as_ref()
             .map_or_else(|| "-".to_owned(), |p| p.display().to_string());
+        // Opening the port (context + protection domain, kept for later comms) tells which data
+        // path its connections take.
+        let path = self.open().map_or("unavailable", |p| p.path_name());
         let mut ptr = String::from("host");
         if i.ptr_support.cuda() {
             ptr.push_str("+cuda(not used yet)");
@@ -139,7 +142,7 @@ impl fmt::Display for Port {
         }
         write!(
             f,
-            "{} port {} {link} {} Gb/s gid[{}] {} ({}) mtu {} pci {pci} ptr {ptr} path verbs",
+            "{} port {} {link} {} Gb/s gid[{}] {} ({}) mtu {} pci {pci} ptr {ptr} path {path}",
             i.name,
             i.port,
             f64::from(i.speed_mbps) / 1000.0,

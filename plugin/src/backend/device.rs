@@ -4,6 +4,7 @@ use crate::log::{INIT_NET, info, warn};
 use rivet_verbs_ffi::discover::PortInfo;
 use rivet_verbs_ffi::sys::event_type;
 use rivet_verbs_ffi::{Context, DeviceList, ProtectionDomain, VerbsError};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Fatal asynchronous events seen on a port, for the comms that poll it.
@@ -18,6 +19,27 @@ struct AsyncState {
     failed_qps: Vec<(u32, &'static str)>,
     /// Whether any CQ error was reported (CQ events do not name a QP).
     cq_failure: Option<&'static str>,
+}
+
+/// Whether to use the mlx5 direct path on this device: it is an mlx5 device (libmlx5 says so) and
+/// `RIVET_MLX5_DIRECT` is not `0`. Logged once per opened port.
+fn direct_path_wanted(context: &Context, info: &PortInfo) -> bool {
+    let disabled = std::env::var("RIVET_MLX5_DIRECT").is_ok_and(|v| v.trim() == "0");
+    let (direct, why) = match rivet_verbs_ffi::mlx5::setup::device_supported(context) {
+        Ok(true) if disabled => (
+            false,
+            "mlx5 device, direct path disabled by RIVET_MLX5_DIRECT=0",
+        ),
+        Ok(true) => (true, "mlx5 device"),
+        Ok(false) => (false, "not an mlx5 device"),
+        Err(_) => (false, "libmlx5 not available"),
+    };
+    let path = if direct { "mlx5 direct" } else { "libibverbs" };
+    info!(
+        INIT_NET,
+        "{} port {}: data path {path} ({why})", info.name, info.port
+    );
+    direct
 }
 
 /// The failure recorded for `DEVICE_FATAL` (never cleared by a later `PORT_ACTIVE`).
@@ -36,6 +58,9 @@ pub(crate) struct OpenPort {
     /// The device context.
     pub(crate) context: Arc<Context>,
     events: Mutex<AsyncState>,
+    /// Whether new connections use the mlx5 direct data path (mlx5 device, not disabled by
+    /// `RIVET_MLX5_DIRECT=0`, and no set-up failure so far).
+    direct: AtomicBool,
 }
 
 impl OpenPort {
@@ -50,12 +75,33 @@ impl OpenPort {
                 })?;
         let context = device.open()?;
         let pd = ProtectionDomain::new(&context)?;
+        let direct = direct_path_wanted(&context, info);
         Ok(Arc::new(Self {
             info: info.clone(),
             pd,
             context,
             events: Mutex::new(AsyncState::default()),
+            direct: AtomicBool::new(direct),
         }))
+    }
+
+    /// Whether new connections on this port use the mlx5 direct data path.
+    pub(crate) fn direct_path(&self) -> bool {
+        self.direct.load(Ordering::Relaxed)
+    }
+
+    /// Fall back to libibverbs for later connections (after a direct-path set-up failure).
+    pub(crate) fn disable_direct_path(&self) {
+        self.direct.store(false, Ordering::Relaxed);
+    }
+
+    /// The data path's name, for `rivet info` and log lines.
+    pub(crate) fn path_name(&self) -> &'static str {
+        if self.direct_path() {
+            "mlx5-direct"
+        } else {
+            "verbs"
+        }
     }
 
     /// Drain pending asynchronous events (non-blocking), then say whether anything fatal affects

@@ -1,6 +1,7 @@
 //! The libibverbs backend: opened devices, registered control regions, and the per-connection
 //! endpoint that implements `rivet_core::nic::Nic` on a real RC queue pair.
 
+pub(crate) mod any;
 pub(crate) mod device;
 pub(crate) mod endpoint;
 pub(crate) mod mlx5;

@@ -8,7 +8,8 @@
 
 use super::Ptr;
 use super::data::{self, DataComm, Side};
-use crate::backend::endpoint::{Endpoint, QpSettings, Role};
+use crate::backend::any::AnyEndpoint as Endpoint;
+use crate::backend::endpoint::{QpSettings, Role};
 use crate::clock;
 use crate::error::{NetError, NetResult};
 use crate::log::{INIT_NET, info};

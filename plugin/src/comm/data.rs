@@ -12,8 +12,8 @@
 
 use super::mr;
 use super::{Finished, Ptr, RecvArgs, decode, unknown};
+use crate::backend::any::AnyEndpoint as Endpoint;
 use crate::backend::device::OpenPort;
-use crate::backend::endpoint::Endpoint;
 use crate::clock;
 use crate::error::{NetError, NetResult};
 use crate::log::warn;

@@ -8,8 +8,9 @@
 
 use super::data::{self, DataComm, Side};
 use super::{Ptr, decode, unknown};
+use crate::backend::any::AnyEndpoint as Endpoint;
 use crate::backend::device::OpenPort;
-use crate::backend::endpoint::{Endpoint, QpSettings, Role};
+use crate::backend::endpoint::{QpSettings, Role};
 use crate::clock;
 use crate::config::Config;
 use crate::error::{NetError, NetResult};

@@ -1,0 +1,122 @@
+//! The data path a connection uses: mlx5 direct (WQEs and CQEs handled by Rivet) on mlx5 devices,
+//! libibverbs everywhere else, chosen per port when it is opened.
+
+use super::device::OpenPort;
+use super::endpoint::{Endpoint, QpSettings, Role};
+use super::mlx5::endpoint::Mlx5Endpoint;
+use crate::log::{INIT_NET, info};
+use rivet_core::nic::{Completion, Nic, NicError, SendWr};
+use rivet_core::wire::EndpointInfo;
+use rivet_verbs_ffi::VerbsError;
+use std::sync::Arc;
+
+/// One connection's endpoint on either data path.
+#[derive(Debug)]
+pub(crate) enum AnyEndpoint {
+    /// libibverbs post/poll through the provider's ops table.
+    Verbs(Endpoint),
+    /// mlx5 direct: Rivet writes WQEs, rings doorbells and reads CQEs itself.
+    Mlx5(Box<Mlx5Endpoint>),
+}
+
+impl AnyEndpoint {
+    /// An endpoint on the port's data path. A failure to set up the direct path falls back to
+    /// libibverbs with one INFO line; the port then stays on libibverbs.
+    pub(crate) fn new(port: &Arc<OpenPort>, role: Role) -> Result<Self, VerbsError> {
+        if port.direct_path() {
+            match Mlx5Endpoint::new(port, role) {
+                Ok(endpoint) => return Ok(Self::Mlx5(Box::new(endpoint))),
+                Err(e) => {
+                    port.disable_direct_path();
+                    info!(
+                        INIT_NET,
+                        "{} port {}: mlx5 direct path setup failed ({e}); using libibverbs",
+                        port.info.name,
+                        port.info.port
+                    );
+                }
+            }
+        }
+        Endpoint::new(port, role).map(Self::Verbs)
+    }
+
+    /// What the peer needs to reach this endpoint.
+    pub(crate) fn local_info(&self, settings: &QpSettings) -> EndpointInfo {
+        match self {
+            Self::Verbs(e) => e.local_info(settings),
+            Self::Mlx5(e) => e.local_info(settings),
+        }
+    }
+
+    /// Move the queue pair to RTR and RTS towards `remote`.
+    pub(crate) fn connect(
+        &self,
+        remote: &EndpointInfo,
+        settings: &QpSettings,
+    ) -> Result<(), VerbsError> {
+        match self {
+            Self::Verbs(e) => e.connect(remote, settings),
+            Self::Mlx5(e) => e.connect(remote, settings),
+        }
+    }
+
+    /// The port this endpoint lives on.
+    pub(crate) fn port(&self) -> &Arc<OpenPort> {
+        match self {
+            Self::Verbs(e) => e.port(),
+            Self::Mlx5(e) => e.port(),
+        }
+    }
+
+    /// The QP number (for log lines).
+    pub(crate) fn qp_num(&self) -> u32 {
+        match self {
+            Self::Verbs(e) => e.qp_num(),
+            Self::Mlx5(e) => e.qp_num(),
+        }
+    }
+}
+
+impl Nic for AnyEndpoint {
+    fn max_inline(&self) -> usize {
+        match self {
+            Self::Verbs(e) => e.max_inline(),
+            Self::Mlx5(e) => e.max_inline(),
+        }
+    }
+
+    fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
+        match self {
+            Self::Verbs(e) => e.post_send(chain),
+            Self::Mlx5(e) => e.post_send(chain),
+        }
+    }
+
+    fn post_recv(&mut self, wr_id: u64) -> Result<(), NicError> {
+        match self {
+            Self::Verbs(e) => e.post_recv(wr_id),
+            Self::Mlx5(e) => e.post_recv(wr_id),
+        }
+    }
+
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError> {
+        match self {
+            Self::Verbs(e) => e.poll(out),
+            Self::Mlx5(e) => e.poll(out),
+        }
+    }
+
+    fn read_inbound(&self, offset: usize, out: &mut [u8]) {
+        match self {
+            Self::Verbs(e) => e.read_inbound(offset, out),
+            Self::Mlx5(e) => e.read_inbound(offset, out),
+        }
+    }
+
+    fn write_staging(&mut self, offset: usize, bytes: &[u8]) {
+        match self {
+            Self::Verbs(e) => e.write_staging(offset, bytes),
+            Self::Mlx5(e) => e.write_staging(offset, bytes),
+        }
+    }
+}
