@@ -790,3 +790,76 @@ fn one_direct_qp_per_model_qp() {
     let _first = qp.direct_qp(0).unwrap();
     let _second = qp.direct_qp(0);
 }
+
+#[test]
+fn malformed_wqes_complete_in_error_when_the_model_is_told_to() {
+    for (kind, status) in [
+        ("wrong ds", wc_status::LOC_LEN_ERR),
+        ("zero byte count", wc_status::LOC_LEN_ERR),
+        ("wrong qpn", wc_status::LOC_QP_OP_ERR),
+        ("fence bit", wc_status::LOC_QP_OP_ERR),
+    ] {
+        let model = Model::new();
+        model.set_malformed_wqe_completes_in_error(true);
+        let pd = model.pd();
+        let qp = model.create_qp(pd, ModelQpConfig::default());
+        let peer_pd = model.pd();
+        let peer = model.create_qp(peer_pd, ModelQpConfig::default());
+        model.connect(&qp, &peer);
+        let handle = qp.clone();
+        let mut direct = qp
+            .direct_qp_with(64, |inner| Tamper {
+                inner,
+                qp: handle,
+                kind,
+            })
+            .unwrap();
+        let src = model.alloc_registered(pd, 64, ALL);
+        let dst = model.alloc_registered(peer_pd, 64, ALL);
+        let gather = WqeData::Gather {
+            addr: src.addr,
+            len: 8,
+            lkey: src.lkey,
+        };
+        direct.post_send(&[write(1, gather, &dst, false)]).unwrap();
+        model.run_until_idle();
+        let c = drain(&mut direct);
+        assert_eq!(
+            (c.len(), c[0].wr_id, c[0].status, c[0].op),
+            (1, 1, status, CompletedOp::Failed),
+            "{kind}"
+        );
+        assert_eq!(model.read(dst.addr, 8), [0; 8], "{kind}: nothing moved");
+        assert_eq!(direct.sq_outstanding(), 0);
+    }
+}
+
+#[test]
+fn cqes_of_128_bytes_keep_the_64_byte_format_in_their_second_half() {
+    let config = ModelQpConfig {
+        cqe_size: 128,
+        cqe_cnt: 8,
+        ..ModelQpConfig::default()
+    };
+    let (model, mut a, mut b) = pair(config, 64);
+    let dst = model.alloc_registered(b.pd, 64, ALL);
+    for round in 0..40u32 {
+        let payload = [round as u8; 16];
+        b.direct.post_recv(u64::from(round)).unwrap();
+        let wr = DirectWr {
+            op: DirectOp::WriteImm(round),
+            ..write(u64::from(round), WqeData::Inline(&payload), &dst, true)
+        };
+        a.direct.post_send(&[wr]).unwrap();
+        model.run_until_idle();
+        let s = drain(&mut a.direct);
+        let r = drain(&mut b.direct);
+        assert_eq!((s.len(), s[0].wr_id), (1, u64::from(round)));
+        assert_eq!((r[0].imm, r[0].byte_len), (Some(round), 16));
+    }
+    // 40 CQEs through an 8-entry ring: five passes, the owner bit of the last written slot says
+    // which (pass 4: bit 0).
+    let last = a.qp.cqe_bytes(39);
+    assert_eq!(last[63] & 1, ((39 / 8) % 2) as u8);
+    assert_eq!(last[63] >> 4, 0, "requester CQE");
+}

@@ -18,8 +18,8 @@
 
 use core::fmt;
 use core::ptr::NonNull;
-use core::sync::atomic::{Ordering, fence};
 
+use super::barrier;
 use super::cqe::{self, CQE64_LEN, Cqe, sw_owns, syndrome_status};
 use super::doorbell::DoorbellRegister;
 use super::dv::{MLX5_CQ_SET_CI, MLX5_RCV_DBR, MLX5_SND_DBR, mlx5dv_cq, mlx5dv_qp};
@@ -540,8 +540,8 @@ impl<D: DoorbellRegister> DirectQp<D> {
     /// Doorbell record, then BlueFlame copy (one WQE that fits a half) or the 8-byte doorbell of
     /// the last WQE's control segment; then flip to the other half.
     fn ring(&mut self, nreq: usize, last_pi: u16, last_ds: usize) {
-        // udma_to_device_barrier: the WQEs are in memory before the record says so.
-        fence(Ordering::Release);
+        // The WQEs are in memory before the record says so.
+        barrier::to_device();
         // SAFETY: the doorbell record is valid for the QP's life (`new`'s contract).
         unsafe {
             self.layout
@@ -584,7 +584,7 @@ impl<D: DoorbellRegister> DirectQp<D> {
         };
         self.rq_wr_ids[index as usize] = wr_id;
         self.rq_head = self.rq_head.wrapping_add(1);
-        fence(Ordering::Release);
+        barrier::to_device();
         // SAFETY: the QP doorbell record is valid for the QP's life.
         unsafe {
             self.layout
@@ -617,8 +617,8 @@ impl<D: DoorbellRegister> DirectQp<D> {
             if !sw_owns(op_own, self.cq_ci, self.layout.cqe_cnt) {
                 break;
             }
-            // The body is read only after ownership is seen (udma_from_device_barrier).
-            fence(Ordering::Acquire);
+            // The body is read only after ownership is seen.
+            barrier::from_device();
             // SAFETY: a software-owned CQE the device no longer writes (ownership was seen before
             // the fence), so a plain read suffices (rdma-core reads it the same way).
             let bytes = unsafe { cqe_ptr.cast::<[u8; CQE64_LEN]>().read() };
@@ -637,7 +637,8 @@ impl<D: DoorbellRegister> DirectQp<D> {
             }
         }
         if consumed {
-            fence(Ordering::Release);
+            // The CQEs were read before the device may reuse their slots.
+            barrier::to_device();
             // SAFETY: the CQ doorbell record is valid for the CQ's life.
             unsafe {
                 self.layout

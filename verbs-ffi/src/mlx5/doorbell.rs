@@ -6,10 +6,19 @@
 //! posting code decides everything else (offset toggling, BlueFlame copy or 8-byte doorbell), so
 //! the same decisions are exercised on hardware and on the model.
 //!
+//! Shared registers: the kernel gives the first QPs of a context dedicated ("low-latency")
+//! BlueFlame registers and lets later ones share ("medium") registers, which the provider guards
+//! with a lock. Two write-combined 64-byte bursts into one register from two threads would mix, so
+//! a register that more than one of our QPs uses is rung with 8-byte doorbells only (an aligned
+//! 64-bit store is atomic), decided per ring with one relaxed load. `MLX5_SHUT_UP_BF=1` turns
+//! BlueFlame off altogether, as it does in the provider.
+//!
 //! Unsafe: [`BlueFlame`] writes through a raw pointer into the device's UAR mapping.
 #![allow(unsafe_code)]
 
 use core::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// A BlueFlame register pair as the posting code sees it.
 pub trait DoorbellRegister {
@@ -29,6 +38,25 @@ pub trait DoorbellRegister {
 pub struct BlueFlame {
     reg: NonNull<u64>,
     size: u32,
+    /// How many of this process's QPs ring the same register.
+    users: Arc<AtomicUsize>,
+}
+
+/// Registers in use, by base address (setup and teardown only; never on the data path).
+static REGISTERS: Mutex<Vec<(usize, Arc<AtomicUsize>)>> = Mutex::new(Vec::new());
+
+/// Base of the register pair `reg` lies in (either half of a pair names the same register).
+fn register_base(reg: usize, size: u32) -> usize {
+    if size == 0 {
+        reg
+    } else {
+        reg & !(2 * size as usize - 1)
+    }
+}
+
+/// Whether `MLX5_SHUT_UP_BF` asks for no BlueFlame (read as the provider reads it: set to `1`).
+fn shut_up_bf() -> bool {
+    std::env::var("MLX5_SHUT_UP_BF").is_ok_and(|v| v.trim() == "1")
 }
 
 // SAFETY: the register is a device mapping owned by the QP's provider state; this value is its only
@@ -43,29 +71,51 @@ impl BlueFlame {
     /// least `2 * size` bytes (8 when `size` is 0) for as long as this value lives, and no one
     /// else may ring this register (dedicated low-latency bfreg, or callers serialise).
     pub unsafe fn new(reg: NonNull<u64>, size: u32) -> Self {
-        Self { reg, size }
+        let size = if shut_up_bf() || !size.is_power_of_two() {
+            0
+        } else {
+            size
+        };
+        let base = register_base(reg.as_ptr() as usize, size);
+        let users = {
+            let mut registers = REGISTERS.lock().unwrap_or_else(|e| e.into_inner());
+            match registers.iter().find(|(b, _)| *b == base) {
+                Some((_, users)) => Arc::clone(users),
+                None => {
+                    let users = Arc::new(AtomicUsize::new(0));
+                    registers.push((base, Arc::clone(&users)));
+                    users
+                }
+            }
+        };
+        users.fetch_add(1, Ordering::Relaxed);
+        Self { reg, size, users }
+    }
+
+    /// Whether another of this process's QPs rings the same register (BlueFlame is then off).
+    pub fn shared(&self) -> bool {
+        self.users.load(Ordering::Relaxed) > 1
     }
 }
 
-#[inline(always)]
-fn sfence() {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `sfence` has no preconditions; SSE is part of the x86-64 baseline.
-    unsafe {
-        core::arch::x86_64::_mm_sfence()
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+impl Drop for BlueFlame {
+    fn drop(&mut self) {
+        let mut registers = REGISTERS.lock().unwrap_or_else(|e| e.into_inner());
+        if self.users.fetch_sub(1, Ordering::Relaxed) == 1 {
+            registers.retain(|(_, users)| !Arc::ptr_eq(users, &self.users));
+        }
+    }
 }
 
 impl DoorbellRegister for BlueFlame {
+    #[inline(always)]
     fn bf_size(&self) -> u32 {
-        self.size
+        if self.shared() { 0 } else { self.size }
     }
 
     #[inline(always)]
     fn wc_start(&mut self) {
-        sfence();
+        super::barrier::wc_flush();
     }
 
     #[inline(always)]
@@ -79,6 +129,49 @@ impl DoorbellRegister for BlueFlame {
 
     #[inline(always)]
     fn wc_flush(&mut self) {
-        sfence();
+        super::barrier::wc_flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Host memory standing in for a register pair (the stores are plain volatile writes),
+    /// aligned like one.
+    #[repr(align(512))]
+    struct Pair([u64; 64]);
+
+    #[test]
+    fn blueflame_stores_land_at_the_offset_and_sharing_turns_it_off() {
+        let mut page = Box::new(Pair([0; 64]));
+        let base = NonNull::new(page.0.as_mut_ptr()).unwrap();
+        // SAFETY: 512 bytes of owned memory stand in for the register pair; nothing else rings it
+        // but the values made here.
+        let mut first = unsafe { BlueFlame::new(base, 256) };
+        assert_eq!(first.bf_size(), if shut_up_bf() { 0 } else { 256 });
+        first.wc_start();
+        first.store64(256 + 8, 0x1122_3344_5566_7788);
+        first.wc_flush();
+        // The other half of the same pair is the same register.
+        // SAFETY: as above; `add(32)` (256 bytes) stays inside the pair.
+        let second = unsafe { BlueFlame::new(base.add(32), 256) };
+        assert!(first.shared() && second.shared());
+        assert_eq!(
+            (first.bf_size(), second.bf_size()),
+            (0, 0),
+            "8-byte doorbells only"
+        );
+        drop(second);
+        assert!(!first.shared());
+        drop(first);
+        assert_eq!(page.0[33], 0x1122_3344_5566_7788);
+    }
+
+    #[test]
+    fn register_base_ignores_the_half() {
+        assert_eq!(register_base(0x7000_0800, 256), 0x7000_0800);
+        assert_eq!(register_base(0x7000_0900, 256), 0x7000_0800);
+        assert_eq!(register_base(0x7000_0904, 0), 0x7000_0904);
     }
 }

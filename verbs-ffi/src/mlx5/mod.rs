@@ -6,9 +6,11 @@
 //! - [`dv`]: `repr(C)` mirrors of the mlx5dv structs, layout-checked.
 //! - [`direct`]: [`DirectQp`], posting and polling on plain memory plus a [`DoorbellRegister`].
 //! - [`doorbell`]: the register seam; [`BlueFlame`] is the real MMIO one.
+//! - [`barrier`]: rdma-core's device barriers per architecture.
 //! - [`setup`]: bring-up on a real device (`mlx5dv_create_qp`, `mlx5dv_init_obj`).
 //! - [`model`]: the software device (test and bench support; never used by the plugin's data path).
 
+pub mod barrier;
 pub mod cqe;
 pub mod direct;
 pub mod doorbell;

@@ -152,6 +152,8 @@ struct Inner {
     stats: ModelStats,
     /// Place each write in two steps, second half first.
     split_placement: bool,
+    /// A malformed WQE completes in error instead of panicking.
+    malformed_completes_in_error: bool,
     scratch: Vec<u8>,
     parsed_pis: Vec<u16>,
 }
@@ -191,6 +193,15 @@ struct QpModel {
     cq_pi: u32,
     /// Split placement: the WQE whose second half is already placed.
     tail_placed: Option<u16>,
+    /// A malformed WQE (first basic block, syndrome) that completes in error when it runs.
+    malformed: Option<(u16, u8)>,
+}
+
+/// What is wrong with a WQE.
+#[derive(Debug)]
+struct Malformed {
+    text: String,
+    syndrome: u8,
 }
 
 /// How far a transfer got.
@@ -290,53 +301,62 @@ impl Inner {
 
     /// Parse and check the WQE at `pi`; panics on any deviation.
     fn parse(&self, qp: usize, pi: u16) -> Parsed {
+        self.try_parse(qp, pi)
+            .unwrap_or_else(|m| panic!("{}", m.text))
+    }
+
+    /// Parse and check the WQE at `pi`: the WQE, or what is wrong with it and the syndrome a
+    /// device would report for it.
+    fn try_parse(&self, qp: usize, pi: u16) -> Result<Parsed, Malformed> {
         let q = &self.qps[qp];
         let first = u32::from(pi) * 4;
         let (ctrl, reserved) = CtrlSeg::decode(&self.sq_unit(qp, first));
-        let where_ = || format!("model: QP {:#x} WQE at pi {pi}", q.layout.qpn);
-        assert_eq!(
-            ctrl.wqe_index,
-            pi,
-            "{}: control segment carries index {}",
-            where_(),
+        macro_rules! ensure {
+            ($cond:expr, $synd:expr, $($fmt:tt)+) => {
+                if !$cond {
+                    return Err(Malformed {
+                        text: format!("model: QP {:#x} WQE at pi {pi}: {}", q.layout.qpn, format!($($fmt)+)),
+                        syndrome: $synd,
+                    });
+                }
+            };
+        }
+        const QP_OP: u8 = syndrome::LOCAL_QP_OP_ERR;
+        const LENGTH: u8 = syndrome::LOCAL_LENGTH_ERR;
+        ensure!(
+            ctrl.wqe_index == pi,
+            QP_OP,
+            "control segment carries index {}",
             ctrl.wqe_index
         );
-        assert_eq!(
-            ctrl.qpn,
-            q.layout.qpn,
-            "{}: wrong QPN in control segment",
-            where_()
+        ensure!(
+            ctrl.qpn == q.layout.qpn,
+            QP_OP,
+            "wrong QPN in control segment ({:#x})",
+            ctrl.qpn
         );
-        assert_eq!(ctrl.opmod, 0, "{}: opmod {}", where_(), ctrl.opmod);
-        assert_eq!(
-            reserved,
-            [0; 3],
-            "{}: signature/stream bytes not zero",
-            where_()
-        );
-        assert_eq!(
-            ctrl.fm_ce_se & !fm_ce_se::CQ_UPDATE,
-            0,
-            "{}: fm_ce_se {:#x} sets bits the plugin never needs",
-            where_(),
+        ensure!(ctrl.opmod == 0, QP_OP, "opmod {}", ctrl.opmod);
+        ensure!(reserved == [0; 3], QP_OP, "signature/stream bytes not zero");
+        ensure!(
+            ctrl.fm_ce_se & !fm_ce_se::CQ_UPDATE == 0,
+            QP_OP,
+            "fm_ce_se {:#x} sets bits the plugin never needs",
             ctrl.fm_ce_se
         );
         let ds = usize::from(ctrl.ds);
-        assert!((2..=MAX_DS).contains(&ds), "{}: ds {ds}", where_());
+        ensure!((2..=MAX_DS).contains(&ds), LENGTH, "ds {ds}");
         if ctrl.opcode != wqe::opcode::RDMA_WRITE_IMM {
-            assert_eq!(
-                ctrl.imm,
-                [0; 4],
-                "{}: immediate on a non-immediate opcode",
-                where_()
+            ensure!(
+                ctrl.imm == [0; 4],
+                QP_OP,
+                "immediate on a non-immediate opcode"
             );
         }
         let (raddr, rkey, rsvd) = decode_raddr_seg(&self.sq_unit(qp, first + 1));
-        assert_eq!(
-            rsvd,
-            0,
-            "{}: reserved word of the remote-address segment",
-            where_()
+        ensure!(
+            rsvd == 0,
+            QP_OP,
+            "reserved word of the remote-address segment"
         );
         let data = if ds == 2 {
             ParsedData::None
@@ -345,21 +365,20 @@ impl Inner {
             let word = wqe::be32(&seg, 0);
             if word & INLINE_SEG != 0 {
                 let len = (word & !INLINE_SEG) as usize;
-                assert!(len > 0, "{}: empty inline segment", where_());
-                assert_eq!(
-                    ds,
-                    2 + inline_ds(len),
-                    "{}: ds does not match a {len}-byte inline segment",
-                    where_()
+                ensure!(len > 0, LENGTH, "empty inline segment");
+                ensure!(
+                    ds == 2 + inline_ds(len),
+                    LENGTH,
+                    "ds {ds} does not match a {len}-byte inline segment"
                 );
                 ParsedData::Inline(len)
             } else {
-                assert_eq!(ds, 3, "{}: ds {ds} for one data segment", where_());
+                ensure!(ds == 3, LENGTH, "ds {ds} for one data segment");
                 let (len, lkey, addr) = decode_data_seg(&seg);
-                assert!(
+                ensure!(
                     len != 0,
-                    "{}: data segment byte_count 0 means 2 GiB to the hardware",
-                    where_()
+                    LENGTH,
+                    "data segment byte_count 0 means 2 GiB to the hardware"
                 );
                 ParsedData::Gather { addr, len, lkey }
             }
@@ -367,17 +386,20 @@ impl Inner {
         match ctrl.opcode {
             wqe::opcode::RDMA_WRITE | wqe::opcode::RDMA_WRITE_IMM => {}
             // A zero-length READ carries no data segment (a byte count of 0 would mean 2 GiB).
-            wqe::opcode::RDMA_READ => assert!(
-                !matches!(data, ParsedData::Inline(_)),
-                "{}: inline RDMA READ",
-                where_()
-            ),
-            other => panic!(
-                "{}: opcode {other:#x} is not one the plugin posts",
-                where_()
+            wqe::opcode::RDMA_READ => {
+                ensure!(
+                    !matches!(data, ParsedData::Inline(_)),
+                    QP_OP,
+                    "inline RDMA READ"
+                )
+            }
+            other => ensure!(
+                false,
+                QP_OP,
+                "opcode {other:#x} is not one the plugin posts"
             ),
         }
-        Parsed {
+        Ok(Parsed {
             opcode: ctrl.opcode,
             signaled: ctrl.fm_ce_se & fm_ce_se::CQ_UPDATE != 0,
             imm: ctrl.imm,
@@ -385,7 +407,23 @@ impl Inner {
             rkey,
             data,
             bbs: wqe_bbs(ds) as u16,
-        }
+        })
+    }
+
+    /// Opcode byte and basic blocks of the WQE at `pi`, even when it is malformed (then one BB).
+    fn summary(&self, qp: usize, pi: u16) -> Parsed {
+        self.try_parse(qp, pi).unwrap_or_else(|_| {
+            let (ctrl, _) = CtrlSeg::decode(&self.sq_unit(qp, u32::from(pi) * 4));
+            Parsed {
+                opcode: ctrl.opcode,
+                signaled: true,
+                imm: [0; 4],
+                raddr: 0,
+                rkey: 0,
+                data: ParsedData::None,
+                bbs: 1,
+            }
+        })
     }
 
     /// Bytes of the WQE at `pi`, as the BlueFlame copy must carry them.
@@ -416,7 +454,18 @@ impl Inner {
         wqes.clear();
         let mut last = None;
         while pi != new_pi {
-            let parsed = self.parse(qp, pi);
+            let parsed = match self.try_parse(qp, pi) {
+                Ok(parsed) => parsed,
+                Err(m) if self.malformed_completes_in_error => {
+                    // The device stops at a malformed WQE: it completes in error when its turn
+                    // comes and the QP fails; what follows it is never looked at.
+                    self.qps[qp].malformed = Some((pi, m.syndrome));
+                    wqes.push(pi);
+                    last = None;
+                    break;
+                }
+                Err(m) => panic!("{}", m.text),
+            };
             let end = pi.wrapping_add(parsed.bbs);
             assert!(
                 end.wrapping_sub(start) <= new_pi.wrapping_sub(start),
@@ -436,7 +485,18 @@ impl Inner {
         let q = &self.qps[qp];
         let off = q.bf_offset;
         assert!(!stores.is_empty(), "model: doorbell flush without a store");
-        let (last_pi, last) = last.expect("at least one WQE");
+        let Some((last_pi, last)) = last else {
+            // A malformed WQE: the stores are not checked against it.
+            let q = &mut self.qps[qp];
+            q.bf_offset ^= q.bf_size as usize;
+            q.sq_parsed = new_pi;
+            for &pi in &wqes {
+                self.qps[qp].pending.push_back(pi);
+                self.order.push_back((qp, pi));
+            }
+            self.parsed_pis = wqes;
+            return;
+        };
         if stores.len() == 1 {
             assert_eq!(
                 stores[0].0, off,
@@ -639,7 +699,7 @@ impl Inner {
 
     fn flush_sq(&mut self, qp: usize) {
         while let Some(pi) = self.qps[qp].pending.pop_front() {
-            let p = self.parse(qp, pi);
+            let p = self.summary(qp, pi);
             self.req_cqe(qp, pi, &p, Some(syndrome::WR_FLUSH_ERR));
             self.qps[qp].sq_executed = pi.wrapping_add(p.bbs);
         }
@@ -649,6 +709,15 @@ impl Inner {
     fn execute(&mut self, qp: usize, pi: u16) {
         if self.qps[qp].pending.front() != Some(&pi) {
             return; // flushed meanwhile
+        }
+        if let Some((bad, synd)) = self.qps[qp].malformed {
+            if bad == pi {
+                let p = self.summary(qp, pi);
+                self.retire(qp, pi, &p);
+                self.req_cqe(qp, pi, &p, Some(synd));
+                self.fail(qp);
+                return;
+            }
         }
         let p = self.parse(qp, pi);
         if self.qps[qp].vanished {
@@ -920,6 +989,7 @@ impl Model {
             rq_consumed: 0,
             cq_pi: 0,
             tail_placed: None,
+            malformed: None,
         });
         ModelQp {
             model: self.clone(),
@@ -958,6 +1028,13 @@ impl Model {
     /// `rivet_core::sim::Fabric::set_split_placement`).
     pub fn set_split_placement(&self, on: bool) {
         self.inner.borrow_mut().split_placement = on;
+    }
+
+    /// By default a malformed WQE makes the model panic (the plugin wrote something a device would
+    /// reject). With `on`, it completes in error instead, as a device reports it: a requester error
+    /// CQE with `LOCAL_QP_OP_ERR` (structure) or `LOCAL_LENGTH_ERR` (sizes), then the QP fails.
+    pub fn set_malformed_wqe_completes_in_error(&self, on: bool) {
+        self.inner.borrow_mut().malformed_completes_in_error = on;
     }
 
     /// Send WQEs queued for execution.
