@@ -12,12 +12,14 @@ use std::sync::Arc;
 
 use rivet_core::nic::{Completion, Nic, NicError, RemoteRegion, SendWr};
 use rivet_core::wire::{DeviceName, EndpointInfo, LinkLayer};
+#[cfg(test)]
 use rivet_verbs_ffi::mlx5::model::{Model, ModelDoorbell, ModelPd, ModelQp, ModelQpConfig};
 use rivet_verbs_ffi::mlx5::setup::{DirectQueuePair, device_supported};
 use rivet_verbs_ffi::mlx5::{BlueFlame, DirectQp, DoorbellRegister};
 use rivet_verbs_ffi::sys::{access, ibv_gid};
 use rivet_verbs_ffi::{CompletionQueue, QpCaps, RtrParams, RtsParams, VerbsError};
 
+#[cfg(test)]
 use super::model::{ModelRegions, model_nic};
 use super::nic::{ControlRegions, DirectNic};
 use crate::backend::device::OpenPort;
@@ -53,12 +55,14 @@ impl Attachment for Device {
     type Regions = HostRegions;
 }
 
-/// The software model.
+/// The software model (tests).
+#[cfg(test)]
 #[derive(Debug)]
 pub(crate) struct OnModel {
     qp: ModelQp,
 }
 
+#[cfg(test)]
 impl Attachment for OnModel {
     type Doorbell = ModelDoorbell;
     type Regions = ModelRegions;
@@ -248,14 +252,9 @@ impl Mlx5Endpoint<Device> {
     pub(crate) fn qp_num(&self) -> u32 {
         self.attachment.qp.qp_num()
     }
-
-    /// Whether the QP was created with scatter-to-CQE disabled (`mlx5dv_create_qp`), for the
-    /// INFO line naming the path.
-    pub(crate) fn scatter_to_cqe_disabled(&self) -> bool {
-        self.attachment.qp.scatter_to_cqe_disabled()
-    }
 }
 
+#[cfg(test)]
 impl Mlx5Endpoint<OnModel> {
     /// The same endpoint on the software model: a model QP in `pd` with `config` geometry, the
     /// control regions for `role` in model memory, `max_inline` inline bytes. Connect two with
@@ -302,15 +301,11 @@ impl Mlx5Endpoint<OnModel> {
     }
 }
 
+#[cfg(test)]
 impl<A: Attachment> Mlx5Endpoint<A> {
     /// Send WQEs posted and not yet known complete.
     pub(crate) fn sq_outstanding_wqes(&self) -> u32 {
         self.nic.qp.sq_outstanding_wqes()
-    }
-
-    /// Basic blocks of the send queue in use.
-    pub(crate) fn sq_outstanding_bbs(&self) -> u32 {
-        self.nic.qp.sq_outstanding()
     }
 }
 
