@@ -38,6 +38,15 @@ pub(crate) fn set_poll(mode: Poll) {
     POLL_MODE.store(mode as u8, Ordering::Relaxed);
 }
 
+/// Idle polls between two looks at the clock (reading it costs more than a poll under TCG).
+const POLLS_PER_CLOCK_CHECK: u32 = 1024;
+
+/// Whether `start + limit` has passed, looking at the clock every [`POLLS_PER_CLOCK_CHECK`] calls.
+fn stalled(polls: &mut u32, start: Instant, limit: Duration) -> bool {
+    *polls = polls.wrapping_add(1);
+    *polls % POLLS_PER_CLOCK_CHECK == 0 && start.elapsed() > limit
+}
+
 /// A poll found nothing to do.
 fn idle() {
     match POLL_MODE.load(Ordering::Relaxed) {
@@ -107,6 +116,7 @@ fn pump(
     let mut inflight: VecDeque<Request> = VecDeque::with_capacity(window);
     let (mut next, mut completed) = (0, 0);
     let mut last_progress = Instant::now();
+    let mut polls = 0u32;
     while completed < count {
         while next < count && inflight.len() < window {
             match post(next)? {
@@ -126,7 +136,7 @@ fn pump(
             }
         }
         idle();
-        if last_progress.elapsed() > STALL {
+        if stalled(&mut polls, last_progress, STALL) {
             return Err(Error::Stalled(format!(
                 "{what}: {completed} of {count} messages done, no completion for {} s",
                 STALL.as_secs()
@@ -176,12 +186,13 @@ fn post_until(
     mut post: impl FnMut() -> Result<Option<Request>, Error>,
 ) -> Result<Request, Error> {
     let start = Instant::now();
+    let mut polls = 0u32;
     loop {
         if let Some(req) = post()? {
             return Ok(req);
         }
         idle();
-        if start.elapsed() > STALL {
+        if stalled(&mut polls, start, STALL) {
             return Err(Error::Stalled(format!(
                 "{what} refused for {} s",
                 STALL.as_secs()
@@ -192,12 +203,13 @@ fn post_until(
 
 fn wait(comm: &Comm<'_>, req: &Request, what: &str) -> Result<usize, Error> {
     let start = Instant::now();
+    let mut polls = 0u32;
     loop {
         if let Some(n) = comm.test(req)? {
             return Ok(n);
         }
         idle();
-        if start.elapsed() > STALL {
+        if stalled(&mut polls, start, STALL) {
             return Err(Error::Stalled(format!(
                 "{what}: no completion for {} s",
                 STALL.as_secs()
@@ -223,6 +235,7 @@ pub(crate) fn latency_client(
         let start = Instant::now();
         let sreq = post_until("isend of the ping", || send.isend(out, 0, size, TAG))?;
         let (mut sdone, mut rdone) = (false, false);
+        let mut polls = 0u32;
         while !(sdone && rdone) {
             if !sdone {
                 sdone = send.test(&sreq)?.is_some();
@@ -233,7 +246,7 @@ pub(crate) fn latency_client(
             if !(sdone && rdone) {
                 idle();
             }
-            if start.elapsed() > STALL {
+            if stalled(&mut polls, start, STALL) {
                 return Err(Error::Stalled(format!(
                     "round trip {i}: no reply for {} s",
                     STALL.as_secs()

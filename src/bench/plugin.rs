@@ -102,7 +102,7 @@ impl Plugin {
         };
         let init = table
             .init
-            .ok_or(Error::Load("the v12 table has no init".into()))?;
+            .ok_or_else(|| missing("the v12 table has no init"))?;
         let mut config = NcclNetCommConfig {
             traffic_class: NCCL_NET_TRAFFIC_CLASS_UNDEF,
         };
@@ -116,9 +116,7 @@ impl Plugin {
                 result_name(code)
             )));
         }
-        let devices = table
-            .devices
-            .ok_or(Error::Load("no devices entry".into()))?;
+        let devices = table.devices.ok_or_else(|| missing("no devices entry"))?;
         let mut ndev: c_int = 0;
         // SAFETY: a valid out-pointer.
         check("devices", unsafe { devices(&mut ndev) })?;
@@ -133,7 +131,7 @@ impl Plugin {
         }
         let get_properties = table
             .get_properties
-            .ok_or(Error::Load("no getProperties".into()))?;
+            .ok_or_else(|| missing("no getProperties"))?;
         let mut props = core::mem::MaybeUninit::<NcclNetPropertiesV12>::zeroed();
         // SAFETY: `props` is a writable v12 properties struct, the type this table's entry takes.
         check("getProperties", unsafe {
@@ -161,7 +159,7 @@ impl Plugin {
 
     /// `listen`: a listen comm and the handle to give the connecting side.
     pub(crate) fn listen(&self) -> Result<(Listener<'_>, Handle), Error> {
-        let f = self.table.listen.ok_or(Error::Load("no listen".into()))?;
+        let f = self.table.listen.ok_or_else(|| missing("no listen"))?;
         let mut handle: Handle = [0; NCCL_NET_HANDLE_MAXSIZE];
         let mut comm: Ptr = core::ptr::null_mut();
         // SAFETY: a 128-byte handle buffer and an out-pointer, as NCCL passes.
@@ -179,7 +177,7 @@ impl Plugin {
 
     /// One `connect` poll with the same handle buffer each time; `Some` once established.
     pub(crate) fn connect_poll(&self, handle: &mut Handle) -> Result<Option<Comm<'_>>, Error> {
-        let f = self.table.connect.ok_or(Error::Load("no connect".into()))?;
+        let f = self.table.connect.ok_or_else(|| missing("no connect"))?;
         let mut comm: Ptr = core::ptr::null_mut();
         // SAFETY: the same 128-byte handle buffer on every poll, an out-pointer, no device handle.
         let code = unsafe {
@@ -213,7 +211,7 @@ impl Plugin {
     }
 
     fn call_test(&self, req: Ptr, sizes: Option<&mut [c_int; 8]>) -> Result<bool, Error> {
-        let f = self.table.test.ok_or(Error::Load("no test".into()))?;
+        let f = self.table.test.ok_or_else(|| missing("no test"))?;
         let mut done: c_int = 0;
         let sizes = sizes.map_or(core::ptr::null_mut(), |s| s.as_mut_ptr());
         // SAFETY: a request the plugin returned and has not completed yet; `sizes` is NULL or has
@@ -232,6 +230,11 @@ impl Drop for Plugin {
         // SAFETY: nothing from the library is referenced any more (comms borrow `self`).
         unsafe { libc::dlclose(self.lib) };
     }
+}
+
+/// A table entry the plugin left NULL.
+fn missing(entry: &str) -> Error {
+    Error::Load(format!("the v12 table has no {entry} entry"))
 }
 
 fn dlerror() -> String {
@@ -259,7 +262,7 @@ impl<'p> Listener<'p> {
             .plugin
             .table
             .accept
-            .ok_or(Error::Load("no accept".into()))?;
+            .ok_or_else(|| missing("no accept"))?;
         let mut comm: Ptr = core::ptr::null_mut();
         // SAFETY: our live listen comm and an out-pointer; no device handle.
         check("accept", unsafe {
@@ -313,7 +316,7 @@ impl<'p> Comm<'p> {
             .plugin
             .table
             .reg_mr
-            .ok_or(Error::Load("no regMr".into()))?;
+            .ok_or_else(|| missing("no regMr"))?;
         let mut buf = vec![0u8; len.max(1)].into_boxed_slice();
         let base = buf.as_mut_ptr();
         let len = buf.len();
@@ -341,11 +344,7 @@ impl<'p> Comm<'p> {
         tag: c_int,
     ) -> Result<Option<Request>, Error> {
         let data = region.slice_ptr(offset, len)?;
-        let f = self
-            .plugin
-            .table
-            .isend
-            .ok_or(Error::Load("no isend".into()))?;
+        let f = self.plugin.table.isend.ok_or_else(|| missing("no isend"))?;
         let mut req: Ptr = core::ptr::null_mut();
         // SAFETY: our live send comm, a range inside a buffer registered on it, no profiler handle.
         check("isend", unsafe {
@@ -375,11 +374,7 @@ impl<'p> Comm<'p> {
         let mut tags = [tag];
         let mut mhs = [region.mh];
         let mut phandles: [Ptr; 1] = [core::ptr::null_mut()];
-        let f = self
-            .plugin
-            .table
-            .irecv
-            .ok_or(Error::Load("no irecv".into()))?;
+        let f = self.plugin.table.irecv.ok_or_else(|| missing("no irecv"))?;
         let mut req: Ptr = core::ptr::null_mut();
         // SAFETY: our live receive comm; n = 1 and every array has one element; the range lies
         // inside a buffer registered on this comm.
