@@ -275,10 +275,12 @@ pub(crate) fn latency_server(
     let mut pending = post_until("irecv of a ping", || recv.irecv(inbox, 0, size, TAG))?;
     for i in 0..count {
         wait(recv, &pending, "ping")?;
+        // Reply first: the next receive (which sends the peer a clear-to-send) is off the
+        // critical path, posted while the reply travels.
+        let sreq = post_until("isend of a reply", || send.isend(outbox, 0, size, TAG))?;
         if i + 1 < count {
             pending = post_until("irecv of a ping", || recv.irecv(inbox, 0, size, TAG))?;
         }
-        let sreq = post_until("isend of a reply", || send.isend(outbox, 0, size, TAG))?;
         wait(send, &sreq, "reply")?;
     }
     Ok(())
