@@ -526,6 +526,8 @@ fn client(o: &Options, host: &str, mode: &str) -> Result<(), Error> {
 
 fn loopback(o: &Options) -> Result<(), Error> {
     let path = plugin_path(o)?;
+    // Fail here, once and clearly, when there is no device, rather than through the child.
+    drop(Plugin::load(&path, o.dev)?);
     let exe = std::env::current_exe()
         .map_err(|e| Error::Load(format!("locating the rivet executable: {e}")))?;
     let mut child = Command::new(exe)
