@@ -5,17 +5,17 @@
 //! bytes) to the NIC; each is checked against the region it must lie in first.
 
 use super::device::OpenPort;
+use super::qp_params;
 use super::region::Region;
 use rivet_core::data::codec::{WrId, WrKind};
-use rivet_core::nic::RemoteRegion;
 use rivet_core::nic::{
     Completion, CompletionKind, Nic, NicError, Payload, SendOp, SendWr, WcStatus,
 };
-use rivet_core::wire::{DeviceName, EndpointInfo, LinkLayer};
+use rivet_core::wire::EndpointInfo;
 use rivet_verbs_ffi::sys::{
-    access, ibv_gid, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc, send_flags, wc_opcode, wr_opcode,
+    access, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc, send_flags, wc_opcode, wr_opcode,
 };
-use rivet_verbs_ffi::{CompletionQueue, QpCaps, QueuePair, RtrParams, RtsParams, VerbsError};
+use rivet_verbs_ffi::{CompletionQueue, QpCaps, QueuePair, VerbsError};
 use std::sync::Arc;
 
 /// Which end of a connection an endpoint serves; it decides region sizes and queue depths.
@@ -103,7 +103,7 @@ impl Endpoint {
                         staging,
                         max_inline,
                         port: Arc::clone(port),
-                        psn: random_psn(),
+                        psn: qp_params::random_psn(),
                     });
                 }
                 Err(e) => last_err = Some(e),
@@ -116,32 +116,13 @@ impl Endpoint {
 
     /// What the peer needs to reach this endpoint.
     pub(crate) fn local_info(&self, settings: &QpSettings) -> EndpointInfo {
-        let info = &self.port.info;
-        let link_layer = match info.link_layer {
-            rivet_verbs_ffi::discover::LinkLayer::InfiniBand => LinkLayer::Infiniband,
-            rivet_verbs_ffi::discover::LinkLayer::Ethernet => LinkLayer::Ethernet,
-        };
-        EndpointInfo {
-            gid: info.gid,
-            lid: if link_layer == LinkLayer::Infiniband {
-                info.lid
-            } else {
-                0
-            },
-            port_num: info.port,
-            mtu: info.active_mtu as u8,
-            link_layer,
-            qpn: self.qp.qp_num(),
-            psn: self.psn,
-            inbound: RemoteRegion {
-                addr: self.inbound.addr(),
-                rkey: self.inbound.rkey(),
-                len: self.inbound.len() as u32,
-            },
-            traffic_class: settings.traffic_class,
-            service_level: settings.service_level,
-            device_name: device_name(&info.name),
-        }
+        qp_params::endpoint_info(
+            &self.port.info,
+            self.qp.qp_num(),
+            self.psn,
+            &self.inbound,
+            settings,
+        )
     }
 
     /// Move the queue pair to RTR and RTS towards `remote`.
@@ -150,29 +131,9 @@ impl Endpoint {
         remote: &EndpointInfo,
         settings: &QpSettings,
     ) -> Result<(), VerbsError> {
-        let info = &self.port.info;
-        let roce = info.link_layer == rivet_verbs_ffi::discover::LinkLayer::Ethernet;
-        let rtr = RtrParams {
-            remote_qpn: remote.qpn,
-            remote_psn: remote.psn,
-            path_mtu: u32::from(remote.mtu).min(info.active_mtu),
-            dest_gid: ibv_gid { raw: remote.gid },
-            dest_lid: remote.lid,
-            sgid_index: info.gid_index as u8,
-            is_global: roce,
-            traffic_class: settings.traffic_class,
-            sl: settings.service_level,
-            port: info.port,
-            ..RtrParams::default()
-        };
-        self.qp.modify_to_rtr(&rtr)?;
-        let rts = RtsParams {
-            timeout: settings.timeout,
-            retry_cnt: settings.retry_cnt,
-            sq_psn: self.psn,
-            ..RtsParams::default()
-        };
-        self.qp.modify_to_rts(&rts)
+        self.qp
+            .modify_to_rtr(&qp_params::rtr(&self.port.info, remote, settings))?;
+        self.qp.modify_to_rts(&qp_params::rts(settings, self.psn))
     }
 
     /// The port this endpoint lives on.
@@ -184,24 +145,6 @@ impl Endpoint {
     pub(crate) fn qp_num(&self) -> u32 {
         self.qp.qp_num()
     }
-}
-
-/// The device name as the wire format carries it: printable ASCII, at most 32 bytes.
-fn device_name(name: &str) -> DeviceName {
-    let clean: String = name
-        .chars()
-        .filter(|c| c.is_ascii_graphic())
-        .take(32)
-        .collect();
-    DeviceName::new(&clean)
-        .or_else(|_| DeviceName::new("rdma"))
-        .expect("\"rdma\" is a valid device name by the wire format's rules")
-}
-
-fn random_psn() -> u32 {
-    let mut bytes = [0u8; 4];
-    crate::random::fill(&mut bytes);
-    u32::from_le_bytes(bytes) & 0x00ff_ffff
 }
 
 fn post_errno(err: &VerbsError) -> i32 {

@@ -10,20 +10,21 @@
 
 use std::sync::Arc;
 
-use rivet_core::nic::{Completion, Nic, NicError, RemoteRegion, SendWr};
-use rivet_core::wire::{DeviceName, EndpointInfo, LinkLayer};
+use rivet_core::nic::{Completion, Nic, NicError, SendWr};
+use rivet_core::wire::EndpointInfo;
 #[cfg(test)]
 use rivet_verbs_ffi::mlx5::model::{Model, ModelDoorbell, ModelPd, ModelQp, ModelQpConfig};
 use rivet_verbs_ffi::mlx5::setup::{DirectQueuePair, device_supported};
 use rivet_verbs_ffi::mlx5::{BlueFlame, DirectQp, DoorbellRegister};
-use rivet_verbs_ffi::sys::{access, ibv_gid};
-use rivet_verbs_ffi::{CompletionQueue, QpCaps, RtrParams, RtsParams, VerbsError};
+use rivet_verbs_ffi::sys::access;
+use rivet_verbs_ffi::{CompletionQueue, QpCaps, VerbsError};
 
 #[cfg(test)]
 use super::model::{ModelRegions, model_nic};
 use super::nic::{ControlRegions, DirectNic};
 use crate::backend::device::OpenPort;
 use crate::backend::endpoint::{QpSettings, Role};
+use crate::backend::qp_params;
 use crate::backend::region::Region;
 
 /// Inline sizes tried when creating the QP, largest first. 220 is the most an RDMA WRITE WQE
@@ -171,7 +172,7 @@ impl Mlx5Endpoint<Device> {
                 qp,
                 _cq: cq,
                 port: Arc::clone(port),
-                psn: random_psn(),
+                psn: qp_params::random_psn(),
             },
             nic: DirectNic {
                 qp: direct,
@@ -182,33 +183,13 @@ impl Mlx5Endpoint<Device> {
 
     /// What the peer needs to reach this endpoint.
     pub(crate) fn local_info(&self, settings: &QpSettings) -> EndpointInfo {
-        let info = &self.attachment.port.info;
-        let link_layer = match info.link_layer {
-            rivet_verbs_ffi::discover::LinkLayer::InfiniBand => LinkLayer::Infiniband,
-            rivet_verbs_ffi::discover::LinkLayer::Ethernet => LinkLayer::Ethernet,
-        };
-        let inbound = &self.nic.regions.inbound;
-        EndpointInfo {
-            gid: info.gid,
-            lid: if link_layer == LinkLayer::Infiniband {
-                info.lid
-            } else {
-                0
-            },
-            port_num: info.port,
-            mtu: info.active_mtu as u8,
-            link_layer,
-            qpn: self.qp_num(),
-            psn: self.attachment.psn,
-            inbound: RemoteRegion {
-                addr: inbound.addr(),
-                rkey: inbound.rkey(),
-                len: inbound.len() as u32,
-            },
-            traffic_class: settings.traffic_class,
-            service_level: settings.service_level,
-            device_name: device_name(&info.name),
-        }
+        qp_params::endpoint_info(
+            &self.attachment.port.info,
+            self.qp_num(),
+            self.attachment.psn,
+            &self.nic.regions.inbound,
+            settings,
+        )
     }
 
     /// Move the queue pair to RTR and RTS towards `remote` (verbs calls; the data path never
@@ -218,29 +199,14 @@ impl Mlx5Endpoint<Device> {
         remote: &EndpointInfo,
         settings: &QpSettings,
     ) -> Result<(), VerbsError> {
-        let info = &self.attachment.port.info;
-        let roce = info.link_layer == rivet_verbs_ffi::discover::LinkLayer::Ethernet;
-        let rtr = RtrParams {
-            remote_qpn: remote.qpn,
-            remote_psn: remote.psn,
-            path_mtu: u32::from(remote.mtu).min(info.active_mtu),
-            dest_gid: ibv_gid { raw: remote.gid },
-            dest_lid: remote.lid,
-            sgid_index: info.gid_index as u8,
-            is_global: roce,
-            traffic_class: settings.traffic_class,
-            sl: settings.service_level,
-            port: info.port,
-            ..RtrParams::default()
-        };
-        self.attachment.qp.modify_to_rtr(&rtr)?;
-        let rts = RtsParams {
-            timeout: settings.timeout,
-            retry_cnt: settings.retry_cnt,
-            sq_psn: self.attachment.psn,
-            ..RtsParams::default()
-        };
-        self.attachment.qp.modify_to_rts(&rts)
+        self.attachment.qp.modify_to_rtr(&qp_params::rtr(
+            &self.attachment.port.info,
+            remote,
+            settings,
+        ))?;
+        self.attachment
+            .qp
+            .modify_to_rts(&qp_params::rts(settings, self.attachment.psn))
     }
 
     /// The port this endpoint lives on.
@@ -291,7 +257,7 @@ impl Mlx5Endpoint<OnModel> {
     }
 
     /// The inbound region as the peer addresses it.
-    pub(crate) fn inbound_region(&self) -> RemoteRegion {
+    pub(crate) fn inbound_region(&self) -> rivet_core::nic::RemoteRegion {
         self.nic.regions.inbound_region()
     }
 
@@ -333,24 +299,6 @@ impl<A: Attachment> Nic for Mlx5Endpoint<A> {
     fn write_staging(&mut self, offset: usize, bytes: &[u8]) {
         self.nic.write_staging(offset, bytes);
     }
-}
-
-/// The device name as the wire format carries it: printable ASCII, at most 32 bytes.
-fn device_name(name: &str) -> DeviceName {
-    let clean: String = name
-        .chars()
-        .filter(|c| c.is_ascii_graphic())
-        .take(32)
-        .collect();
-    DeviceName::new(&clean)
-        .or_else(|_| DeviceName::new("rdma"))
-        .expect("\"rdma\" is a valid device name by the wire format's rules")
-}
-
-fn random_psn() -> u32 {
-    let mut bytes = [0u8; 4];
-    crate::random::fill(&mut bytes);
-    u32::from_le_bytes(bytes) & 0x00ff_ffff
 }
 
 #[cfg(test)]

@@ -1,9 +1,3 @@
-// STAGED FILE: this is `benches/mlx5_model.rs`, kept here (outside the module tree, so nothing
-// compiles it) until the root Cargo.toml gains its `[[bench]]` stanza and the
-// `rivet-verbs-ffi` dev-dependency: a file in `benches/` is auto-discovered, and without the
-// dev-dependency it would break `cargo clippy --all-targets` for everyone. To enable it:
-// `git mv plugin/src/backend/mlx5/bench_mlx5_model.rs benches/mlx5_model.rs` (the `#[path]`s
-// below are relative to `benches/`) and add the stanza from the mlx5 report.
 //! The core data path on the mlx5 direct path over the software mlx5 model, against the same
 //! traffic through the core simulator: nanoseconds per message round trip (irecv + isend + tests
 //! until both complete, delivery by the model or the simulator included).
