@@ -11,6 +11,8 @@
  *   fork               a child forked after init does not disturb the parent's transfers
  *   port-down          `ip link set eth0 down` mid-run: both sides get errors (link restored after)
  *   link-delete        `rdma link delete rxe0` mid-run: both sides get errors (destroys rxe0: run last)
+ *   memlock            (run unprivileged under `ulimit -l 4096`) registering 64 MiB fails with
+ *                      ncclSystemError and the `ulimit -l` hint
  *   reload             finalize, dlclose, dlopen, init 100 times: no growth in fds, threads or RSS
  *   cycles[=N]         N (default 1000) connect/transfer/close cycles: stable fds and RSS
  * Each prints PASS/FAIL lines with the time the error took; exit status 0 only if all passed. */
@@ -340,6 +342,38 @@ static int scenario_bad_regmr(const char* lib) {
   return 0;
 }
 
+static int scenario_memlock(const char* lib) {
+  h_role = "memlock";
+  void* ctx = h_load_and_init(lib);
+  if (!ctx) return 1;
+  char handle[NET_HANDLE_MAXSIZE];
+  void *listen_comm = NULL, *send = NULL, *recv = NULL;
+  if (h_net->listen(ctx, 0, handle, &listen_comm) != NCCL_OK) return 1;
+  double start = h_now();
+  while ((!send || !recv) && h_now() - start < 30) {
+    if (!send && h_net->connect(ctx, 0, handle, &send, NULL) != NCCL_OK) break;
+    if (!recv && h_net->accept(listen_comm, &recv, NULL) != NCCL_OK) break;
+  }
+  if (!send || !recv) {
+    h_fail("self connection under the memlock limit: %s", h_last_warn);
+    return 1;
+  }
+  size_t len = (size_t)64 << 20;
+  unsigned char* big = malloc(len);
+  memset(big, 1, len);
+  void* mh = NULL;
+  h_warns = 0;
+  nccl_result r = h_net->reg_mr(send, big, len, PTR_HOST, &mh);
+  if (r == NCCL_SYSTEM_ERROR && strstr(h_last_warn, "ulimit -l"))
+    h_pass("regMr over the memlock limit: ncclSystemError with the hint: %s", h_last_warn);
+  else
+    h_fail("regMr over the memlock limit: result %d: %s", r, h_last_warn);
+  h_net->close_send(send);
+  h_net->close_recv(recv);
+  h_net->close_listen(listen_comm);
+  return 0;
+}
+
 static int scenario_fork(const char* lib) {
   struct pair p;
   if (!make_pair(lib, 1, &p)) return 1;
@@ -573,6 +607,7 @@ int main(int argc, char** argv) {
   else if (!strcmp(s, "handshake-timeout")) rc = scenario_handshake_timeout(lib);
   else if (!strcmp(s, "bad-regmr")) rc = scenario_bad_regmr(lib);
   else if (!strcmp(s, "fork")) rc = scenario_fork(lib);
+  else if (!strcmp(s, "memlock")) rc = scenario_memlock(lib);
   else if (!strcmp(s, "port-down"))
     rc = scenario_fabric(lib, "ip link set eth0 down", "ip link set eth0 up && sleep 2", 0);
   else if (!strcmp(s, "link-delete")) rc = scenario_fabric(lib, "rdma link delete rxe0", NULL, 1);

@@ -136,10 +136,8 @@ pub(crate) fn reg_mr(
 }
 
 fn reg_error(err: &VerbsError, data: Ptr, size: usize) -> NetError {
+    // The verbs error already carries the RLIMIT_MEMLOCK hint for ENOMEM/EPERM.
     let hint = match err.errno() {
-        Some(libc::ENOMEM | libc::EPERM | libc::EAGAIN) => {
-            "; the locked-memory limit is probably too low: raise it (ulimit -l unlimited, or LimitMEMLOCK in the service unit)"
-        }
         Some(libc::EFAULT | libc::EINVAL) => "; the range is not mapped memory of this process",
         _ => "",
     };
