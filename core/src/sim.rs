@@ -26,6 +26,7 @@
 //! read outside the region.
 
 mod pair;
+pub mod suite;
 
 pub use pair::DataPair;
 

@@ -88,3 +88,75 @@ impl DataPair {
         self.fabric.read(self.recv_ep, buf.addr, len)
     }
 }
+
+impl super::suite::PairHarness for DataPair {
+    type Nic = SimNic;
+
+    fn new(max_inline: usize) -> Self {
+        Self::new(max_inline)
+    }
+    fn send_side(&mut self) -> (&mut SendConn, &mut SimNic) {
+        (&mut self.send, &mut self.send_nic)
+    }
+    fn recv_side(&mut self) -> (&mut RecvConn, &mut SimNic) {
+        (&mut self.recv, &mut self.recv_nic)
+    }
+    fn sender(&self) -> &SendConn {
+        &self.send
+    }
+    fn receiver(&self) -> &RecvConn {
+        &self.recv
+    }
+    fn replace_conns(&mut self, send: SendConn, recv: RecvConn) {
+        self.send = send;
+        self.recv = recv;
+    }
+    fn step(&mut self) -> bool {
+        self.fabric.step()
+    }
+    fn send_buf(&mut self, bytes: &[u8]) -> SendBuf {
+        Self::send_buf(self, bytes)
+    }
+    fn recv_buf(&mut self, len: usize) -> RecvBuf {
+        Self::recv_buf(self, len)
+    }
+    fn received(&self, buf: &RecvBuf, len: usize) -> std::vec::Vec<u8> {
+        Self::received(self, buf, len)
+    }
+    fn write_cts_fifo(&mut self, offset: u64, bytes: &[u8]) {
+        let fifo = self.send_nic.inbound_region();
+        self.fabric.write(self.send_ep, fifo.addr + offset, bytes);
+    }
+    fn fault_qp_error(&mut self, end: super::suite::End) {
+        let nic = match end {
+            super::suite::End::Sender => &self.send_nic,
+            super::suite::End::Receiver => &self.recv_nic,
+        };
+        self.fabric.fault_qp_error(nic);
+    }
+    fn deregister_receive_buffer(&mut self, rkey: u32) {
+        self.fabric.deregister(self.recv_ep, rkey);
+    }
+    fn vanish(&mut self, end: super::suite::End) {
+        let ep = match end {
+            super::suite::End::Sender => self.send_ep,
+            super::suite::End::Receiver => self.recv_ep,
+        };
+        self.fabric.vanish(ep);
+    }
+    fn set_split_placement(&mut self, on: bool) {
+        self.fabric.set_split_placement(on);
+    }
+    fn sq_occupancy(&self, end: super::suite::End) -> usize {
+        match end {
+            super::suite::End::Sender => self.send_nic.sq_occupancy(),
+            super::suite::End::Receiver => self.recv_nic.sq_occupancy(),
+        }
+    }
+    fn cq_len(&self, end: super::suite::End) -> Option<usize> {
+        Some(match end {
+            super::suite::End::Sender => self.send_nic.cq_len(),
+            super::suite::End::Receiver => self.recv_nic.cq_len(),
+        })
+    }
+}
