@@ -310,15 +310,8 @@ static int scenario_bad_regmr(const char* lib) {
   void* ctx = h_load_and_init(lib);
   if (!ctx) return 1;
   /* listen -> connect -> accept to itself from one thread (NCCL's loopback probe). */
-  char handle[NET_HANDLE_MAXSIZE];
-  void *listen_comm = NULL, *send = NULL, *recv = NULL;
-  if (h_net->listen(ctx, 0, handle, &listen_comm) != NCCL_OK) return 1;
-  double start = h_now();
-  while ((!send || !recv) && h_now() - start < 30) {
-    if (!send && h_net->connect(ctx, 0, handle, &send, NULL) != NCCL_OK) break;
-    if (!recv && h_net->accept(listen_comm, &recv, NULL) != NCCL_OK) break;
-  }
-  if (!send || !recv) {
+  void *send = NULL, *recv = NULL;
+  if (!h_self_connect(ctx, &send, &recv, 30)) {
     h_fail("self connection from one thread");
     return 1;
   }
@@ -338,7 +331,6 @@ static int scenario_bad_regmr(const char* lib) {
   else h_fail("regMr of unmapped memory succeeded");
   h_net->close_send(send);
   h_net->close_recv(recv);
-  h_net->close_listen(listen_comm);
   return 0;
 }
 
@@ -346,15 +338,8 @@ static int scenario_memlock(const char* lib) {
   h_role = "memlock";
   void* ctx = h_load_and_init(lib);
   if (!ctx) return 1;
-  char handle[NET_HANDLE_MAXSIZE];
-  void *listen_comm = NULL, *send = NULL, *recv = NULL;
-  if (h_net->listen(ctx, 0, handle, &listen_comm) != NCCL_OK) return 1;
-  double start = h_now();
-  while ((!send || !recv) && h_now() - start < 30) {
-    if (!send && h_net->connect(ctx, 0, handle, &send, NULL) != NCCL_OK) break;
-    if (!recv && h_net->accept(listen_comm, &recv, NULL) != NCCL_OK) break;
-  }
-  if (!send || !recv) {
+  void *send = NULL, *recv = NULL;
+  if (!h_self_connect(ctx, &send, &recv, 30)) {
     h_fail("self connection under the memlock limit: %s", h_last_warn);
     return 1;
   }
@@ -370,7 +355,6 @@ static int scenario_memlock(const char* lib) {
     h_fail("regMr over the memlock limit: result %d: %s", r, h_last_warn);
   h_net->close_send(send);
   h_net->close_recv(recv);
-  h_net->close_listen(listen_comm);
   return 0;
 }
 
@@ -548,16 +532,8 @@ static int scenario_cycles(const char* lib, int count) {
   struct usage early = {0};
   double start = h_now();
   for (int i = 1; i <= count; i++) {
-    char handle[NET_HANDLE_MAXSIZE];
-    void *listen_comm = NULL, *send = NULL, *recv = NULL, *smh = NULL, *rmh = NULL;
-    if (h_net->listen(ctx, 0, handle, &listen_comm) != NCCL_OK) return 1;
-    double t0 = h_now();
-    while ((!send || !recv) && h_now() - t0 < 30) {
-      if (!send && h_net->connect(ctx, 0, handle, &send, NULL) != NCCL_OK) break;
-      if (!recv && h_net->accept(listen_comm, &recv, NULL) != NCCL_OK) break;
-    }
-    h_net->close_listen(listen_comm);
-    if (!send || !recv || h_net->reg_mr(send, sbuf, 4096, PTR_HOST, &smh) != NCCL_OK ||
+    void *send = NULL, *recv = NULL, *smh = NULL, *rmh = NULL;
+    if (!h_self_connect(ctx, &send, &recv, 30) || h_net->reg_mr(send, sbuf, 4096, PTR_HOST, &smh) != NCCL_OK ||
         h_net->reg_mr(recv, rbuf, 4096, PTR_HOST, &rmh) != NCCL_OK) {
       h_fail("cycle %d: connect or regMr", i);
       return 1;

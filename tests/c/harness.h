@@ -113,6 +113,22 @@ static inline nccl_result h_accept(void* listen_comm, void** comm, double limit)
   return NCCL_OK;
 }
 
+/* listen -> connect -> accept to itself from one thread, as NCCL's loopback probe does; the
+ * listen comm is closed once accepted. Returns 1 when both comms exist within `limit` seconds. */
+static inline int h_self_connect(void* ctx, void** send, void** recv, double limit) {
+  char handle[NET_HANDLE_MAXSIZE];
+  void* listen_comm = NULL;
+  *send = *recv = NULL;
+  if (h_net->listen(ctx, 0, handle, &listen_comm) != NCCL_OK) return 0;
+  double start = h_now();
+  while ((!*send || !*recv) && h_now() - start < limit) {
+    if (!*send && h_net->connect(ctx, 0, handle, send, NULL) != NCCL_OK) break;
+    if (!*recv && h_net->accept(listen_comm, recv, NULL) != NCCL_OK) break;
+  }
+  h_net->close_listen(listen_comm);
+  return *send && *recv;
+}
+
 /* Spin on test until done, an error, or `limit` seconds; returns the result code and sets
  * *elapsed. A timeout returns NCCL_OK with *done == 0. */
 static inline nccl_result h_wait(void* req, int* done, int* sizes, double limit, double* elapsed) {

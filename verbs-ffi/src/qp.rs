@@ -141,6 +141,63 @@ impl Default for RtsParams {
     }
 }
 
+impl RtrParams {
+    /// The `ibv_modify_qp` attributes and mask of INIT → RTR (shared by every QP flavour).
+    pub(crate) fn attr(&self) -> (ibv_qp_attr, i32) {
+        let mut attr = ibv_qp_attr {
+            qp_state: qp_state::RTR,
+            path_mtu: self.path_mtu,
+            dest_qp_num: self.remote_qpn,
+            rq_psn: self.remote_psn,
+            max_dest_rd_atomic: self.max_dest_rd_atomic,
+            min_rnr_timer: self.min_rnr_timer,
+            ..ibv_qp_attr::default()
+        };
+        attr.ah_attr.dlid = self.dest_lid;
+        attr.ah_attr.sl = self.sl;
+        attr.ah_attr.src_path_bits = 0;
+        attr.ah_attr.port_num = self.port;
+        if self.is_global {
+            attr.ah_attr.is_global = 1;
+            attr.ah_attr.grh.dgid = self.dest_gid;
+            attr.ah_attr.grh.flow_label = self.flow_label;
+            attr.ah_attr.grh.sgid_index = self.sgid_index;
+            attr.ah_attr.grh.hop_limit = self.hop_limit;
+            attr.ah_attr.grh.traffic_class = self.traffic_class;
+        }
+        let mask = mask::STATE
+            | mask::AV
+            | mask::PATH_MTU
+            | mask::DEST_QPN
+            | mask::RQ_PSN
+            | mask::MAX_DEST_RD_ATOMIC
+            | mask::MIN_RNR_TIMER;
+        (attr, mask)
+    }
+}
+
+impl RtsParams {
+    /// The `ibv_modify_qp` attributes and mask of RTR → RTS (shared by every QP flavour).
+    pub(crate) fn attr(&self) -> (ibv_qp_attr, i32) {
+        let attr = ibv_qp_attr {
+            qp_state: qp_state::RTS,
+            timeout: self.timeout,
+            retry_cnt: self.retry_cnt,
+            rnr_retry: self.rnr_retry,
+            sq_psn: self.sq_psn,
+            max_rd_atomic: self.max_rd_atomic,
+            ..ibv_qp_attr::default()
+        };
+        let mask = mask::STATE
+            | mask::TIMEOUT
+            | mask::RETRY_CNT
+            | mask::RNR_RETRY
+            | mask::SQ_PSN
+            | mask::MAX_QP_RD_ATOMIC;
+        (attr, mask)
+    }
+}
+
 /// An RC queue pair; destroyed on drop, before the CQs and PD it keeps alive.
 #[derive(Debug)]
 pub struct QueuePair {
@@ -267,59 +324,14 @@ impl QueuePair {
 
     /// INIT → RTR towards the peer described by `params`.
     pub fn modify_to_rtr(&self, params: &RtrParams) -> Result<(), VerbsError> {
-        let mut attr = ibv_qp_attr {
-            qp_state: qp_state::RTR,
-            path_mtu: params.path_mtu,
-            dest_qp_num: params.remote_qpn,
-            rq_psn: params.remote_psn,
-            max_dest_rd_atomic: params.max_dest_rd_atomic,
-            min_rnr_timer: params.min_rnr_timer,
-            ..ibv_qp_attr::default()
-        };
-        attr.ah_attr.dlid = params.dest_lid;
-        attr.ah_attr.sl = params.sl;
-        attr.ah_attr.src_path_bits = 0;
-        attr.ah_attr.port_num = params.port;
-        if params.is_global {
-            attr.ah_attr.is_global = 1;
-            attr.ah_attr.grh.dgid = params.dest_gid;
-            attr.ah_attr.grh.flow_label = params.flow_label;
-            attr.ah_attr.grh.sgid_index = params.sgid_index;
-            attr.ah_attr.grh.hop_limit = params.hop_limit;
-            attr.ah_attr.grh.traffic_class = params.traffic_class;
-        }
-        self.modify(
-            &mut attr,
-            mask::STATE
-                | mask::AV
-                | mask::PATH_MTU
-                | mask::DEST_QPN
-                | mask::RQ_PSN
-                | mask::MAX_DEST_RD_ATOMIC
-                | mask::MIN_RNR_TIMER,
-        )
+        let (mut attr, mask) = params.attr();
+        self.modify(&mut attr, mask)
     }
 
     /// RTR → RTS.
     pub fn modify_to_rts(&self, params: &RtsParams) -> Result<(), VerbsError> {
-        let mut attr = ibv_qp_attr {
-            qp_state: qp_state::RTS,
-            timeout: params.timeout,
-            retry_cnt: params.retry_cnt,
-            rnr_retry: params.rnr_retry,
-            sq_psn: params.sq_psn,
-            max_rd_atomic: params.max_rd_atomic,
-            ..ibv_qp_attr::default()
-        };
-        self.modify(
-            &mut attr,
-            mask::STATE
-                | mask::TIMEOUT
-                | mask::RETRY_CNT
-                | mask::RNR_RETRY
-                | mask::SQ_PSN
-                | mask::MAX_QP_RD_ATOMIC,
-        )
+        let (mut attr, mask) = params.attr();
+        self.modify(&mut attr, mask)
     }
 
     /// Any state → ERR: outstanding WRs complete with `WR_FLUSH_ERR`.

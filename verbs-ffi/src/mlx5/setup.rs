@@ -215,60 +215,16 @@ impl DirectQueuePair {
         )
     }
 
-    /// INIT → RTR (the same attributes as [`crate::QueuePair::modify_to_rtr`]).
+    /// INIT → RTR towards the peer described by `params`.
     pub fn modify_to_rtr(&self, params: &RtrParams) -> Result<(), VerbsError> {
-        let mut attr = ibv_qp_attr {
-            qp_state: qp_state::RTR,
-            path_mtu: params.path_mtu,
-            dest_qp_num: params.remote_qpn,
-            rq_psn: params.remote_psn,
-            max_dest_rd_atomic: params.max_dest_rd_atomic,
-            min_rnr_timer: params.min_rnr_timer,
-            ..ibv_qp_attr::default()
-        };
-        attr.ah_attr.dlid = params.dest_lid;
-        attr.ah_attr.sl = params.sl;
-        attr.ah_attr.port_num = params.port;
-        if params.is_global {
-            attr.ah_attr.is_global = 1;
-            attr.ah_attr.grh.dgid = params.dest_gid;
-            attr.ah_attr.grh.flow_label = params.flow_label;
-            attr.ah_attr.grh.sgid_index = params.sgid_index;
-            attr.ah_attr.grh.hop_limit = params.hop_limit;
-            attr.ah_attr.grh.traffic_class = params.traffic_class;
-        }
-        self.modify(
-            &mut attr,
-            mask::STATE
-                | mask::AV
-                | mask::PATH_MTU
-                | mask::DEST_QPN
-                | mask::RQ_PSN
-                | mask::MAX_DEST_RD_ATOMIC
-                | mask::MIN_RNR_TIMER,
-        )
+        let (mut attr, mask) = params.attr();
+        self.modify(&mut attr, mask)
     }
 
     /// RTR → RTS.
     pub fn modify_to_rts(&self, params: &RtsParams) -> Result<(), VerbsError> {
-        let mut attr = ibv_qp_attr {
-            qp_state: qp_state::RTS,
-            timeout: params.timeout,
-            retry_cnt: params.retry_cnt,
-            rnr_retry: params.rnr_retry,
-            sq_psn: params.sq_psn,
-            max_rd_atomic: params.max_rd_atomic,
-            ..ibv_qp_attr::default()
-        };
-        self.modify(
-            &mut attr,
-            mask::STATE
-                | mask::TIMEOUT
-                | mask::RETRY_CNT
-                | mask::RNR_RETRY
-                | mask::SQ_PSN
-                | mask::MAX_QP_RD_ATOMIC,
-        )
+        let (mut attr, mask) = params.attr();
+        self.modify(&mut attr, mask)
     }
 }
 
