@@ -50,6 +50,14 @@ fn faults_end_in_errors_not_hangs() {
         };
         script += &format!("{run}; echo \"SCENARIO {s} rc=$?\"\n");
     }
+    // Memcheck over the plugin's whole life cycle in one process: init, 20 connections set up,
+    // used and torn down, finalize. Any invalid access, or memory the plugin definitely lost, fails.
+    script += &format!(
+        "FAULTS_SKIP_RSS=1 valgrind -q --error-exitcode=9 --leak-check=full \
+         --errors-for-leak-kinds=definite --show-leak-kinds=definite \
+         {faults} {} cycles=20; echo \"SCENARIO valgrind rc=$?\"\n",
+        lib.display()
+    );
     let output = Command::new(repo.join("vm/run.sh"))
         .current_dir(&repo)
         .env("RIVET_HANDSHAKE_TIMEOUT_MS", "1500")
@@ -65,7 +73,7 @@ fn faults_end_in_errors_not_hangs() {
         "vm/run.sh failed with {:?}",
         output.status
     );
-    for s in SCENARIOS {
+    for s in SCENARIOS.iter().copied().chain(["valgrind"]) {
         let prefix = format!("SCENARIO {s} rc=");
         let rc: i32 = stdout
             .lines()
