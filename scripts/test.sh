@@ -15,9 +15,9 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 stage "dependencies"
 # Headers for the bindgen layout test (libibverbs-dev, libclang-dev), the C compiler for the C
-# test programs, and binutils' nm for the export check.
+# test programs, binutils' nm for the export check, valgrind for the VM lane's memcheck run.
 need_apt=()
-for pkg in libibverbs-dev libclang-dev clang gcc binutils pkg-config; do
+for pkg in libibverbs-dev libclang-dev clang gcc binutils pkg-config valgrind; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -15,7 +15,7 @@ use common::plugin_library;
 use std::process::Command;
 
 /// Scenarios in order; `link-delete` removes rxe0 and so runs last.
-const SCENARIOS: [&str; 11] = [
+const SCENARIOS: [&str; 12] = [
     "kill-sender",
     "kill-receiver",
     "hostile",
@@ -25,6 +25,7 @@ const SCENARIOS: [&str; 11] = [
     "memlock",
     "reload",
     "cycles=1000",
+    "valgrind",
     "port-down",
     "link-delete",
 ];
@@ -40,7 +41,19 @@ fn faults_end_in_errors_not_hangs() {
         let run = format!("{faults} {} {s}", lib.display());
         // The memlock limit binds only without CAP_IPC_LOCK: run that one as nobody, under
         // `ulimit -l 4096`, with the device node opened up for it.
-        let run = if s == "memlock" {
+        let run = if s == "valgrind" {
+            // Memcheck over the plugin's whole life cycle in one process: init, 20 connections
+            // set up, used and torn down, finalize. An invalid access, or memory the plugin
+            // definitely lost, fails (RSS is valgrind's own there, so only memcheck judges leaks).
+            format!(
+                "FAULTS_SKIP_RSS=1 valgrind -q --error-exitcode=9 --leak-check=full \
+                 --errors-for-leak-kinds=definite --show-leak-kinds=definite {faults} {} cycles=20",
+                lib.display()
+            )
+        } else if s == "handshake-timeout" {
+            // A short deadline for this scenario only; the others keep the default.
+            format!("RIVET_HANDSHAKE_TIMEOUT_MS=1500 {run}")
+        } else if s == "memlock" {
             format!(
                 "chmod 666 /dev/infiniband/uverbs0 && setpriv --reuid=65534 --regid=65534 \
                  --clear-groups --inh-caps=-all --bounding-set=-all bash -c 'ulimit -l 4096 && {run}'"
@@ -52,7 +65,6 @@ fn faults_end_in_errors_not_hangs() {
     }
     let output = Command::new(repo.join("vm/run.sh"))
         .current_dir(&repo)
-        .env("RIVET_HANDSHAKE_TIMEOUT_MS", "1500")
         .args(["--timeout", "1200", "--", "bash", "-c", &script])
         .output()
         .expect("run vm/run.sh");

@@ -23,6 +23,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -338,6 +339,25 @@ static int scenario_memlock(const char* lib) {
   h_role = "memlock";
   void* ctx = h_load_and_init(lib);
   if (!ctx) return 1;
+  /* Out of lockable memory while setting up a connection (its control regions are registered):
+   * connect/accept must fail with an error, not abort, and a later connection must still work. */
+  struct rlimit saved, tiny;
+  if (getrlimit(RLIMIT_MEMLOCK, &saved) == 0) {
+    tiny = saved;
+    tiny.rlim_cur = 16 * 1024;
+    if (setrlimit(RLIMIT_MEMLOCK, &tiny) == 0) {
+      void *s0 = NULL, *r0 = NULL;
+      h_warns = 0;
+      int connected = h_self_connect(ctx, &s0, &r0, 10);
+      if (!connected && h_warns > 0)
+        h_pass("connection set-up without lockable memory fails with an error: %s", h_last_warn);
+      else
+        h_fail("connection set-up without lockable memory: connected=%d, %d warn(s)", connected, h_warns);
+      if (s0) h_net->close_send(s0);
+      if (r0) h_net->close_recv(r0);
+      setrlimit(RLIMIT_MEMLOCK, &saved);
+    }
+  }
   void *send = NULL, *recv = NULL;
   if (!h_self_connect(ctx, &send, &recv, 30)) {
     h_fail("self connection under the memlock limit: %s", h_last_warn);
@@ -486,7 +506,9 @@ static struct usage usage_now(void) {
 /* After a warm-up, resources must not grow with the number of iterations. */
 static void check_stable(const char* what, struct usage early, struct usage late, int iterations) {
   long grown = late.rss - early.rss;
-  if (late.fds == early.fds && late.threads == early.threads && grown < 4096)
+  /* Under valgrind RSS is valgrind's own; FAULTS_SKIP_RSS=1 leaves the leak verdict to memcheck. */
+  int check_rss = !getenv("FAULTS_SKIP_RSS");
+  if (late.fds == early.fds && late.threads == early.threads && (!check_rss || grown < 4096))
     h_pass("%s: %d iterations, fds %d -> %d, threads %d -> %d, RSS %ld -> %ld KiB", what, iterations, early.fds,
            late.fds, early.threads, late.threads, early.rss, late.rss);
   else
@@ -527,8 +549,10 @@ static int scenario_cycles(const char* lib, int count) {
   h_role = "cycles";
   void* ctx = h_load_and_init(lib);
   if (!ctx) return 1;
-  unsigned char* sbuf = malloc(4096);
-  unsigned char* rbuf = malloc(4096);
+  /* Initialised: the NIC's writes into rbuf are invisible to valgrind, which would otherwise call
+   * the received bytes uninitialised. */
+  unsigned char* sbuf = calloc(1, 4096);
+  unsigned char* rbuf = calloc(1, 4096);
   struct usage early = {0};
   double start = h_now();
   for (int i = 1; i <= count; i++) {
@@ -565,7 +589,9 @@ static int scenario_cycles(const char* lib, int count) {
   }
   h_pass("%d connect/transfer/close cycles in %.1f s", count, h_now() - start);
   check_stable("cycles", early, usage_now(), count);
-  return 0;
+  free(sbuf);
+  free(rbuf);
+  return h_net->finalize(ctx) == NCCL_OK ? 0 : 1;
 }
 
 int main(int argc, char** argv) {

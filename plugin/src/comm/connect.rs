@@ -75,7 +75,7 @@ fn start(
     let settings = config.qp_settings(tc.or_else(|| ctx.and_then(|c| c.traffic_class)));
     let endpoint = Endpoint::new(&port, Role::Sender).map_err(|e| {
         NetError::system(format!(
-            "connect: creating the queue pair on {}: {e}",
+            "connect: setting up the connection on {}: {e}",
             port.info.name
         ))
     })?;
