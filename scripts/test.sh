@@ -21,8 +21,14 @@ for pkg in libibverbs-dev libclang-dev clang gcc binutils pkg-config valgrind; d
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
   as_root apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+  if ! as_root apt-get install -y -qq --no-install-recommends "${need_apt[@]}"; then
+    # A half-finished earlier install or upgrade blocks every later one: complete it, retry.
+    as_root dpkg --configure -a || true
+    as_root apt-get -f install -y -qq || true
+    as_root apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+  fi
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 rustup target add x86_64-unknown-none >/dev/null

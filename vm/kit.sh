@@ -59,6 +59,10 @@ apt_update() {
 apt_retry() {
     if ! "$@" 2>/dev/null; then
         apt_update
+        # A half-finished earlier install or upgrade (seen on these machine images) blocks every
+        # later one until it is completed.
+        "${apt_env[@]}" dpkg --configure -a >&2 || true
+        "${apt_env[@]}" apt-get "${apt_opts[@]}" -qq -f install -y >&2 || true
         "$@"
     fi
 }
