@@ -35,4 +35,4 @@ pub use error::VerbsError;
 pub use loader::{Mlx5, Verbs, fork_init, fork_status, mlx5, verbs};
 pub use mr::{MemoryRegion, dmabuf_supported};
 pub use pd::ProtectionDomain;
-pub use qp::{QpCaps, QueuePair, RtrParams, RtsParams};
+pub use qp::{QpCaps, QueuePair, RcTransitions, RtrParams, RtsParams};

@@ -198,6 +198,65 @@ impl RtsParams {
     }
 }
 
+/// The state transitions of an RC queue pair, made the same way by every QP flavour
+/// ([`QueuePair`], and the mlx5 direct path's `DirectQueuePair`).
+///
+/// # Safety
+/// `raw_qp` must return a live QP of `protection_domain()`'s context for as long as `self` lives.
+pub unsafe trait RcTransitions {
+    /// The QP.
+    fn raw_qp(&self) -> NonNull<ibv_qp>;
+    /// The protection domain the QP was created in.
+    fn protection_domain(&self) -> &Arc<ProtectionDomain>;
+
+    /// `ibv_modify_qp` with `attr` read according to `attr_mask`.
+    fn modify(&self, attr: &mut ibv_qp_attr, attr_mask: c_int) -> Result<(), VerbsError> {
+        let verbs = self.protection_domain().context().verbs();
+        // SAFETY: the trait's contract makes the QP live; attr is valid and read per attr_mask.
+        check("ibv_modify_qp", unsafe {
+            (verbs.modify_qp)(self.raw_qp().as_ptr(), attr, attr_mask)
+        })
+    }
+
+    /// RESET → INIT on local `port`, with `pkey_index` and remote `access` rights
+    /// ([`crate::sys::access`] bits, e.g. `REMOTE_WRITE | REMOTE_READ`).
+    fn modify_to_init(&self, port: u8, pkey_index: u16, access: u32) -> Result<(), VerbsError> {
+        let mut attr = ibv_qp_attr {
+            qp_state: qp_state::INIT,
+            pkey_index,
+            port_num: port,
+            qp_access_flags: access,
+            ..ibv_qp_attr::default()
+        };
+        self.modify(
+            &mut attr,
+            mask::STATE | mask::PKEY_INDEX | mask::PORT | mask::ACCESS_FLAGS,
+        )
+    }
+
+    /// INIT → RTR towards the peer described by `params`.
+    fn modify_to_rtr(&self, params: &RtrParams) -> Result<(), VerbsError> {
+        let (mut attr, mask) = params.attr();
+        self.modify(&mut attr, mask)
+    }
+
+    /// RTR → RTS.
+    fn modify_to_rts(&self, params: &RtsParams) -> Result<(), VerbsError> {
+        let (mut attr, mask) = params.attr();
+        self.modify(&mut attr, mask)
+    }
+}
+
+// SAFETY: `ptr` is the QP this value created and destroys only in `Drop`; `pd` is its PD.
+unsafe impl RcTransitions for QueuePair {
+    fn raw_qp(&self) -> NonNull<ibv_qp> {
+        self.ptr
+    }
+    fn protection_domain(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+}
+
 /// An RC queue pair; destroyed on drop, before the CQs and PD it keeps alive.
 #[derive(Debug)]
 pub struct QueuePair {
@@ -296,42 +355,6 @@ impl QueuePair {
     /// The raw QP (for mlx5dv); valid while `self` lives.
     pub fn as_ptr(&self) -> *mut ibv_qp {
         self.ptr.as_ptr()
-    }
-
-    fn modify(&self, attr: &mut ibv_qp_attr, attr_mask: c_int) -> Result<(), VerbsError> {
-        let verbs = self.pd.context().verbs();
-        // SAFETY: live QP; attr is a valid struct, read according to attr_mask.
-        check("ibv_modify_qp", unsafe {
-            (verbs.modify_qp)(self.ptr.as_ptr(), attr, attr_mask)
-        })
-    }
-
-    /// RESET → INIT on local `port`, with `pkey_index` and remote `access` rights
-    /// ([`crate::sys::access`] bits, e.g. `REMOTE_WRITE | REMOTE_READ`).
-    pub fn modify_to_init(&self, port: u8, pkey_index: u16, access: u32) -> Result<(), VerbsError> {
-        let mut attr = ibv_qp_attr {
-            qp_state: qp_state::INIT,
-            pkey_index,
-            port_num: port,
-            qp_access_flags: access,
-            ..ibv_qp_attr::default()
-        };
-        self.modify(
-            &mut attr,
-            mask::STATE | mask::PKEY_INDEX | mask::PORT | mask::ACCESS_FLAGS,
-        )
-    }
-
-    /// INIT → RTR towards the peer described by `params`.
-    pub fn modify_to_rtr(&self, params: &RtrParams) -> Result<(), VerbsError> {
-        let (mut attr, mask) = params.attr();
-        self.modify(&mut attr, mask)
-    }
-
-    /// RTR → RTS.
-    pub fn modify_to_rts(&self, params: &RtsParams) -> Result<(), VerbsError> {
-        let (mut attr, mask) = params.attr();
-        self.modify(&mut attr, mask)
     }
 
     /// Any state → ERR: outstanding WRs complete with `WR_FLUSH_ERR`.

@@ -14,7 +14,7 @@ use crate::discover::{LinkLayer, PortInfo};
 use crate::error::VerbsError;
 use crate::mr::MemoryRegion;
 use crate::pd::ProtectionDomain;
-use crate::qp::{QpCaps, QueuePair, RtrParams, RtsParams};
+use crate::qp::{QpCaps, QueuePair, RcTransitions, RtrParams, RtsParams};
 use crate::sys::{
     access, ibv_gid, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc, send_flags, wc_opcode, wc_status,
 };

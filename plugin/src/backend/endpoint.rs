@@ -15,7 +15,7 @@ use rivet_core::wire::EndpointInfo;
 use rivet_verbs_ffi::sys::{
     access, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc, send_flags, wc_opcode, wr_opcode,
 };
-use rivet_verbs_ffi::{CompletionQueue, QpCaps, QueuePair, VerbsError};
+use rivet_verbs_ffi::{CompletionQueue, QpCaps, QueuePair, RcTransitions, VerbsError};
 use std::sync::Arc;
 
 /// Which end of a connection an endpoint serves; it decides region sizes and queue depths.

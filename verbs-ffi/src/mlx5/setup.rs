@@ -11,7 +11,6 @@
 //! Unsafe: calls libmlx5/libibverbs through raw pointers and owns the raw `ibv_qp`.
 #![allow(unsafe_code)]
 
-use core::ffi::c_int;
 use core::ptr::NonNull;
 use std::sync::Arc;
 
@@ -26,8 +25,8 @@ use crate::context::Context;
 use crate::cq::CompletionQueue;
 use crate::error::{VerbsError, check, errno_after_null};
 use crate::pd::ProtectionDomain;
-use crate::qp::{QpCaps, RtrParams, RtsParams};
-use crate::sys::{ibv_qp, ibv_qp_attr, ibv_qp_init_attr, qp_attr_mask as mask, qp_state, qp_type};
+use crate::qp::{QpCaps, RcTransitions};
+use crate::sys::{ibv_qp, ibv_qp_init_attr, qp_type};
 
 /// Whether the device behind `context` is driven by libmlx5 (`mlx5dv_is_supported`). An error
 /// when libmlx5 or the symbol is missing: without it, the direct path is not used.
@@ -191,40 +190,15 @@ impl DirectQueuePair {
         // SAFETY: the QP's own BlueFlame register, mapped for the QP's life; one DirectQp rings it.
         Ok((layout, unsafe { BlueFlame::new(reg, qp.bf.size) }))
     }
+}
 
-    fn modify(&self, attr: &mut ibv_qp_attr, attr_mask: c_int) -> Result<(), VerbsError> {
-        let verbs = self.pd.context().verbs();
-        // SAFETY: live QP; attr is valid and read according to attr_mask.
-        check("ibv_modify_qp", unsafe {
-            (verbs.modify_qp)(self.ptr.as_ptr(), attr, attr_mask)
-        })
+// SAFETY: `ptr` is the QP this value created and destroys only in `Drop`; `pd` is its PD.
+unsafe impl RcTransitions for DirectQueuePair {
+    fn raw_qp(&self) -> NonNull<ibv_qp> {
+        self.ptr
     }
-
-    /// RESET → INIT.
-    pub fn modify_to_init(&self, port: u8, pkey_index: u16, access: u32) -> Result<(), VerbsError> {
-        let mut attr = ibv_qp_attr {
-            qp_state: qp_state::INIT,
-            pkey_index,
-            port_num: port,
-            qp_access_flags: access,
-            ..ibv_qp_attr::default()
-        };
-        self.modify(
-            &mut attr,
-            mask::STATE | mask::PKEY_INDEX | mask::PORT | mask::ACCESS_FLAGS,
-        )
-    }
-
-    /// INIT → RTR towards the peer described by `params`.
-    pub fn modify_to_rtr(&self, params: &RtrParams) -> Result<(), VerbsError> {
-        let (mut attr, mask) = params.attr();
-        self.modify(&mut attr, mask)
-    }
-
-    /// RTR → RTS.
-    pub fn modify_to_rts(&self, params: &RtsParams) -> Result<(), VerbsError> {
-        let (mut attr, mask) = params.attr();
-        self.modify(&mut attr, mask)
+    fn protection_domain(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
     }
 }
 

@@ -17,7 +17,7 @@ use rivet_verbs_ffi::mlx5::model::{Model, ModelDoorbell, ModelPd, ModelQp, Model
 use rivet_verbs_ffi::mlx5::setup::{DirectQueuePair, device_supported};
 use rivet_verbs_ffi::mlx5::{BlueFlame, DirectQp, DoorbellRegister};
 use rivet_verbs_ffi::sys::access;
-use rivet_verbs_ffi::{CompletionQueue, QpCaps, VerbsError};
+use rivet_verbs_ffi::{CompletionQueue, QpCaps, RcTransitions, VerbsError};
 
 #[cfg(test)]
 use super::model::{ModelRegions, model_nic};
