@@ -15,6 +15,7 @@
 #   LAT_ITERS=2000         round trips per latency run
 #   RIVET=path/to/rivet    (default target/release/rivet with --release, else target/debug/rivet)
 #   RIVET_PLUGIN_LIB=...   plugin library (default: next to rivet)
+#   POLL=yield             rivet bench --poll: yield (NCCL's proxy thread), spin or sleep
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -30,7 +31,7 @@ done
 
 if [[ ${RIVET_IN_VM:-0} != 1 ]]; then
     exec bash "$repo/vm/run.sh" --timeout "${RIVET_SIDE_TIMEOUT:-1800}" \
-        -e RUNS="${RUNS:-3}" -e SIZES="${SIZES:-}" -e LAT_ITERS="${LAT_ITERS:-2000}" -e RIVET="${RIVET:-}" \
+        -e RUNS="${RUNS:-3}" -e SIZES="${SIZES:-}" -e LAT_ITERS="${LAT_ITERS:-2000}" -e RIVET="${RIVET:-}" -e POLL="${POLL:-yield}" \
         -- bash "$here/side_by_side.sh" "$@"
 fi
 
@@ -114,7 +115,7 @@ for ((r = 1; r <= runs; r++)); do
     echo "perf_lat 8 $ttyp" >>"$results"
     echo "perf_lat99 8 $t99" >>"$results"
     say "round $r: ib_send_lat 8 B: t_min $tmin typical $ttyp avg $tavg 99% $t99 us"
-    json=$("$rivet" bench --json --quiet --sizes "$csv_sizes" --lat-iters "$lat_iters") || { say "rivet bench failed"; exit 1; }
+    json=$("$rivet" bench --json --quiet --poll "${POLL:-yield}" --sizes "$csv_sizes" --lat-iters "$lat_iters") || { say "rivet bench failed"; exit 1; }
     echo "$json" >"$work/rivet-$r.json"
     # Pull "size":N ... "mib_per_s":X pairs and the latency percentiles out of the one-line JSON.
     grep -o '"size":[0-9]*,"iters":[0-9]*,"seconds":[0-9.]*,"mib_per_s":[0-9.]*' <<<"$json" |
@@ -133,7 +134,7 @@ median() { # KIND SIZE -> median of the values
 }
 
 echo
-echo "Rivet vs perftest on $dev (GID $gid_index), median of $runs round(s), $(date -u +%Y-%m-%d), $(nproc) vCPU(s), $rivet"
+echo "Rivet vs perftest on $dev (GID $gid_index), median of $runs round(s), $(date -u +%Y-%m-%d), $(nproc) vCPU(s), $rivet --poll ${POLL:-yield}"
 echo
 echo "| size | ib_write_bw -t 8 (MiB/s) | rivet bench, window 8 (MiB/s) | rivet / perftest |"
 echo "| ---: | ---: | ---: | ---: |"

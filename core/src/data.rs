@@ -20,6 +20,14 @@
 //! one RDMA WRITE, inline when `32 n ≤ max_inline`, else from staging. The stamp tells a fresh
 //! entry from one of an earlier lap (or the zeroed first lap).
 //!
+//! **Batched clear-to-send.** While the sender holds at least [`CTS_LOW_WATER`] grants (receives
+//! whose entries were written and whose data has not arrived), a new receive's entries are only
+//! staged. The deferred slots are consecutive, so one RDMA WRITE from staging carries them all
+//! (two at the FIFO's wrap); it goes when [`CTS_BATCH`] wait, or at the first call after arrivals
+//! took the grants below the mark. The sender is unchanged: it reads the same FIFO. A receiver
+//! that keeps several receives posted, as NCCL does, writes one CTS per batch instead of one per
+//! receive; a lone receive is written at once.
+//!
 //! **Send** ([`SendConn::isend`]). The sender reads the slot of the oldest receive not yet fully
 //! matched. When its entries are not all fresh yet, or none of its unmatched entries carries the
 //! send's tag, the answer is `Ok(None)` ("try later"): tags only choose among the buffers of the
@@ -79,7 +87,7 @@ mod send;
 
 pub use codec::WrKind;
 pub use error::{DataError, ProtocolError};
-pub use recv::RecvConn;
+pub use recv::{CTS_BATCH, CTS_LOW_WATER, RecvConn};
 pub use send::SendConn;
 
 use core::fmt;
@@ -262,6 +270,16 @@ fn completion_error(c: &Completion) -> DataError {
 }
 
 /// Address `offset` bytes into a peer region, refusing to leave it.
+/// A placeholder to fill work-request chains with (never posted).
+const EMPTY_WR: crate::nic::SendWr<'static> = crate::nic::SendWr {
+    wr_id: 0,
+    op: crate::nic::SendOp::Write,
+    payload: crate::nic::Payload::Empty,
+    remote_addr: 0,
+    rkey: 0,
+    signaled: false,
+};
+
 fn region_addr(region: &crate::nic::RemoteRegion, offset: usize, len: usize) -> Option<u64> {
     let end = offset.checked_add(len)?;
     if end > region.len as usize {

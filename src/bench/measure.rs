@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 /// What a poll that finds nothing done does (`--poll`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Poll {
-    /// Call `test` again at once, as NCCL's progress thread does.
+    /// Call `test` again at once.
     Spin,
-    /// `sched_yield` between polls.
+    /// `sched_yield` after a poll that found nothing done, as NCCL's proxy progress thread does
+    /// after a pass that progressed nothing.
     Yield,
     /// Sleep ~20 µs between polls: leaves the CPU to a software RDMA device such as Soft-RoCE,
     /// whose work runs in kernel threads (a diagnostic: NCCL does not do this).
@@ -218,7 +219,25 @@ fn wait(comm: &Comm<'_>, req: &Request, what: &str) -> Result<usize, Error> {
     }
 }
 
+/// Receives each side of the ping-pong keeps posted ahead: as many as NCCL's proxy posts for
+/// the steps ahead of a channel (`NCCL_STEPS`), as perftest pre-posts its receive queue. The
+/// clear-to-send a receive writes is then long delivered when the matching send comes.
+pub(crate) const LAT_RECVS_AHEAD: usize = 8;
+
+/// Post receive `i` of the ping-pong into its own `size`-byte slot of `region`.
+fn post_lat_recv(
+    recv: &Comm<'_>,
+    region: &Region<'_, '_>,
+    size: usize,
+    i: usize,
+    what: &str,
+) -> Result<Request, Error> {
+    let offset = (i % LAT_RECVS_AHEAD) * size;
+    post_until(what, || recv.irecv(region, offset, size, TAG))
+}
+
 /// Client side of the ping-pong: one-way latency (round trip / 2) of each timed round trip.
+/// `back` holds [`LAT_RECVS_AHEAD`] slots of `size` bytes.
 pub(crate) fn latency_client(
     send: &Comm<'_>,
     recv: &Comm<'_>,
@@ -228,12 +247,18 @@ pub(crate) fn latency_client(
     warmup: usize,
     iters: usize,
 ) -> Result<Vec<f64>, Error> {
+    let total = warmup + iters;
     let mut samples = Vec::with_capacity(iters);
-    for i in 0..warmup + iters {
-        // The reply's receive is posted before the clock starts, as perftest pre-posts its receives.
-        let rreq = post_until("irecv of the reply", || recv.irecv(back, 0, size, TAG))?;
+    let mut replies: VecDeque<Request> = VecDeque::with_capacity(LAT_RECVS_AHEAD);
+    for i in 0..total.min(LAT_RECVS_AHEAD) {
+        replies.push_back(post_lat_recv(recv, back, size, i, "irecv of a reply")?);
+    }
+    for i in 0..total {
         let start = Instant::now();
         let sreq = post_until("isend of the ping", || send.isend(out, 0, size, TAG))?;
+        let rreq = replies
+            .pop_front()
+            .ok_or_else(|| Error::Stalled(format!("round trip {i}: no receive posted")))?;
         let (mut sdone, mut rdone) = (false, false);
         let mut polls = 0u32;
         while !(sdone && rdone) {
@@ -256,11 +281,22 @@ pub(crate) fn latency_client(
         if i >= warmup {
             samples.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
         }
+        // Replace the receive just used, after the clock stopped.
+        if i + LAT_RECVS_AHEAD < total {
+            replies.push_back(post_lat_recv(
+                recv,
+                back,
+                size,
+                i + LAT_RECVS_AHEAD,
+                "irecv of a reply",
+            )?);
+        }
     }
     Ok(samples)
 }
 
-/// Server side of the ping-pong: echo `count` messages.
+/// Server side of the ping-pong: echo `count` messages. `inbox` holds [`LAT_RECVS_AHEAD`] slots
+/// of `size` bytes.
 pub(crate) fn latency_server(
     send: &Comm<'_>,
     recv: &Comm<'_>,
@@ -269,17 +305,25 @@ pub(crate) fn latency_server(
     size: usize,
     count: usize,
 ) -> Result<(), Error> {
-    if count == 0 {
-        return Ok(());
+    let mut pings: VecDeque<Request> = VecDeque::with_capacity(LAT_RECVS_AHEAD);
+    for i in 0..count.min(LAT_RECVS_AHEAD) {
+        pings.push_back(post_lat_recv(recv, inbox, size, i, "irecv of a ping")?);
     }
-    let mut pending = post_until("irecv of a ping", || recv.irecv(inbox, 0, size, TAG))?;
     for i in 0..count {
+        let pending = pings
+            .pop_front()
+            .ok_or_else(|| Error::Stalled(format!("ping {i}: no receive posted")))?;
         wait(recv, &pending, "ping")?;
-        // Reply first: the next receive (which sends the peer a clear-to-send) is off the
-        // critical path, posted while the reply travels.
         let sreq = post_until("isend of a reply", || send.isend(outbox, 0, size, TAG))?;
-        if i + 1 < count {
-            pending = post_until("irecv of a ping", || recv.irecv(inbox, 0, size, TAG))?;
+        // Replace the receive just used while the reply travels.
+        if i + LAT_RECVS_AHEAD < count {
+            pings.push_back(post_lat_recv(
+                recv,
+                inbox,
+                size,
+                i + LAT_RECVS_AHEAD,
+                "irecv of a ping",
+            )?);
         }
         wait(send, &sreq, "reply")?;
     }

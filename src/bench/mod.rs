@@ -44,9 +44,10 @@ options:
                     at least 8)
   --lat-iters N     timed 8-byte round trips (default 2000; 0 skips latency)
   --window W        outstanding messages (default 8, as NCCL keeps)
-  --poll MODE       after a test that finds nothing done: spin (default: test again at once, as
-                    NCCL's progress thread does), yield (sched_yield) or sleep (~20 us; a diagnostic
-                    that leaves CPU time to a software device such as Soft-RoCE)
+  --poll MODE       after a test that finds nothing done: yield (default: sched_yield, as NCCL's
+                    proxy thread does after a pass that progressed nothing), spin (test again at
+                    once) or sleep (~20 us; a diagnostic that leaves CPU time to a software device
+                    such as Soft-RoCE)
   --json            machine-readable output on stdout
   --quiet           no progress line on stderr
 ";
@@ -169,7 +170,7 @@ fn parse(args: &[String]) -> Result<Options, Error> {
         json: false,
         quiet: false,
         once: false,
-        poll: measure::Poll::Spin,
+        poll: measure::Poll::Yield,
     };
     let mut it = args.iter();
     let num = |flag: &str, v: Option<&String>| -> Result<usize, Error> {
@@ -364,7 +365,7 @@ fn serve_session(plugin: &Plugin, ctl: &mut Control, _o: &Options) -> Result<(),
             }
             Some("LAT") => {
                 let (size, count) = (arg(1)?, arg(2)?);
-                let rin = recv.register(size)?;
+                let rin = recv.register(size.saturating_mul(measure::LAT_RECVS_AHEAD))?;
                 let rout = send.register(size)?;
                 measure::latency_server(&send, &recv, &rin, &rout, size, count)?;
                 ctl.send("DONE")?;
@@ -492,7 +493,7 @@ fn client(o: &Options, host: &str, mode: &str) -> Result<(), Error> {
         ));
         ctl.send(&format!("LAT {LAT_SIZE} {}", warmup + o.lat_iters))?;
         let out = send.register(LAT_SIZE)?;
-        let back = recv.register(LAT_SIZE)?;
+        let back = recv.register(LAT_SIZE * measure::LAT_RECVS_AHEAD)?;
         let samples =
             measure::latency_client(&send, &recv, &out, &back, LAT_SIZE, warmup, o.lat_iters)?;
         ctl.expect("DONE")?;

@@ -6,10 +6,21 @@ use super::codec::{
 use super::error::{DataError, ProtocolError};
 use super::queue::SendQueue;
 use super::{
-    CQ_DEPTH, Completed, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH, RecvBuf, RequestId,
-    SEND_INBOUND_LEN, SLOTS, Side, completion_error, region_addr,
+    CQ_DEPTH, Completed, EMPTY_WR, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH, RecvBuf,
+    RequestId, SEND_INBOUND_LEN, SLOTS, Side, completion_error, region_addr,
 };
 use crate::nic::{Completion, CompletionKind, Nic, Payload, RemoteRegion, SendOp, SendWr};
+
+/// A receive may leave its CTS entry staged (deferred) while the sender holds at least this many
+/// grants: receives whose entries it has and whose data has not arrived here. Deferred entries
+/// then go together, in one RDMA WRITE, when the grants fall below this or [`CTS_BATCH`] entries
+/// wait. A sender therefore never waits on a deferred entry while it holds grants, and a receiver
+/// that keeps several receives posted (NCCL keeps up to 8 per channel) writes one CTS per
+/// [`CTS_BATCH`] receives instead of one each: on a software device such as Soft-RoCE every RDMA
+/// operation is kernel work, and the clear-to-send writes were half of them.
+pub const CTS_LOW_WATER: u32 = 4;
+/// Deferred CTS entries that are written at once even while the sender holds enough grants.
+pub const CTS_BATCH: u32 = 4;
 
 /// One receive slot; a receive request is named by its slot.
 #[derive(Clone, Copy, Debug)]
@@ -48,6 +59,9 @@ pub struct RecvConn {
     slots: [RecvSlot; SLOTS],
     /// Receive work requests posted and not completed.
     recvs_posted: usize,
+    /// The newest receives whose CTS entries are staged but not yet written to the sender
+    /// (always the last `deferred` receives posted; see [`CTS_LOW_WATER`]).
+    deferred: u32,
     outstanding: usize,
     health: Health,
     /// Poll buffer, kept here so polling does not initialise one per call.
@@ -80,6 +94,7 @@ impl RecvConn {
                 state: RecvState::Free,
             }; SLOTS],
             recvs_posted: 0,
+            deferred: 0,
             outstanding: 0,
             health,
             batch: [NO_COMPLETION; POLL_BATCH],
@@ -113,19 +128,15 @@ impl RecvConn {
         if self.slots[usize::from(slot)].state != RecvState::Free {
             return Ok(None);
         }
-        if !self.sq.has_room(1, self.recvs_posted + 1) {
+        // Room for the receive and for a flush of every deferred entry (two writes at the wrap).
+        if !self.sq.has_room(2, self.recvs_posted + 1) {
             self.poll_cq(nic)?;
-            if !self.sq.has_room(1, self.recvs_posted + 1) {
+            if !self.sq.has_room(2, self.recvs_posted + 1) {
                 return Ok(None);
             }
         }
         let offset = usize::from(slot) * CTS_SLOT_LEN;
         let len = n * CTS_ENTRY_LEN;
-        let remote_addr =
-            region_addr(&self.peer_fifo, offset, len).ok_or(DataError::PeerRegion {
-                len: self.peer_fifo.len,
-                need: SEND_INBOUND_LEN,
-            })?;
 
         let mut bytes = [0u8; CTS_SLOT_LEN];
         let mut capacity = [0u64; MAX_RECVS];
@@ -158,27 +169,8 @@ impl RecvConn {
             return Err(self.health.fail(err.into()));
         }
         self.recvs_posted += 1;
-        let payload = if len <= nic.max_inline() {
-            Payload::Inline(&bytes[..len])
-        } else {
-            nic.write_staging(offset, &bytes[..len]);
-            Payload::Staged {
-                offset: offset as u32,
-                len: len as u32,
-            }
-        };
-        let posted = self.sq.next(WrKind::Cts, slot.into(), false);
-        let wr = SendWr {
-            wr_id: posted.wr_id,
-            op: SendOp::Write,
-            payload,
-            remote_addr,
-            rkey: self.peer_fifo.rkey,
-            signaled: posted.signaled,
-        };
-        if let Err(err) = nic.post_send(&[wr]) {
-            return Err(self.health.fail(err.into()));
-        }
+        // Staged even when it may go inline: a later flush may carry it with its neighbours.
+        nic.write_staging(offset, &bytes[..len]);
 
         let entry = &mut self.slots[usize::from(slot)];
         entry.state = RecvState::Posted {
@@ -186,18 +178,30 @@ impl RecvConn {
             n: n as u8,
             capacity,
         };
+        let generation = entry.generation;
         self.next_seq = seq.wrapping_add(1);
         self.outstanding += 1;
+        self.deferred += 1;
+        if self.flush_due() {
+            let inline = (self.deferred == 1 && len <= nic.max_inline()).then_some(&bytes[..len]);
+            self.flush_cts(nic, inline)?;
+        }
         Ok(Some(RequestId {
             index: slot,
             side: Side::Recv,
-            generation: entry.generation,
+            generation,
         }))
     }
 
     /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
     pub fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
         let index = self.lookup(req)?;
+        if self.flush_due() && self.health.check().is_ok() {
+            if let Err(err) = self.flush_cts(nic, None) {
+                self.release(index);
+                return Err(err);
+            }
+        }
         if matches!(self.slots[index].state, RecvState::Posted { .. }) {
             if let Err(err) = self.health.check().and_then(|()| self.poll_cq(nic)) {
                 self.release(index);
@@ -237,6 +241,85 @@ impl RecvConn {
     /// Requests handed out and not yet freed by `test`.
     pub fn outstanding(&self) -> usize {
         self.outstanding
+    }
+
+    /// Receives whose CTS entries the sender has (or will have, the write being under way) and
+    /// whose data has not arrived.
+    fn granted(&self) -> u32 {
+        self.next_seq.wrapping_sub(self.oldest) - self.deferred
+    }
+
+    /// Whether the deferred CTS entries must go now: the sender holds fewer than
+    /// [`CTS_LOW_WATER`] grants, or [`CTS_BATCH`] entries are waiting.
+    fn flush_due(&self) -> bool {
+        self.deferred > 0 && (self.granted() < CTS_LOW_WATER || self.deferred >= CTS_BATCH)
+    }
+
+    /// Write every deferred CTS entry to the sender: the slots are consecutive, so one RDMA
+    /// WRITE from staging covers them (two when they wrap past the last slot). `inline` is the
+    /// single deferred slot's bytes when they fit inline. When the send queue has no room the
+    /// entries stay deferred and the next call tries again.
+    fn flush_cts(&mut self, nic: &mut impl Nic, inline: Option<&[u8]>) -> Result<(), DataError> {
+        if !self.sq.has_room(2, self.recvs_posted) {
+            self.poll_cq(nic)?;
+            if !self.sq.has_room(2, self.recvs_posted) {
+                return Ok(());
+            }
+        }
+        let first = self.next_seq.wrapping_sub(self.deferred);
+        let first_slot = usize::from(first as u8);
+        let count = self.deferred as usize;
+        let wraps = first_slot + count > SLOTS;
+        let runs = if wraps {
+            [
+                (first_slot, SLOTS - first_slot),
+                (0, first_slot + count - SLOTS),
+            ]
+        } else {
+            [(first_slot, count), (0, 0)]
+        };
+        let mut chain = [EMPTY_WR; 2];
+        let mut used = 0;
+        for (start, slots) in runs {
+            if slots == 0 {
+                continue;
+            }
+            let last = start + slots - 1;
+            let RecvState::Posted { n, .. } = self.slots[last].state else {
+                return Err(self
+                    .health
+                    .fail(ProtocolError::UnexpectedCompletion { wr: WrKind::Cts }.into()));
+            };
+            let offset = start * CTS_SLOT_LEN;
+            let len = (slots - 1) * CTS_SLOT_LEN + usize::from(n) * CTS_ENTRY_LEN;
+            let remote_addr =
+                region_addr(&self.peer_fifo, offset, len).ok_or(DataError::PeerRegion {
+                    len: self.peer_fifo.len,
+                    need: SEND_INBOUND_LEN,
+                })?;
+            let payload = match inline {
+                Some(bytes) if count == 1 => Payload::Inline(bytes),
+                _ => Payload::Staged {
+                    offset: offset as u32,
+                    len: len as u32,
+                },
+            };
+            let posted = self.sq.next(WrKind::Cts, last as u16, false);
+            chain[used] = SendWr {
+                wr_id: posted.wr_id,
+                op: SendOp::Write,
+                payload,
+                remote_addr,
+                rkey: self.peer_fifo.rkey,
+                signaled: posted.signaled,
+            };
+            used += 1;
+        }
+        if let Err(err) = nic.post_send(&chain[..used]) {
+            return Err(self.health.fail(err.into()));
+        }
+        self.deferred = 0;
+        Ok(())
     }
 
     /// Process every completion the queue holds (bounded by its depth).
@@ -296,7 +379,13 @@ impl RecvConn {
         else {
             return Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }.into());
         };
-        if seq == self.next_seq || posted_seq != seq || id.seq != seq || id.index != u16::from(slot)
+        // `granted() == 0`: the oldest receive's CTS entry was never written, so no data for it
+        // can be on its way.
+        if seq == self.next_seq
+            || self.granted() == 0
+            || posted_seq != seq
+            || id.seq != seq
+            || id.index != u16::from(slot)
         {
             return Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }.into());
         }

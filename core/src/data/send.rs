@@ -7,7 +7,7 @@ use super::codec::{
 use super::error::{DataError, ProtocolError};
 use super::queue::SendQueue;
 use super::{
-    CQ_DEPTH, Completed, Health, MAX_RECVS, MAX_REQUESTS, NO_COMPLETION, POLL_BATCH,
+    CQ_DEPTH, Completed, EMPTY_WR, Health, MAX_RECVS, MAX_REQUESTS, NO_COMPLETION, POLL_BATCH,
     RECV_INBOUND_LEN, RequestId, SLOTS, SendBuf, Side, completion_error, region_addr,
 };
 use crate::nic::{
@@ -592,15 +592,6 @@ fn record_payload<'a>(
         }
     }
 }
-
-const EMPTY_WR: SendWr<'static> = SendWr {
-    wr_id: 0,
-    op: SendOp::Write,
-    payload: Payload::Empty,
-    remote_addr: 0,
-    rkey: 0,
-    signaled: false,
-};
 
 #[cfg(test)]
 mod tests;

@@ -392,6 +392,46 @@ pub fn isend_before_any_clear_to_send_is_try_later<H: PairHarness>() {
 }
 
 #[doc(hidden)]
+pub fn deferred_clear_to_sends_go_when_the_sender_runs_low<H: PairHarness>() {
+    use crate::data::{CTS_BATCH, CTS_LOW_WATER};
+    // Post one receive fewer than makes a batch beyond the low-water mark: those beyond it stay
+    // staged, so the sender can match exactly CTS_LOW_WATER sends and then waits.
+    let posted = (CTS_LOW_WATER + CTS_BATCH - 1) as usize;
+    let mut p = H::new(64);
+    let payloads: Vec<Vec<u8>> = (0..posted).map(|i| pattern(i as u64, 24 + i)).collect();
+    let rbufs: Vec<RecvBuf> = (0..posted).map(|_| p.recv_buf(64)).collect();
+    let recvs: Vec<RequestId> = rbufs.iter().map(|b| irecv(&mut p, &[*b], &[3])).collect();
+    p.run_until_idle();
+    let sbufs: Vec<SendBuf> = payloads.iter().map(|b| p.send_buf(b)).collect();
+    let mut sends = Vec::new();
+    for buf in &sbufs[..CTS_LOW_WATER as usize] {
+        sends.push(isend(&mut p, *buf, 3));
+    }
+    p.run_until_idle();
+    assert_eq!(
+        p.isend(sbufs[CTS_LOW_WATER as usize], 3),
+        Ok(None),
+        "entries beyond the low-water mark are deferred"
+    );
+    // The receiver learns of the arrivals; its next call writes the deferred entries.
+    assert!(matches!(p.test_recv(recvs[0]), Ok(Completed::Done { .. })));
+    assert_eq!(p.test_recv(recvs[posted - 1]), Ok(Completed::Pending));
+    for buf in &sbufs[CTS_LOW_WATER as usize..] {
+        sends.push(isend(&mut p, *buf, 3));
+    }
+    for s in sends {
+        finish_send(&mut p, s).unwrap();
+    }
+    for (i, r) in recvs.into_iter().enumerate().skip(1) {
+        assert_eq!(
+            done_sizes(finish_recv(&mut p, r).unwrap()),
+            [payloads[i].len() as u64]
+        );
+        assert_eq!(p.received(&rbufs[i], payloads[i].len()), payloads[i]);
+    }
+}
+
+#[doc(hidden)]
 pub fn partially_delivered_grouped_cts_is_try_later<H: PairHarness>() {
     // max_inline 0 stages the CTS; the sender sees entry 0 fresh only once the whole write
     // landed, but a torn view (entry 0 fresh, entry 1 stale) must also be "try later".
@@ -903,6 +943,10 @@ macro_rules! data_pair_tests {
         #[test]
         fn zero_byte_messages_never_touch_the_user_address() {
             $crate::sim::suite::zero_byte_messages_never_touch_the_user_address::<$harness>();
+        }
+        #[test]
+        fn deferred_clear_to_sends_go_when_the_sender_runs_low() {
+            $crate::sim::suite::deferred_clear_to_sends_go_when_the_sender_runs_low::<$harness>();
         }
         #[test]
         fn isend_before_any_clear_to_send_is_try_later() {

@@ -370,3 +370,125 @@ fn failed_irecv_and_test_return_the_first_cause() {
     assert_eq!(r.test(&mut nic, id), Err(DataError::PeerLost));
     assert_eq!(r.failure(), Some(&DataError::PeerLost));
 }
+
+/// Post `count` single receives of 8 bytes (tag 0) on a fresh receiver; no arrivals.
+fn post_singles(r: &mut RecvConn, nic: &mut MockNic, count: usize) -> Vec<RequestId> {
+    let b = bufs(&[8]);
+    (0..count)
+        .map(|_| r.irecv(nic, &b, &[0]).unwrap().unwrap())
+        .collect()
+}
+
+#[test]
+fn free_irecv_with_enough_grants_defers_its_cts() {
+    let (mut r, mut nic) = receiver(64);
+    post_singles(&mut r, &mut nic, CTS_LOW_WATER as usize);
+    assert_eq!(
+        nic.sent.len(),
+        CTS_LOW_WATER as usize,
+        "one write each below the mark"
+    );
+    post_singles(&mut r, &mut nic, 1);
+    assert_eq!(nic.sent.len(), CTS_LOW_WATER as usize, "deferred: no write");
+    assert_eq!(
+        nic.recvs.len(),
+        CTS_LOW_WATER as usize + 1,
+        "the receive is posted"
+    );
+    let slot = CTS_LOW_WATER as usize * CTS_SLOT_LEN;
+    let entry =
+        CtsEntry::decode(nic.staging[slot..slot + CTS_ENTRY_LEN].try_into().unwrap()).unwrap();
+    assert_eq!(
+        entry.stamp,
+        stamp_for(CTS_LOW_WATER),
+        "staged for the later write"
+    );
+}
+
+#[test]
+fn free_irecv_completing_a_batch_writes_the_deferred_slots_in_one_write() {
+    let (mut r, mut nic) = receiver(64);
+    post_singles(&mut r, &mut nic, (CTS_LOW_WATER + CTS_BATCH) as usize);
+    assert_eq!(nic.sent.len(), CTS_LOW_WATER as usize + 1);
+    let write = nic.last();
+    let first = CTS_LOW_WATER as usize * CTS_SLOT_LEN;
+    let len = (CTS_BATCH as usize - 1) * CTS_SLOT_LEN + CTS_ENTRY_LEN;
+    assert_eq!(write.staged, Some((first as u32, len as u32)));
+    assert_eq!(write.remote_addr, 0x5000_0000 + first as u64);
+    assert_eq!(write.bytes[..], nic.staging[first..first + len]);
+    for i in 0..CTS_BATCH as usize {
+        let at = i * CTS_SLOT_LEN;
+        let entry =
+            CtsEntry::decode(write.bytes[at..at + CTS_ENTRY_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(entry.stamp, stamp_for(CTS_LOW_WATER + i as u32));
+    }
+}
+
+#[test]
+fn posted_arrivals_below_the_mark_flush_the_deferred_on_the_next_call() {
+    let (mut r, mut nic) = receiver(64);
+    let ids = post_singles(&mut r, &mut nic, CTS_LOW_WATER as usize + 2);
+    let writes = nic.sent.len();
+    nic.arrive(nic.recvs[0], imm(0, 1, false, false), 8);
+    assert!(matches!(
+        r.test(&mut nic, ids[0]),
+        Ok(Completed::Done { .. })
+    ));
+    assert_eq!(
+        nic.sent.len(),
+        writes,
+        "the call that saw the arrival writes nothing"
+    );
+    assert_eq!(r.test(&mut nic, ids[1]), Ok(Completed::Pending));
+    assert_eq!(nic.sent.len(), writes + 1);
+    let first = CTS_LOW_WATER as usize * CTS_SLOT_LEN;
+    assert_eq!(
+        nic.last().staged,
+        Some((first as u32, (CTS_SLOT_LEN + CTS_ENTRY_LEN) as u32))
+    );
+}
+
+#[test]
+fn posted_deferred_slots_across_the_wrap_go_in_two_writes() {
+    let (mut r, mut nic) = receiver(64);
+    let b = bufs(&[8]);
+    // Walk the sequence so that the batch after the low-water grants starts two slots before
+    // the end of the FIFO.
+    let start = SLOTS as u32 - 2 - CTS_LOW_WATER;
+    for seq in 0..start {
+        let id = r.irecv(&mut nic, &b, &[0]).unwrap().unwrap();
+        nic.arrive(*nic.recvs.last().unwrap(), imm(seq, 1, false, false), 8);
+        assert!(matches!(r.test(&mut nic, id), Ok(Completed::Done { .. })));
+    }
+    post_singles(&mut r, &mut nic, CTS_LOW_WATER as usize);
+    let before = nic.sent.len();
+    post_singles(&mut r, &mut nic, CTS_BATCH as usize);
+    assert_eq!(nic.sent.len(), before + 2, "slots 254..=255, then 0..");
+    let (tail, head) = (&nic.sent[before], &nic.sent[before + 1]);
+    let tail_at = (SLOTS - 2) * CTS_SLOT_LEN;
+    assert_eq!(
+        tail.staged,
+        Some((tail_at as u32, (CTS_SLOT_LEN + CTS_ENTRY_LEN) as u32))
+    );
+    assert_eq!(tail.remote_addr, 0x5000_0000 + tail_at as u64);
+    let head_len = (CTS_BATCH as usize - 3) * CTS_SLOT_LEN + CTS_ENTRY_LEN;
+    assert_eq!(head.staged, Some((0, head_len as u32)));
+    assert_eq!(head.remote_addr, 0x5000_0000);
+    let entry = CtsEntry::decode(head.bytes[..CTS_ENTRY_LEN].try_into().unwrap()).unwrap();
+    assert_eq!(entry.stamp, stamp_for(SLOTS as u32));
+}
+
+#[test]
+fn posted_arrival_for_a_receive_whose_cts_is_deferred_is_a_protocol_error() {
+    let (mut r, mut nic) = receiver(64);
+    let ids = post_singles(&mut r, &mut nic, CTS_LOW_WATER as usize + 1);
+    // All granted receives and then the deferred one arrive in one poll: the sender cannot
+    // have had the last one's address.
+    for seq in 0..=CTS_LOW_WATER {
+        nic.arrive(nic.recvs[seq as usize], imm(seq, 1, false, false), 8);
+    }
+    assert_eq!(
+        protocol_error(&mut r, &mut nic, ids[0]),
+        ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }
+    );
+}
