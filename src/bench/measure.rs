@@ -259,18 +259,17 @@ pub(crate) fn latency_client(
         let rreq = replies
             .pop_front()
             .ok_or_else(|| Error::Stalled(format!("round trip {i}: no receive posted")))?;
-        let (mut sdone, mut rdone) = (false, false);
-        let mut polls = 0u32;
-        while !(sdone && rdone) {
+        // The round trip ends when the reply is here; the reply implies the ping was delivered,
+        // so the ping's own completion (its acknowledgement) is collected after the clock.
+        let (mut sdone, mut polls) = (false, 0u32);
+        loop {
             if !sdone {
                 sdone = send.test(&sreq)?.is_some();
             }
-            if !rdone {
-                rdone = recv.test(&rreq)?.is_some();
+            if recv.test(&rreq)?.is_some() {
+                break;
             }
-            if !(sdone && rdone) {
-                idle();
-            }
+            idle();
             if stalled(&mut polls, start, STALL) {
                 return Err(Error::Stalled(format!(
                     "round trip {i}: no reply for {} s",
@@ -280,6 +279,9 @@ pub(crate) fn latency_client(
         }
         if i >= warmup {
             samples.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
+        }
+        if !sdone {
+            wait(send, &sreq, "ping")?;
         }
         // Replace the receive just used, after the clock stopped.
         if i + LAT_RECVS_AHEAD < total {
@@ -309,12 +311,38 @@ pub(crate) fn latency_server(
     for i in 0..count.min(LAT_RECVS_AHEAD) {
         pings.push_back(post_lat_recv(recv, inbox, size, i, "irecv of a ping")?);
     }
+    // The previous reply's completion is collected while waiting for the next ping, as NCCL's
+    // proxy tests every outstanding request in one pass, rather than before it.
+    let mut reply: Option<Request> = None;
     for i in 0..count {
         let pending = pings
             .pop_front()
             .ok_or_else(|| Error::Stalled(format!("ping {i}: no receive posted")))?;
-        wait(recv, &pending, "ping")?;
-        let sreq = post_until("isend of a reply", || send.isend(outbox, 0, size, TAG))?;
+        let start = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            if let Some(sreq) = &reply {
+                if send.test(sreq)?.is_some() {
+                    reply = None;
+                }
+            }
+            if recv.test(&pending)?.is_some() {
+                break;
+            }
+            idle();
+            if stalled(&mut polls, start, STALL) {
+                return Err(Error::Stalled(format!(
+                    "ping {i}: no completion for {} s",
+                    STALL.as_secs()
+                )));
+            }
+        }
+        if let Some(sreq) = reply.take() {
+            wait(send, &sreq, "reply")?;
+        }
+        reply = Some(post_until("isend of a reply", || {
+            send.isend(outbox, 0, size, TAG)
+        })?);
         // Replace the receive just used while the reply travels.
         if i + LAT_RECVS_AHEAD < count {
             pings.push_back(post_lat_recv(
@@ -325,6 +353,8 @@ pub(crate) fn latency_server(
                 "irecv of a ping",
             )?);
         }
+    }
+    if let Some(sreq) = reply {
         wait(send, &sreq, "reply")?;
     }
     Ok(())

@@ -39,7 +39,7 @@ options:
   --plugin PATH     plugin library (default: RIVET_PLUGIN_LIB, else libnccl_net_rivet.so next to rivet)
   --dev D           plugin device index (default 0)
   --sizes LIST      bandwidth sizes: comma list of sizes or ranges A-B (powers of two), K/M/G suffixes
-                    (default 4K-64M)
+                    (default 4K-64M; none: latency only)
   --iters N         most timed messages per size (default 1000; fewer for large sizes: 128 MiB per size,
                     at least 8)
   --lat-iters N     timed 8-byte round trips (default 2000; 0 skips latency)
@@ -135,6 +135,9 @@ fn parse_size(s: &str) -> Result<usize, Error> {
 
 fn parse_sizes(list: &str) -> Result<Vec<usize>, Error> {
     let mut sizes = Vec::new();
+    if list == "none" {
+        return Ok(sizes);
+    }
     for item in list.split(',').filter(|s| !s.trim().is_empty()) {
         if let Some((a, b)) = item.split_once('-') {
             let (mut s, end) = (parse_size(a)?, parse_size(b)?);
@@ -582,6 +585,8 @@ mod tests {
         assert!(parse_sizes("2G").is_err());
         assert!(parse_sizes("64K-4K").is_err());
         assert!(parse_sizes("x").is_err());
+        assert!(parse_sizes("").is_err());
+        assert_eq!(parse_sizes("none").unwrap(), Vec::<usize>::new());
     }
 
     #[test]
