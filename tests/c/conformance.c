@@ -1205,9 +1205,9 @@ static int bogus_calls(int ck) {
   return ok;
 }
 
-/* NCCL's loopback probe: listen, then connect and accept to itself interleaved in one thread,
- * regMr on both comms; then a message through it. */
-static int loopback_one_thread(int ck) {
+/* Listen, then connect and accept to itself interleaved in this one thread, then closeListen.
+ * Returns 1 with both comms, or 0 after failing the check. */
+static int connect_to_self(int ck, void** send, void** recv) {
   char handle[NET_HANDLE_MAXSIZE] = {0};
   void *l = NULL, *s = NULL, *r = NULL;
   nccl_result rc = p_listen(ctx, dev, handle, &l);
@@ -1231,11 +1231,87 @@ static int loopback_one_thread(int ck) {
       return 0;
     }
   }
-  int ok = 1;
+  *send = s;
+  *recv = r;
   if ((rc = p_close_listen(l)) != NCCL_OK) {
     check_fail(ck, "closeListen returned %d", rc);
+    return 0;
+  }
+  return 1;
+}
+
+/* Receives posted back to back must all reach the sender without any further call on the
+ * receiving comm (NCCL's IB transport writes each clear-to-send in irecv): from one thread, post
+ * 16 receives, then isend 16 messages calling nothing but isend until each is taken, then test. */
+#define POSTED_AHEAD 16
+static int posted_receives_reach_the_sender(int ck) {
+  void *s = NULL, *r = NULL;
+  if (!connect_to_self(ck, &s, &r)) return 0;
+  const size_t msg = 4096;
+  regbuf sb, rb;
+  if (!buf_alloc(ck, &sb, s, POSTED_AHEAD * msg)) return 0;
+  if (!buf_alloc(ck, &rb, r, POSTED_AHEAD * msg)) return 0;
+  void *rreq[POSTED_AHEAD] = {0}, *sreq[POSTED_AHEAD] = {0};
+  for (int i = 0; i < POSTED_AHEAD; i++) {
+    fill(sb.p + i * msg, msg, 20 + i);
+    void* data[1] = {rb.p + i * msg};
+    size_t sz[1] = {msg};
+    int tags[1] = {i};
+    void* mhs[1] = {rb.mh};
+    double start = now_s();
+    while (!rreq[i]) {
+      if (p_irecv(r, 1, data, sz, tags, mhs, &rreq[i]) != NCCL_OK) {
+        check_fail(ck, "irecv %d failed", i);
+        return 0;
+      }
+      if (now_s() - start > timeout_s) {
+        check_fail(ck, "irecv %d of %d refused for %.0f s", i, POSTED_AHEAD, timeout_s);
+        return 0;
+      }
+    }
+  }
+  for (int i = 0; i < POSTED_AHEAD; i++) {
+    double start = now_s();
+    while (!sreq[i]) {
+      if (p_isend(s, sb.p + i * msg, msg, i, sb.mh, &sreq[i]) != NCCL_OK) {
+        check_fail(ck, "isend %d failed", i);
+        return 0;
+      }
+      if (now_s() - start > timeout_s) {
+        check_fail(ck, "isend %d of %d never taken in %.0f s although its receive was posted "
+                   "(nothing else was called meanwhile)", i, POSTED_AHEAD, timeout_s);
+        return 0;
+      }
+    }
+  }
+  int ok = 1;
+  for (int i = 0; i < POSTED_AHEAD; i++) {
+    int got[1] = {-1};
+    char why[128];
+    if (!wait_req(ck, sreq[i], NULL, "send") || !wait_req(ck, rreq[i], got, "receive")) return 0;
+    if (got[0] != (int)msg || !matches(rb.p + i * msg, msg, 20 + i, why, sizeof why)) {
+      check_fail(ck, "message %d: %d bytes, %s", i, got[0], got[0] == (int)msg ? why : "wrong size");
+      ok = 0;
+    }
+  }
+  buf_free(ck, &sb);
+  buf_free(ck, &rb);
+  conn_t c = {.send = s, .recv = r};
+  ok &= close_checked(ck, &c);
+  if (version >= 11 && p_finalize(ctx) != NCCL_OK) {
+    check_fail(ck, "finalize returned an error");
     ok = 0;
   }
+  return ok;
+}
+
+/* NCCL's loopback probe: listen, then connect and accept to itself interleaved in one thread,
+ * regMr on both comms; then a message through it. */
+static int loopback_one_thread(int ck) {
+  void *s = NULL, *r = NULL;
+  double start;
+  if (!connect_to_self(ck, &s, &r)) return 0;
+  int ok = 1;
   regbuf sb, rb;
   if (!buf_alloc(ck, &sb, s, 2 * MIB)) return 0;
   if (!buf_alloc(ck, &rb, r, 2 * MIB)) return 0;
@@ -1431,6 +1507,7 @@ static int run_version(int v, int full) {
 
   run_solo("NULL, bogus and stale handles give errors, not crashes", bogus_calls, 1);
   run_solo("listen -> connect -> accept to itself from one thread, regMr on both, a message", loopback_one_thread, 1);
+  run_solo("16 receives posted back to back reach the sender with no further receiver call", posted_receives_reach_the_sender, 1);
   if (v >= 11) run_solo("init/finalize per communicator x100, 100 live contexts, dlclose + dlopen + init", lifecycle, 0);
   run_pair(&connect_only);
   for (size_t i = 0; i < sizeof pair_checks_subset / sizeof pair_checks_subset[0]; i++)

@@ -12,7 +12,10 @@ use super::{
 use crate::nic::{Completion, CompletionKind, Nic, Payload, RemoteRegion, SendOp, SendWr};
 
 /// A receive may leave its CTS entries staged (deferred) while the sender holds at least this
-/// many grants: receives whose entries were written and whose data has not arrived here. The
+/// many grants (receives whose entries were written and whose data has not arrived here), and only
+/// when `test` ran on the connection since the previous receive: a deferred entry waits for a
+/// later call, so only a receiver that is being polled, as NCCL's progress thread polls, defers;
+/// receives posted back to back are written at once, as NCCL's IB transport writes them. The
 /// deferred entries then go together, in one RDMA WRITE, at the first call after arrivals took the
 /// grants below this, or when [`CTS_BATCH`] wait. A lone receive is written at once; a receiver
 /// that keeps NCCL's 8 receives posted writes one CTS per up to 6 receives instead of one each.
@@ -63,6 +66,9 @@ pub struct RecvConn {
     /// The newest receives whose CTS entries are staged but not yet written to the sender
     /// (always the last `deferred` receives posted; see [`CTS_LOW_WATER`]).
     deferred: u32,
+    /// Whether `test` ran since the last `irecv`: only a receiver that is being polled may defer
+    /// (receives posted back to back are all written at once, as NCCL's IB transport writes them).
+    polled: bool,
     outstanding: usize,
     health: Health,
     /// Poll buffer, kept here so polling does not initialise one per call.
@@ -96,6 +102,7 @@ impl RecvConn {
             }; SLOTS],
             recvs_posted: 0,
             deferred: 0,
+            polled: false,
             outstanding: 0,
             health,
             batch: [NO_COMPLETION; POLL_BATCH],
@@ -183,7 +190,8 @@ impl RecvConn {
         self.next_seq = seq.wrapping_add(1);
         self.outstanding += 1;
         self.deferred += 1;
-        if self.flush_due() {
+        let may_defer = core::mem::replace(&mut self.polled, false);
+        if !may_defer || self.flush_due() {
             let inline = (self.deferred == 1 && len <= nic.max_inline()).then_some(&bytes[..len]);
             self.flush_cts(nic, inline)?;
         }
@@ -197,6 +205,7 @@ impl RecvConn {
     /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
     pub fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
         let index = self.lookup(req)?;
+        self.polled = true;
         if self.flush_due() && self.health.check().is_ok() {
             if let Err(err) = self.flush_cts(nic, None) {
                 self.release(index);

@@ -400,7 +400,15 @@ pub fn deferred_clear_to_sends_go_when_the_sender_runs_low<H: PairHarness>() {
     let mut p = H::new(64);
     let payloads: Vec<Vec<u8>> = (0..posted).map(|i| pattern(i as u64, 24 + i)).collect();
     let rbufs: Vec<RecvBuf> = (0..posted).map(|_| p.recv_buf(64)).collect();
-    let recvs: Vec<RequestId> = rbufs.iter().map(|b| irecv(&mut p, &[*b], &[3])).collect();
+    // Each receive followed by a test, as a polling receiver does (back to back, none would wait).
+    let recvs: Vec<RequestId> = rbufs
+        .iter()
+        .map(|b| {
+            let id = irecv(&mut p, &[*b], &[3]);
+            assert_eq!(p.test_recv(id), Ok(Completed::Pending));
+            id
+        })
+        .collect();
     p.run_until_idle();
     let sbufs: Vec<SendBuf> = payloads.iter().map(|b| p.send_buf(b)).collect();
     let mut sends = Vec::new();

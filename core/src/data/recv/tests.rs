@@ -371,12 +371,50 @@ fn failed_irecv_and_test_return_the_first_cause() {
     assert_eq!(r.failure(), Some(&DataError::PeerLost));
 }
 
-/// Post `count` single receives of 8 bytes (tag 0) on a fresh receiver; no arrivals.
+/// Post `count` single receives of 8 bytes (tag 0), each followed by a `test` of it (pending), as
+/// a polling receiver does; no arrivals.
 fn post_singles(r: &mut RecvConn, nic: &mut MockNic, count: usize) -> Vec<RequestId> {
     let b = bufs(&[8]);
     (0..count)
-        .map(|_| r.irecv(nic, &b, &[0]).unwrap().unwrap())
+        .map(|_| {
+            let id = r.irecv(nic, &b, &[0]).unwrap().unwrap();
+            assert_eq!(r.test(nic, id), Ok(Completed::Pending));
+            id
+        })
         .collect()
+}
+
+#[test]
+fn free_irecv_back_to_back_writes_every_cts_at_once() {
+    // Without a `test` in between nothing is deferred: a driver that posts its receives and then
+    // only spins on the sender must still see every one.
+    let (mut r, mut nic) = receiver(64);
+    let b = bufs(&[8]);
+    let count = (CTS_LOW_WATER + CTS_BATCH) as usize;
+    for _ in 0..count {
+        r.irecv(&mut nic, &b, &[0]).unwrap().unwrap();
+    }
+    assert_eq!(nic.sent.len(), count);
+    // After a test, the next one may wait; a second back-to-back one takes it along.
+    let (mut r, mut nic) = receiver(64);
+    let ids = post_singles(&mut r, &mut nic, CTS_LOW_WATER as usize + 1);
+    assert_eq!(
+        nic.sent.len(),
+        CTS_LOW_WATER as usize,
+        "the last one is deferred"
+    );
+    // Right after the test: may wait too.
+    r.irecv(&mut nic, &b, &[0]).unwrap().unwrap();
+    assert_eq!(nic.sent.len(), CTS_LOW_WATER as usize);
+    // Back to back with that one: all three go.
+    r.irecv(&mut nic, &b, &[0]).unwrap().unwrap();
+    assert_eq!(nic.sent.len(), CTS_LOW_WATER as usize + 1);
+    let first = CTS_LOW_WATER as usize * CTS_SLOT_LEN;
+    assert_eq!(
+        nic.last().staged,
+        Some((first as u32, (2 * CTS_SLOT_LEN + CTS_ENTRY_LEN) as u32))
+    );
+    assert_eq!(ids.len(), CTS_LOW_WATER as usize + 1);
 }
 
 #[test]
