@@ -96,6 +96,17 @@ perf_pair() {
     awk '/^ *#bytes/ { on = 1; next } on && /^ *[0-9]/ { print; exit }' "$work/client"
 }
 
+# record_latency KIND JSON: the latency percentiles of a `rivet bench --json` line into $results
+# (KIND p50, KIND99 p99); leaves them in $p50 and $p99.
+record_latency() {
+    local lat
+    lat=$(grep -o '"latency":{[^}]*}' <<<"$2")
+    p50=$(grep -o '"p50_us":[0-9.]*' <<<"$lat" | cut -d: -f2)
+    p99=$(grep -o '"p99_us":[0-9.]*' <<<"$lat" | cut -d: -f2)
+    echo "$1 8 $p50" >>"$results"
+    echo "${1}99 8 $p99" >>"$results"
+}
+
 say "device $dev, GID index $gid_index ($ip4), $runs round(s), sizes ${sizes[*]}, rivet $rivet"
 say "$(uname -r), $(nproc) vCPU(s), $(date -u +%Y-%m-%dT%H:%MZ)"
 results=$work/results # lines: KIND SIZE VALUE
@@ -121,19 +132,11 @@ for ((r = 1; r <= runs; r++)); do
     # Pull "size":N ... "mib_per_s":X pairs and the latency percentiles out of the one-line JSON.
     grep -o '"size":[0-9]*,"iters":[0-9]*,"seconds":[0-9.]*,"mib_per_s":[0-9.]*' <<<"$json" |
         awk -F'[:,]' '{ print "rivet_bw", $2, $8 }' >>"$results"
-    lat=$(grep -o '"latency":{[^}]*}' <<<"$json")
-    p50=$(grep -o '"p50_us":[0-9.]*' <<<"$lat" | cut -d: -f2)
-    p99=$(grep -o '"p99_us":[0-9.]*' <<<"$lat" | cut -d: -f2)
-    echo "rivet_lat 8 $p50" >>"$results"
-    echo "rivet_lat99 8 $p99" >>"$results"
+    record_latency rivet_lat "$json"
     say "round $r: rivet bench done (p50 $p50 us, p99 $p99 us)"
     # ib_send_lat busy-polls its CQ on both sides: the like-for-like latency busy-polls too.
     json=$("$rivet" bench --json --quiet --poll spin --sizes none --lat-iters "$lat_iters") || { say "rivet bench --poll spin failed"; exit 1; }
-    lat=$(grep -o '"latency":{[^}]*}' <<<"$json")
-    p50=$(grep -o '"p50_us":[0-9.]*' <<<"$lat" | cut -d: -f2)
-    p99=$(grep -o '"p99_us":[0-9.]*' <<<"$lat" | cut -d: -f2)
-    echo "rivet_spin_lat 8 $p50" >>"$results"
-    echo "rivet_spin_lat99 8 $p99" >>"$results"
+    record_latency rivet_spin_lat "$json"
     say "round $r: rivet bench --poll spin latency done (p50 $p50 us, p99 $p99 us)"
 done
 

@@ -1240,6 +1240,19 @@ static int connect_to_self(int ck, void** send, void** recv) {
   return 1;
 }
 
+/* Free both buffers, close both comms of a connection to itself and (v11+) finalize. */
+static int release_self(int ck, regbuf* sb, regbuf* rb, void* s, void* r) {
+  buf_free(ck, sb);
+  buf_free(ck, rb);
+  conn_t c = {.send = s, .recv = r};
+  int ok = close_checked(ck, &c);
+  if (version >= 11 && p_finalize(ctx) != NCCL_OK) {
+    check_fail(ck, "finalize returned an error");
+    ok = 0;
+  }
+  return ok;
+}
+
 /* Receives posted back to back must all reach the sender without any further call on the
  * receiving comm (NCCL's IB transport writes each clear-to-send in irecv): from one thread, post
  * 16 receives, then isend 16 messages calling nothing but isend until each is taken, then test. */
@@ -1294,15 +1307,7 @@ static int posted_receives_reach_the_sender(int ck) {
       ok = 0;
     }
   }
-  buf_free(ck, &sb);
-  buf_free(ck, &rb);
-  conn_t c = {.send = s, .recv = r};
-  ok &= close_checked(ck, &c);
-  if (version >= 11 && p_finalize(ctx) != NCCL_OK) {
-    check_fail(ck, "finalize returned an error");
-    ok = 0;
-  }
-  return ok;
+  return release_self(ck, &sb, &rb, s, r) && ok;
 }
 
 /* NCCL's loopback probe: listen, then connect and accept to itself interleaved in one thread,
@@ -1358,15 +1363,7 @@ static int loopback_one_thread(int ck) {
     check_fail(ck, "loopback message: %d bytes, %s", got[0], got[0] == 2 * MIB ? why : "wrong size");
     ok = 0;
   }
-  buf_free(ck, &sb);
-  buf_free(ck, &rb);
-  conn_t c = {.send = s, .recv = r};
-  ok &= close_checked(ck, &c);
-  if (version >= 11 && p_finalize(ctx) != NCCL_OK) {
-    check_fail(ck, "finalize returned an error");
-    ok = 0;
-  }
-  return ok;
+  return release_self(ck, &sb, &rb, s, r) && ok;
 }
 
 /* v11+: 100 init/finalize cycles (each with a listen on its ctx), then 100 live contexts at once,
