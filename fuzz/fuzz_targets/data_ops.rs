@@ -2,7 +2,8 @@
 //! through the simulated fabric, checked against a model of the protocol:
 //!
 //! - a send matches the first unmatched entry with its tag of the oldest receive with unmatched
-//!   entries, or nothing;
+//!   entries, or nothing; it is refused only while that receive's CTS is not yet written (the
+//!   receiver may hold back its newest ones until its next call) or still in flight;
 //! - every request is reported exactly once (Done or an error), then its id is invalid;
 //! - received bytes and sizes are exactly what was sent (each message's bytes derive from its
 //!   number), a send larger than its buffer fails on both sides;
@@ -166,14 +167,18 @@ impl Harness {
                 self.next_msg += 1;
             }
             Ok(None) => {
-                // Liveness: with every CTS delivered, a pool slot free and no fault, a send whose
-                // tag the oldest waiting receive offers must be taken.
+                // Liveness: with every CTS written and delivered, a pool slot free and no fault,
+                // a send whose tag the oldest waiting receive offers must be taken. The receiver
+                // may hold back the CTS of its newest receives until its next call.
+                let announced_below = self.next_recv_seq - self.p.recv.unannounced() as u64;
                 let offered =
                     self.recvs
                         .iter()
                         .find(|(_, r)| !r.complete())
-                        .is_some_and(|(_, r)| {
-                            (0..r.tags.len()).any(|i| r.matched[i].is_none() && r.tags[i] == tag)
+                        .is_some_and(|(seq, r)| {
+                            *seq < announced_below
+                                && (0..r.tags.len())
+                                    .any(|i| r.matched[i].is_none() && r.tags[i] == tag)
                         });
                 assert!(
                     !(offered

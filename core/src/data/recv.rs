@@ -253,6 +253,12 @@ impl RecvConn {
         self.outstanding
     }
 
+    /// Receives posted whose CTS entries have not been written to the sender yet: always the
+    /// newest ones (see [`CTS_LOW_WATER`]).
+    pub fn unannounced(&self) -> usize {
+        self.deferred as usize
+    }
+
     /// Receives whose CTS entries the sender has (or will have, the write being under way) and
     /// whose data has not arrived.
     fn granted(&self) -> u32 {
