@@ -138,11 +138,13 @@ impl Report {
             "rivet bench ({}): {} -> {}, window {}, poll {}, plugin {}",
             self.mode, self.device, self.server_device, self.window, self.poll, self.plugin
         );
-        let _ = writeln!(
-            s,
-            "{:>10} {:>8} {:>12} {:>10} {:>12}",
-            "size", "iters", "MiB/s", "Gb/s", "msg/s"
-        );
+        if !self.bandwidth.is_empty() {
+            let _ = writeln!(
+                s,
+                "{:>10} {:>8} {:>12} {:>10} {:>12}",
+                "size", "iters", "MiB/s", "Gb/s", "msg/s"
+            );
+        }
         for b in &self.bandwidth {
             let _ = writeln!(
                 s,
@@ -262,5 +264,13 @@ mod tests {
         assert!(j.starts_with('{') && j.ends_with('}'));
         assert!(j.contains("\"plugin\":\"a\\\"b\"") && j.contains("\"size\":4096"));
         assert!(r.table().contains("4 KiB"));
+        // Latency only (`--sizes none`): no bandwidth header, an empty list in JSON.
+        let r = Report {
+            bandwidth: Vec::new(),
+            latency: Some(Latency::from_samples(8, vec![3.0, 1.0, 2.0])),
+            ..r
+        };
+        assert!(!r.table().contains("MiB/s") && r.table().contains("p50 2.00 us"));
+        assert!(r.json().contains("\"bandwidth\":[]"));
     }
 }
