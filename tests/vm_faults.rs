@@ -40,7 +40,8 @@ fn faults_end_in_errors_not_hangs() {
     for s in SCENARIOS {
         let run = format!("{faults} {} {s}", lib.display());
         // The memlock limit binds only without CAP_IPC_LOCK: run that one as nobody, under
-        // `ulimit -l 4096`, with the device node opened up for it.
+        // `ulimit -l 4096`, with the device node opened up for it, from copies of the program and
+        // the plugin in a directory nobody can reach (the checkout may sit under a 0700 one).
         let run = if s == "valgrind" {
             // Memcheck over the plugin's whole life cycle in one process: init, 20 connections
             // set up, used and torn down, finalize. An invalid access, or memory the plugin
@@ -54,9 +55,15 @@ fn faults_end_in_errors_not_hangs() {
             // A short deadline for this scenario only; the others keep the default.
             format!("RIVET_HANDSHAKE_TIMEOUT_MS=1500 {run}")
         } else if s == "memlock" {
+            let name = lib
+                .file_name()
+                .map_or("plugin.so".into(), |n| n.to_string_lossy());
             format!(
-                "chmod 666 /dev/infiniband/uverbs0 && setpriv --reuid=65534 --regid=65534 \
-                 --clear-groups --inh-caps=-all --bounding-set=-all bash -c 'ulimit -l 4096 && {run}'"
+                "chmod 666 /dev/infiniband/uverbs0 && nb=$(mktemp -d) && chmod 755 \"$nb\" && \
+                 cp {faults} \"$nb/faults\" && cp {lib} \"$nb/{name}\" && chmod 755 \"$nb\"/* && \
+                 setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all \
+                 --bounding-set=-all bash -c \"ulimit -l 4096 && $nb/faults $nb/{name} {s}\"",
+                lib = lib.display()
             )
         } else {
             run
