@@ -269,7 +269,6 @@ fn completion_error(c: &Completion) -> DataError {
     }
 }
 
-/// Address `offset` bytes into a peer region, refusing to leave it.
 /// A placeholder to fill work-request chains with (never posted).
 const EMPTY_WR: crate::nic::SendWr<'static> = crate::nic::SendWr {
     wr_id: 0,
@@ -280,6 +279,7 @@ const EMPTY_WR: crate::nic::SendWr<'static> = crate::nic::SendWr {
     signaled: false,
 };
 
+/// Address `offset` bytes into a peer region, refusing to leave it.
 fn region_addr(region: &crate::nic::RemoteRegion, offset: usize, len: usize) -> Option<u64> {
     let end = offset.checked_add(len)?;
     if end > region.len as usize {
