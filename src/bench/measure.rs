@@ -224,16 +224,95 @@ fn wait(comm: &Comm<'_>, req: &Request, what: &str) -> Result<usize, Error> {
 /// clear-to-send a receive writes is then long delivered when the matching send comes.
 pub(crate) const LAT_RECVS_AHEAD: usize = 8;
 
-/// Post receive `i` of the ping-pong into its own `size`-byte slot of `region`.
-fn post_lat_recv(
-    recv: &Comm<'_>,
-    region: &Region<'_, '_>,
+/// The receives of one side of the ping-pong: receive `i` goes into slot `i % LAT_RECVS_AHEAD` of
+/// `region`, [`LAT_RECVS_AHEAD`] are kept posted, and each is replaced after use.
+struct RecvsAhead<'a, 'p> {
+    recv: &'a Comm<'p>,
+    region: &'a Region<'a, 'p>,
     size: usize,
-    i: usize,
-    what: &str,
-) -> Result<Request, Error> {
-    let offset = (i % LAT_RECVS_AHEAD) * size;
-    post_until(what, || recv.irecv(region, offset, size, TAG))
+    total: usize,
+    what: &'static str,
+    posted: VecDeque<Request>,
+}
+
+impl<'a, 'p> RecvsAhead<'a, 'p> {
+    /// Post the first [`LAT_RECVS_AHEAD`] of `total` receives.
+    fn new(
+        recv: &'a Comm<'p>,
+        region: &'a Region<'a, 'p>,
+        size: usize,
+        total: usize,
+        what: &'static str,
+    ) -> Result<Self, Error> {
+        let mut ring = Self {
+            recv,
+            region,
+            size,
+            total,
+            what,
+            posted: VecDeque::with_capacity(LAT_RECVS_AHEAD),
+        };
+        for i in 0..total.min(LAT_RECVS_AHEAD) {
+            ring.post(i)?;
+        }
+        Ok(ring)
+    }
+
+    fn post(&mut self, i: usize) -> Result<(), Error> {
+        let offset = (i % LAT_RECVS_AHEAD) * self.size;
+        let req = post_until(self.what, || {
+            self.recv.irecv(self.region, offset, self.size, TAG)
+        })?;
+        self.posted.push_back(req);
+        Ok(())
+    }
+
+    /// The posted receive for message `i` (the oldest).
+    fn take(&mut self, i: usize) -> Result<Request, Error> {
+        self.posted
+            .pop_front()
+            .ok_or_else(|| Error::Stalled(format!("message {i}: no receive posted")))
+    }
+
+    /// Message `i`'s receive was used: post the one [`LAT_RECVS_AHEAD`] later, if any.
+    fn replace(&mut self, i: usize) -> Result<(), Error> {
+        if i + LAT_RECVS_AHEAD < self.total {
+            self.post(i + LAT_RECVS_AHEAD)?;
+        }
+        Ok(())
+    }
+}
+
+/// Test `sent` (dropped once done) and `pending` until `pending` completes, as NCCL's proxy
+/// tests every outstanding request in one pass. `stall` names the wait in the error after
+/// [`STALL`] from `start`.
+fn wait_for_receive(
+    send: &Comm<'_>,
+    sent: &mut Option<Request>,
+    recv: &Comm<'_>,
+    pending: &Request,
+    start: Instant,
+    stall: impl FnOnce() -> String,
+) -> Result<(), Error> {
+    let mut polls = 0u32;
+    loop {
+        if let Some(sreq) = sent {
+            if send.test(sreq)?.is_some() {
+                *sent = None;
+            }
+        }
+        if recv.test(pending)?.is_some() {
+            return Ok(());
+        }
+        idle();
+        if stalled(&mut polls, start, STALL) {
+            return Err(Error::Stalled(format!(
+                "{} for {} s",
+                stall(),
+                STALL.as_secs()
+            )));
+        }
+    }
 }
 
 /// Client side of the ping-pong: one-way latency (round trip / 2) of each timed round trip.
@@ -249,50 +328,26 @@ pub(crate) fn latency_client(
 ) -> Result<Vec<f64>, Error> {
     let total = warmup + iters;
     let mut samples = Vec::with_capacity(iters);
-    let mut replies: VecDeque<Request> = VecDeque::with_capacity(LAT_RECVS_AHEAD);
-    for i in 0..total.min(LAT_RECVS_AHEAD) {
-        replies.push_back(post_lat_recv(recv, back, size, i, "irecv of a reply")?);
-    }
+    let mut replies = RecvsAhead::new(recv, back, size, total, "irecv of a reply")?;
     for i in 0..total {
         let start = Instant::now();
-        let sreq = post_until("isend of the ping", || send.isend(out, 0, size, TAG))?;
-        let rreq = replies
-            .pop_front()
-            .ok_or_else(|| Error::Stalled(format!("round trip {i}: no receive posted")))?;
+        let mut ping = Some(post_until("isend of the ping", || {
+            send.isend(out, 0, size, TAG)
+        })?);
+        let rreq = replies.take(i)?;
         // The round trip ends when the reply is here; the reply implies the ping was delivered,
         // so the ping's own completion (its acknowledgement) is collected after the clock.
-        let (mut sdone, mut polls) = (false, 0u32);
-        loop {
-            if !sdone {
-                sdone = send.test(&sreq)?.is_some();
-            }
-            if recv.test(&rreq)?.is_some() {
-                break;
-            }
-            idle();
-            if stalled(&mut polls, start, STALL) {
-                return Err(Error::Stalled(format!(
-                    "round trip {i}: no reply for {} s",
-                    STALL.as_secs()
-                )));
-            }
-        }
+        wait_for_receive(send, &mut ping, recv, &rreq, start, || {
+            format!("round trip {i}: no reply")
+        })?;
         if i >= warmup {
             samples.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
         }
-        if !sdone {
+        if let Some(sreq) = ping {
             wait(send, &sreq, "ping")?;
         }
         // Replace the receive just used, after the clock stopped.
-        if i + LAT_RECVS_AHEAD < total {
-            replies.push_back(post_lat_recv(
-                recv,
-                back,
-                size,
-                i + LAT_RECVS_AHEAD,
-                "irecv of a reply",
-            )?);
-        }
+        replies.replace(i)?;
     }
     Ok(samples)
 }
@@ -307,36 +362,15 @@ pub(crate) fn latency_server(
     size: usize,
     count: usize,
 ) -> Result<(), Error> {
-    let mut pings: VecDeque<Request> = VecDeque::with_capacity(LAT_RECVS_AHEAD);
-    for i in 0..count.min(LAT_RECVS_AHEAD) {
-        pings.push_back(post_lat_recv(recv, inbox, size, i, "irecv of a ping")?);
-    }
-    // The previous reply's completion is collected while waiting for the next ping, as NCCL's
-    // proxy tests every outstanding request in one pass, rather than before it.
+    let mut pings = RecvsAhead::new(recv, inbox, size, count, "irecv of a ping")?;
+    // The previous reply's completion is collected while waiting for the next ping rather than
+    // before it.
     let mut reply: Option<Request> = None;
     for i in 0..count {
-        let pending = pings
-            .pop_front()
-            .ok_or_else(|| Error::Stalled(format!("ping {i}: no receive posted")))?;
-        let start = Instant::now();
-        let mut polls = 0u32;
-        loop {
-            if let Some(sreq) = &reply {
-                if send.test(sreq)?.is_some() {
-                    reply = None;
-                }
-            }
-            if recv.test(&pending)?.is_some() {
-                break;
-            }
-            idle();
-            if stalled(&mut polls, start, STALL) {
-                return Err(Error::Stalled(format!(
-                    "ping {i}: no completion for {} s",
-                    STALL.as_secs()
-                )));
-            }
-        }
+        let pending = pings.take(i)?;
+        wait_for_receive(send, &mut reply, recv, &pending, Instant::now(), || {
+            format!("ping {i}: no completion")
+        })?;
         if let Some(sreq) = reply.take() {
             wait(send, &sreq, "reply")?;
         }
@@ -344,15 +378,7 @@ pub(crate) fn latency_server(
             send.isend(outbox, 0, size, TAG)
         })?);
         // Replace the receive just used while the reply travels.
-        if i + LAT_RECVS_AHEAD < count {
-            pings.push_back(post_lat_recv(
-                recv,
-                inbox,
-                size,
-                i + LAT_RECVS_AHEAD,
-                "irecv of a ping",
-            )?);
-        }
+        pings.replace(i)?;
     }
     if let Some(sreq) = reply {
         wait(send, &sreq, "reply")?;
