@@ -1265,37 +1265,20 @@ static int posted_receives_reach_the_sender(int ck) {
   if (!buf_alloc(ck, &sb, s, POSTED_AHEAD * msg)) return 0;
   if (!buf_alloc(ck, &rb, r, POSTED_AHEAD * msg)) return 0;
   void *rreq[POSTED_AHEAD] = {0}, *sreq[POSTED_AHEAD] = {0};
+  char what[64];
   for (int i = 0; i < POSTED_AHEAD; i++) {
     fill(sb.p + i * msg, msg, 20 + i);
     void* data[1] = {rb.p + i * msg};
     size_t sz[1] = {msg};
     int tags[1] = {i};
     void* mhs[1] = {rb.mh};
-    double start = now_s();
-    while (!rreq[i]) {
-      if (p_irecv(r, 1, data, sz, tags, mhs, &rreq[i]) != NCCL_OK) {
-        check_fail(ck, "irecv %d failed", i);
-        return 0;
-      }
-      if (now_s() - start > timeout_s) {
-        check_fail(ck, "irecv %d of %d refused for %.0f s", i, POSTED_AHEAD, timeout_s);
-        return 0;
-      }
-    }
+    snprintf(what, sizeof what, "receive %d of %d", i, POSTED_AHEAD);
+    if (!(rreq[i] = post_recv(ck, r, 1, data, sz, tags, mhs, NULL, what))) return 0;
   }
+  /* Nothing but isend from here until every send is taken: the receives must already be known. */
   for (int i = 0; i < POSTED_AHEAD; i++) {
-    double start = now_s();
-    while (!sreq[i]) {
-      if (p_isend(s, sb.p + i * msg, msg, i, sb.mh, &sreq[i]) != NCCL_OK) {
-        check_fail(ck, "isend %d failed", i);
-        return 0;
-      }
-      if (now_s() - start > timeout_s) {
-        check_fail(ck, "isend %d of %d never taken in %.0f s although its receive was posted "
-                   "(nothing else was called meanwhile)", i, POSTED_AHEAD, timeout_s);
-        return 0;
-      }
-    }
+    snprintf(what, sizeof what, "send %d of %d, its receive posted, nothing else called", i, POSTED_AHEAD);
+    if (!(sreq[i] = post_send(ck, s, sb.p + i * msg, msg, i, sb.mh, what))) return 0;
   }
   int ok = 1;
   for (int i = 0; i < POSTED_AHEAD; i++) {
