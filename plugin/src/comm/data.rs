@@ -21,7 +21,7 @@ use crate::oob::socket::{self, Liveness};
 use crate::registry::{Handle, Registry};
 use core::ffi::c_int;
 use rivet_core::data::{Completed, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn};
-use rivet_core::nic::NicError;
+use rivet_core::event::WatchId;
 use rivet_core::time::{Duration, Instant};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,17 +71,20 @@ const EOF_GRACE: Duration = Duration::from_millis(200);
 struct Watch {
     /// The handshake socket, kept open for the life of the comm.
     socket: TcpStream,
+    /// This connection's registration for the port's asynchronous events.
+    events: WatchId,
     calls: u32,
     next_check: Instant,
     eof_since: Option<Instant>,
 }
 
 impl Watch {
-    fn new(socket: TcpStream) -> Self {
+    fn new(socket: TcpStream, events: WatchId) -> Self {
         // Keepalive failing to switch on leaves process death (EOF) detection intact.
         let _ = socket::keepalive(&socket);
         Self {
             socket,
+            events,
             calls: 0,
             next_check: Instant::from_nanos(0),
             eof_since: None,
@@ -89,7 +92,7 @@ impl Watch {
     }
 
     /// A fatal error to inject into the connection, if the peer or the port is gone.
-    fn check(&mut self, port: &OpenPort, qpn: u32) -> Option<DataError> {
+    fn check(&mut self, port: &OpenPort) -> Option<DataError> {
         self.calls = self.calls.wrapping_add(1);
         if self.calls % CHECK_EVERY_CALLS != 0 {
             return None;
@@ -99,8 +102,8 @@ impl Watch {
             return None;
         }
         self.next_check = now + CHECK_INTERVAL;
-        if let Some(event) = port.fatal_event_for(qpn) {
-            return Some(DataError::Nic(NicError::Fatal { event }));
+        if let Some(err) = port.fatal_event_for(self.events) {
+            return Some(err);
         }
         match socket::liveness(&self.socket) {
             Liveness::Alive => {
@@ -119,7 +122,7 @@ impl<Conn> Side<Conn> {
     /// Wrap an established connection.
     pub(crate) fn new(conn: Conn, endpoint: Endpoint, socket: TcpStream, peer: String) -> Self {
         let port = Arc::clone(endpoint.port());
-        let watch = Watch::new(socket);
+        let watch = Watch::new(socket, port.watch(endpoint.qp_num(), endpoint.cq_addr()));
         Self {
             state: Mutex::new(State {
                 conn,
@@ -170,6 +173,17 @@ impl<Conn> Side<Conn> {
     }
 }
 
+impl<Conn> Drop for Side<Conn> {
+    fn drop(&mut self) {
+        // Before the endpoint (QP and CQ) is destroyed: a later connection may get its numbers.
+        let events = match self.state.get_mut() {
+            Ok(state) => state.watch.events,
+            Err(poisoned) => poisoned.into_inner().watch.events,
+        };
+        self.port.unwatch(events);
+    }
+}
+
 /// What `test` needs of either connection direction.
 pub(crate) trait Testable {
     fn test(&mut self, nic: &mut Endpoint, req: RequestId) -> Result<Completed, DataError>;
@@ -203,7 +217,7 @@ impl<Conn: Testable> Side<Conn> {
             watch,
         } = &mut *state;
         match conn.test(endpoint, req) {
-            Ok(Completed::Pending) => match watch.check(&self.port, endpoint.qp_num()) {
+            Ok(Completed::Pending) => match watch.check(&self.port) {
                 None => Ok(None),
                 Some(err) => {
                     conn.handle_fatal(err);
@@ -278,7 +292,7 @@ pub(crate) fn isend(
         tag as u32,
     ) {
         Ok(Some(req)) => Ok(Some(request_ptr(handle, req))),
-        Ok(None) => match watch.check(&side.port, endpoint.qp_num()) {
+        Ok(None) => match watch.check(&side.port) {
             None => Ok(None),
             Some(err) => {
                 conn.handle_fatal(err);
@@ -321,7 +335,7 @@ pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Option<Ptr>> {
     } = &mut *state;
     match conn.irecv(endpoint, &bufs[..args.n], &tags[..args.n]) {
         Ok(Some(req)) => Ok(Some(request_ptr(handle, req))),
-        Ok(None) => match watch.check(&side.port, endpoint.qp_num()) {
+        Ok(None) => match watch.check(&side.port) {
             None => Ok(None),
             Some(err) => {
                 conn.handle_fatal(err);
