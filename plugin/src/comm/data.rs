@@ -16,7 +16,7 @@ use crate::backend::any::AnyEndpoint as Endpoint;
 use crate::backend::device::OpenPort;
 use crate::clock;
 use crate::error::{NetError, NetResult};
-use crate::log::warn;
+use crate::log::{INIT_NET, info, warn};
 use crate::oob::socket::{self, Liveness};
 use crate::registry::{Handle, Registry};
 use core::ffi::c_int;
@@ -184,10 +184,12 @@ impl<Conn> Drop for Side<Conn> {
     }
 }
 
-/// What `test` needs of either connection direction.
+/// What `test` and `close` need of either connection direction.
 pub(crate) trait Testable {
     fn test(&mut self, nic: &mut Endpoint, req: RequestId) -> Result<Completed, DataError>;
     fn handle_fatal(&mut self, err: DataError);
+    fn drain(&mut self, nic: &mut Endpoint) -> Result<usize, DataError>;
+    fn outstanding(&self) -> usize;
 }
 
 impl Testable for SendConn {
@@ -196,6 +198,12 @@ impl Testable for SendConn {
     }
     fn handle_fatal(&mut self, err: DataError) {
         Self::handle_fatal(self, err);
+    }
+    fn drain(&mut self, nic: &mut Endpoint) -> Result<usize, DataError> {
+        Self::drain(self, nic)
+    }
+    fn outstanding(&self) -> usize {
+        Self::outstanding(self)
     }
 }
 
@@ -206,9 +214,99 @@ impl Testable for RecvConn {
     fn handle_fatal(&mut self, err: DataError) {
         Self::handle_fatal(self, err);
     }
+    fn drain(&mut self, nic: &mut Endpoint) -> Result<usize, DataError> {
+        Self::drain(self, nic)
+    }
+    fn outstanding(&self) -> usize {
+        Self::outstanding(self)
+    }
+}
+
+/// How long `closeSend`/`closeRecv` wait for work already posted on the connection to make
+/// progress before its queue pair is destroyed anyway (see [`Side::drain_before_close`]): a peer
+/// that is still sending keeps the wait going, one that stopped ends it after this.
+const CLOSE_IDLE: Duration = Duration::from_secs(2);
+/// The longest `closeSend`/`closeRecv` wait in any case.
+const CLOSE_MAX: Duration = Duration::from_secs(10);
+
+/// How a close went, for its log line.
+enum Drained {
+    /// Nothing was left, or all of it finished.
+    Clean,
+    /// The connection had failed, or the peer closed or died: nothing more could finish.
+    PeerGone,
+    /// The deadline passed with work outstanding.
+    TimedOut,
 }
 
 impl<Conn: Testable> Side<Conn> {
+    /// Before the queue pair is destroyed, let what is already posted finish: a receiver waits
+    /// until the data of every receive the sender was granted has arrived, a sender until every
+    /// posted send has completed (`rivet_core`'s `drain`). Bounded by [`CLOSE_IDLE`] without
+    /// progress and [`CLOSE_MAX`] in all, and cut short when the connection fails or the peer's socket reaches EOF (it closed its end or
+    /// died: nothing more will come). NCCL may close with requests outstanding; destroying the
+    /// queue pair at once would cut off clear-to-send writes still queued and the peer's writes
+    /// for receives it was granted, failing (or stalling) the peer's sends although this side
+    /// posted their receives.
+    fn drain_before_close(&self, call: &str) {
+        let mut state = match self.state.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let State {
+            conn,
+            endpoint,
+            watch,
+        } = &mut *state;
+        let outstanding = conn.outstanding();
+        let start = clock::now();
+        let mut idle_until = start + CLOSE_IDLE;
+        let mut left_before = usize::MAX;
+        let drained = loop {
+            let left = match conn.drain(endpoint) {
+                Ok(0) => break Drained::Clean,
+                Err(_) => break Drained::PeerGone,
+                Ok(left) => left,
+            };
+            let now = clock::now();
+            if left < left_before {
+                left_before = left;
+                idle_until = now + CLOSE_IDLE;
+            }
+            if socket::liveness(&watch.socket) == Liveness::Gone
+                || self.port.fatal_event_for(watch.events).is_some()
+            {
+                break Drained::PeerGone;
+            }
+            if now >= idle_until || now >= start + CLOSE_MAX {
+                break Drained::TimedOut;
+            }
+            std::thread::yield_now();
+        };
+        let waited = clock::now().saturating_duration_since(start);
+        let qpn = endpoint.qp_num();
+        match drained {
+            Drained::TimedOut => warn!(
+                "{call}: connection with {} (local QP {qpn}): work posted before the close had not \
+                 finished after {waited} (no progress for {CLOSE_IDLE}, or {CLOSE_MAX} in all); \
+                 closing anyway ({outstanding} request(s) never tested)",
+                self.peer
+            ),
+            _ if outstanding > 0 => info!(
+                INIT_NET,
+                "{call}: connection with {} (local QP {qpn}) closed with {outstanding} request(s) \
+                 never tested; posted work {} after {waited}",
+                self.peer,
+                if matches!(drained, Drained::Clean) {
+                    "finished"
+                } else {
+                    "was abandoned (the connection had failed or the peer is gone)"
+                }
+            ),
+            _ => {}
+        }
+    }
+
     fn test(&self, req: RequestId) -> NetResult<Option<Finished>> {
         let mut state = self.lock("test")?;
         let State {
@@ -388,14 +486,9 @@ fn close(call: &str, comm: Ptr, want_send: bool) -> NetResult<()> {
     let comm = COMMS
         .remove(handle)
         .ok_or_else(|| unknown(call, "comm", comm))?;
-    let outstanding = match &*comm {
-        DataComm::Send(s) => s.state.lock().map_or(0, |st| st.conn.outstanding()),
-        DataComm::Recv(r) => r.state.lock().map_or(0, |st| st.conn.outstanding()),
-    };
-    if outstanding > 0 {
-        warn!(
-            "{call}: closing with {outstanding} request(s) still outstanding; they are abandoned"
-        );
+    match &*comm {
+        DataComm::Send(side) => side.drain_before_close(call),
+        DataComm::Recv(side) => side.drain_before_close(call),
     }
     drop(comm);
     Ok(())
