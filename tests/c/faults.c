@@ -132,6 +132,15 @@ static int warm_up(struct pair* p, int receiver, int count) {
   return 1;
 }
 
+/* End a pair: the sender (the child) exits with its verdict; the receiver waits for it. */
+static int end_pair(struct pair* p, int receiver) {
+  if (!receiver) _exit(h_failures ? 1 : 0);
+  int status;
+  waitpid(p->child, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status)) h_fail("the sender failed (see its lines)");
+  return 0;
+}
+
 /* Wait until `req` (or, if NULL, repeated isends) fails; pass if it does within BOUND_S. */
 static void expect_error(struct pair* p, void* req, const char* what) {
   int done = 0, size;
@@ -400,11 +409,7 @@ static int scenario_fork(const char* lib) {
     waitpid(worker, &status, 0);
   }
   if (warm_up(&p, receiver, 4)) h_pass("transfers after a fork() in the receiver still arrive intact");
-  if (!receiver) _exit(h_failures ? 1 : 0);
-  int status;
-  waitpid(p.child, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status)) h_fail("sender failed");
-  return 0;
+  return end_pair(&p, receiver);
 }
 
 /* Break the fabric under a working pair; both processes keep transferring and must get an error
@@ -537,11 +542,7 @@ static int scenario_port_flap(const char* lib) {
     if (!s || h_wait(s, &done, &size, 30, &t) != NCCL_OK || !done) h_fail("the send after the flap: %s", h_last_warn);
   }
   if (warm_up(&p, receiver, 4)) h_pass("transfers after the flap arrive intact");
-  if (!receiver) _exit(h_failures ? 1 : 0);
-  int status;
-  waitpid(p.child, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status)) h_fail("the sender failed (see its lines)");
-  return 0;
+  return end_pair(&p, receiver);
 }
 
 #define INFLIGHT 32

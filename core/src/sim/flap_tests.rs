@@ -124,15 +124,22 @@ fn post_receives(f: &mut Flap) -> (Vec<RecvBuf>, Vec<RequestId>) {
     (bufs, reqs)
 }
 
-#[test]
-fn a_link_flap_shorter_than_the_retry_budget_is_ridden_out_byte_exact() {
+/// A fresh pair with [`WINDOW`] receives posted, whose receiver's link goes down before their
+/// clear-to-send writes leave (they wait in its send queue) and stays down, polled, until
+/// `short` seconds before the retry budget runs out.
+fn receiver_link_down_until(short: u64) -> (Flap, Vec<RecvBuf>, Vec<RequestId>, Duration) {
     let budget = rc_retry_budget(20, 7).expect("finite");
     let mut f = Flap::new();
     let (bufs, recvs) = post_receives(&mut f);
-    // Down before the clear-to-send writes leave the receiver: they wait in its send queue.
     f.p.fabric.link_down(f.p.recv_ep);
-    let ride = Duration::from_secs(budget.as_millis() / 1000 - 4);
+    let ride = Duration::from_secs(budget.as_millis() / 1000 - short);
     f.ride_out(ride, &mut [], &recvs);
+    (f, bufs, recvs, ride)
+}
+
+#[test]
+fn a_link_flap_shorter_than_the_retry_budget_is_ridden_out_byte_exact() {
+    let (mut f, bufs, recvs, ride) = receiver_link_down_until(4);
     f.p.fabric.link_up(f.p.recv_ep);
     f.p.fabric.run_until_idle();
 
@@ -199,13 +206,8 @@ fn a_link_flap_shorter_than_the_retry_budget_is_ridden_out_byte_exact() {
 
 #[test]
 fn a_link_down_past_the_retry_budget_fails_the_connection_with_retry_exhaustion() {
-    let budget = rc_retry_budget(20, 7).expect("finite");
-    let mut f = Flap::new();
-    let (_, recvs) = post_receives(&mut f);
-    f.p.fabric.link_down(f.p.recv_ep);
     // Within the budget nothing fails.
-    let ride = Duration::from_secs(budget.as_millis() / 1000 - 1);
-    f.ride_out(ride, &mut [], &recvs);
+    let (mut f, _, recvs, _) = receiver_link_down_until(1);
     // Past it, the waiting clear-to-send write fails the receiver's queue pair.
     f.p.fabric.advance(Duration::from_secs(3));
     f.p.fabric.run_until_idle();
