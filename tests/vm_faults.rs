@@ -1,10 +1,11 @@
 //! Failure behaviour on a real device (issue #6), in the Soft-RoCE VM: `tests/c/faults.c` kills a
 //! peer in either role, feeds hostile clients to a listen comm, lets a handshake time out,
 //! registers bad memory, forks after init, reloads the plugin 100 times and runs 1,000
-//! connect/transfer/close cycles (no growth in fds, threads, RSS), takes the link down and
-//! removes the device. Every
-//! fault must end in an error within the documented bound, or (device removal on rxe, which the
-//! kernel defers while the device is in use) in no hang.
+//! connect/transfer/close cycles (no growth in fds, threads, RSS), closes receive comms with 32
+//! receives in flight 100 times (the peer's sends all complete, its next one fails cleanly), flaps
+//! the link for 2 s under idle connections (they survive), takes the link down and removes the
+//! device. Every fault must end in an error within the documented bound, or (device removal on
+//! rxe, which the kernel defers while the device is in use) in no hang.
 //!
 //! Slow (a VM under TCG), so it is `#[ignore]`d; `scripts/vm-faults.sh` (run by `.ci/run`) runs it.
 
@@ -15,7 +16,7 @@ use common::plugin_library;
 use std::process::Command;
 
 /// Scenarios in order; `link-delete` removes rxe0 and so runs last.
-const SCENARIOS: [&str; 12] = [
+const SCENARIOS: [&str; 14] = [
     "kill-sender",
     "kill-receiver",
     "hostile",
@@ -26,6 +27,8 @@ const SCENARIOS: [&str; 12] = [
     "reload",
     "cycles=1000",
     "valgrind",
+    "close-inflight",
+    "port-flap",
     "port-down",
     "link-delete",
 ];

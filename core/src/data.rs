@@ -60,6 +60,12 @@
 //! stale or bogus [`RequestId`] or invalid arguments fail only the call. `test` frees the request
 //! whenever it returns `Done` or an error.
 //!
+//! **Close.** Before the driver destroys the queue pair it calls `drain`
+//! ([`RecvConn::drain`], [`SendConn::drain`]) until nothing is left on its way: the receiver
+//! waits for the data of every receive whose clear-to-send entries it wrote (deferred ones are
+//! never written now), the sender for every posted slot end. The sender then has completions for
+//! every receive it was granted, and learns of the close from the driver (the peer's socket).
+//!
 //! **Alignment.** The driver allocates both inbound regions at least 32-byte aligned (a page in
 //! practice). Every CTS entry and record is then 32-byte aligned, so a NIC writing with relaxed
 //! ordering cannot tear one; entries of one slot may still land in any order, which is why each

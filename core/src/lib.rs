@@ -12,6 +12,7 @@ extern crate alloc;
 extern crate std;
 
 pub mod data;
+pub mod event;
 pub mod handshake;
 pub mod nic;
 #[cfg(any(test, feature = "sim"))]

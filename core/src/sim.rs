@@ -20,6 +20,14 @@
 //! `LOC_PROT_ERR`; [`Fabric::vanish`] makes an endpoint disappear (requests towards it fail with
 //! `RETRY_EXC_ERR`, nothing more is delivered to or from it).
 //!
+//! Links: [`Fabric::link_down`] takes an endpoint's port down (a `PORT_ERR` event on it, see
+//! [`Fabric::take_event`]) and [`Fabric::link_up`] brings it back (`PORT_ACTIVE`). While either
+//! end's link is down, work requests between them wait in their send queue as RC retransmission
+//! would keep them; one that has waited the retry budget ([`Fabric::set_retry_budget`], default
+//! [`rc_retry_budget`]`(20, 7)` ≈ 34 s) on the fabric's clock ([`Fabric::advance`]) fails with
+//! `RETRY_EXC_ERR` and puts its queue pair into error. Queue pairs with nothing to send are not
+//! touched.
+//!
 //! The simulator checks what the core posts and **panics** on any breach of what the core
 //! promises: an inline payload longer than `max_inline`, a staged range outside the staging
 //! region, a send or receive queue posted beyond its depth, a completion queue overrun, an inbound
@@ -31,6 +39,8 @@ pub mod suite;
 pub use pair::DataPair;
 
 #[cfg(test)]
+mod flap_tests;
+#[cfg(test)]
 mod tests;
 
 use std::cell::RefCell;
@@ -38,10 +48,12 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::vec::Vec;
 
+use crate::event::{DeviceEvent, rc_retry_budget};
 use crate::nic::{
     Completion, CompletionKind, MAX_WR_BYTES, Nic, NicError, Payload, RemoteRegion, SendOp, SendWr,
     WcStatus,
 };
+use crate::time::{Duration, Instant};
 
 /// Largest `max_inline` the simulator supports.
 pub const SIM_MAX_INLINE: usize = 256;
@@ -104,6 +116,10 @@ struct Inner {
     scratch: Vec<u8>,
     /// Place each RDMA write in two steps, second half first (see [`Fabric::set_split_placement`]).
     split_placement: bool,
+    /// The fabric's clock (see [`Fabric::advance`]).
+    now: Instant,
+    /// How long a work request may wait for a link before it fails (`None`: forever).
+    retry_budget: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -112,6 +128,10 @@ struct Endpoint {
     next_addr: u64,
     mrs: Vec<MemoryRegion>,
     alive: bool,
+    /// Whether the endpoint's port link is up.
+    link_up: bool,
+    /// Asynchronous events not taken yet.
+    events: VecDeque<DeviceEvent>,
 }
 
 #[derive(Debug)]
@@ -141,6 +161,8 @@ struct Qp {
     cq: VecDeque<(Completion, u64)>,
     inbound: MemoryRegion,
     staging: MemoryRegion,
+    /// Since when the front work request has been waiting for a link that is down.
+    blocked_since: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -169,7 +191,9 @@ enum WrData {
 impl Fabric {
     /// An empty fabric.
     pub fn new() -> Self {
-        Self::default()
+        let fabric = Self::default();
+        fabric.inner.borrow_mut().retry_budget = rc_retry_budget(20, 7);
+        fabric
     }
 
     /// Add an endpoint with an empty address space.
@@ -182,6 +206,8 @@ impl Fabric {
             next_addr: 0x1_0000_0000 * (id as u64 + 1),
             mrs: Vec::new(),
             alive: true,
+            link_up: true,
+            events: VecDeque::new(),
         });
         EndpointId(id)
     }
@@ -259,6 +285,7 @@ impl Fabric {
                 cq: VecDeque::new(),
                 inbound,
                 staging,
+                blocked_since: None,
             });
         }
         (
@@ -276,12 +303,80 @@ impl Fabric {
     /// Execute the oldest queued send work request. Returns false when none is queued.
     pub fn step(&self) -> bool {
         let mut inner = self.inner.borrow_mut();
-        while let Some(qp) = inner.order.pop_front() {
+        if inner.expire_blocked() {
+            return true;
+        }
+        let mut i = 0;
+        while i < inner.order.len() {
+            let qp = inner.order[i];
+            if inner.qps[qp].sq.is_empty() {
+                // Its work request was flushed.
+                inner.order.remove(i);
+                continue;
+            }
+            if inner.path_down(qp) {
+                // Retransmitted until the link comes back or the retry budget runs out.
+                let now = inner.now;
+                inner.qps[qp].blocked_since.get_or_insert(now);
+                i += 1;
+                continue;
+            }
+            inner.order.remove(i);
             if inner.execute_front(qp) {
                 return true;
             }
         }
         false
+    }
+
+    /// Take `ep`'s port link down: a `PORT_ERR` event on `ep`; traffic between `ep` and its
+    /// peers waits (see the module documentation).
+    pub fn link_down(&self, ep: EndpointId) {
+        let mut inner = self.inner.borrow_mut();
+        let endpoint = &mut inner.endpoints[ep.0];
+        if endpoint.link_up {
+            endpoint.link_up = false;
+            endpoint
+                .events
+                .push_back(DeviceEvent::PortError { port: 1 });
+        }
+    }
+
+    /// Bring `ep`'s port link back up: a `PORT_ACTIVE` event on `ep`; waiting work requests go.
+    pub fn link_up(&self, ep: EndpointId) {
+        let mut inner = self.inner.borrow_mut();
+        let endpoint = &mut inner.endpoints[ep.0];
+        if !endpoint.link_up {
+            endpoint.link_up = true;
+            endpoint
+                .events
+                .push_back(DeviceEvent::PortActive { port: 1 });
+        }
+        for qp in inner.qps.iter_mut() {
+            qp.blocked_since = None;
+        }
+    }
+
+    /// The oldest asynchronous event of `ep`'s device not taken yet.
+    pub fn take_event(&self, ep: EndpointId) -> Option<DeviceEvent> {
+        self.inner.borrow_mut().endpoints[ep.0].events.pop_front()
+    }
+
+    /// Move the fabric's clock forward by `by` (retry budgets run on it).
+    pub fn advance(&self, by: Duration) {
+        let mut inner = self.inner.borrow_mut();
+        inner.now = inner.now + by;
+    }
+
+    /// The fabric's clock.
+    pub fn now(&self) -> Instant {
+        self.inner.borrow().now
+    }
+
+    /// How long a work request may wait for a link that is down before it fails with
+    /// `RETRY_EXC_ERR` (`None`: forever, the InfiniBand timeout 0).
+    pub fn set_retry_budget(&self, budget: Option<Duration>) {
+        self.inner.borrow_mut().retry_budget = budget;
     }
 
     /// Place every RDMA write of two or more bytes in two steps: the second half of the payload
@@ -358,6 +453,17 @@ impl SimNic {
     /// True when the queue pair is in the error state.
     pub fn is_error(&self) -> bool {
         self.inner.borrow().qps[self.qp].state == QpState::Error
+    }
+
+    /// The queue pair's number (unique on the fabric).
+    pub fn qp_num(&self) -> u32 {
+        self.qp as u32
+    }
+
+    /// The completion queue's handle, as a `CQ_ERR` event would name it (each queue pair has its
+    /// own completion queue).
+    pub fn cq_handle(&self) -> u64 {
+        0xc0_0000 + self.qp as u64
     }
 }
 
@@ -562,6 +668,34 @@ impl Inner {
         q.cq.push_back((c, position));
     }
 
+    /// Whether the link between `qp`'s endpoint and its peer's is down.
+    fn path_down(&self, qp: usize) -> bool {
+        let peer = self.qps[qp].peer;
+        !self.endpoints[self.qps[qp].endpoint].link_up
+            || !self.endpoints[self.qps[peer].endpoint].link_up
+    }
+
+    /// Fail the front work request of the first queue pair that has waited for a link longer
+    /// than the retry budget; true when one failed.
+    fn expire_blocked(&mut self) -> bool {
+        let Some(budget) = self.retry_budget else {
+            return false;
+        };
+        let now = self.now;
+        let expired = self.qps.iter().position(|q| {
+            !q.sq.is_empty()
+                && q.blocked_since
+                    .is_some_and(|since| now.saturating_duration_since(since) >= budget)
+        });
+        let Some(qp) = expired else {
+            return false;
+        };
+        self.qps[qp].blocked_since = None;
+        let wr = self.qps[qp].sq.pop_front().expect("checked non-empty");
+        self.fail_front(qp, wr, WcStatus::RETRY_EXC_ERR);
+        true
+    }
+
     /// Put `qp` into error and flush both its queues.
     fn set_error(&mut self, qp: usize) {
         self.qps[qp].state = QpState::Error;
@@ -610,6 +744,7 @@ impl Inner {
         let Some(wr) = self.qps[qp].sq.pop_front() else {
             return false;
         };
+        self.qps[qp].blocked_since = None;
         let (ep, peer) = (self.qps[qp].endpoint, self.qps[qp].peer);
         let peer_ep = self.qps[peer].endpoint;
 

@@ -9,6 +9,9 @@
 //!   number), a send larger than its buffer fails on both sides;
 //! - without faults, every fully matched receive and its sends complete once the fabric is idle;
 //! - after a fault, errors are sticky and name a cause; nothing panics;
+//! - the drain before a close (`drain`) counts exactly what is still on its way once the fabric is
+//!   idle: nothing on the sender, and on the receiver every receive not fully matched that the
+//!   sender was told about (the rest are still deferred, never announced by the drain);
 //! - memory stays bounded: outstanding requests, queue occupancies and completion queues never
 //!   exceed their pools and depths (the simulator itself panics on any overrun).
 #![no_main]
@@ -50,6 +53,8 @@ enum Op {
     TestRecv(u8),
     Step(u8),
     Drain,
+    /// What a close does before destroying the queue pairs: run the fabric, then `drain` both.
+    DrainForClose,
     Fault(Fault),
     Close,
 }
@@ -368,6 +373,29 @@ impl Harness {
     }
 
     /// Deliver everything, then every request that can complete must.
+    fn drain_for_close(&mut self) {
+        self.p.fabric.run_until_idle();
+        self.idle = true;
+        let unannounced = self.p.recv.unannounced();
+        let send_left = self.p.send.drain(&mut self.p.send_nic);
+        let recv_left = self.p.recv.drain(&mut self.p.recv_nic);
+        assert_eq!(
+            self.p.recv.unannounced(),
+            unannounced,
+            "the drain announced a deferred receive"
+        );
+        if self.faulted {
+            return;
+        }
+        assert_eq!(send_left, Ok(0), "sends still in flight on an idle fabric");
+        let incomplete = self.recvs.iter().filter(|(_, r)| !r.complete()).count();
+        assert_eq!(
+            recv_left.map(|left| left + unannounced),
+            Ok(incomplete),
+            "the receiver's drain miscounts what the sender may still write"
+        );
+    }
+
     fn close(&mut self) {
         self.p.fabric.run_until_idle();
         for _ in 0..2 {
@@ -448,6 +476,7 @@ fuzz_target!(|input: Input| {
                 h.p.fabric.run_until_idle();
                 h.idle = true;
             }
+            Op::DrainForClose => h.drain_for_close(),
             Op::Fault(fault) => h.fault(fault),
             Op::Close => break,
         }

@@ -15,6 +15,11 @@
  *                      ncclSystemError and the `ulimit -l` hint
  *   reload             finalize, dlclose, dlopen, init 100 times: no growth in fds, threads or RSS
  *   cycles[=N]         N (default 1000) connect/transfer/close cycles: stable fds and RSS
+ *   port-flap          `ip link set eth0 down`, 2 s, `up` while both sides poll an idle connection:
+ *                      no error (PORT_ERR is not fatal), transfers go on byte-exact
+ *   close-inflight[=N] N (default 100) times: the receiver posts 32 x 1 MiB receives and closes at
+ *                      once; every send of the peer completes, the data arrives intact, and the
+ *                      peer's next send fails cleanly ("the peer closed the connection") in bound
  * Each prints PASS/FAIL lines with the time the error took; exit status 0 only if all passed. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -125,6 +130,15 @@ static int warm_up(struct pair* p, int receiver, int count) {
     }
   }
   return 1;
+}
+
+/* End a pair: the sender (the child) exits with its verdict; the receiver waits for it. */
+static int end_pair(struct pair* p, int receiver) {
+  if (!receiver) _exit(h_failures ? 1 : 0);
+  int status;
+  waitpid(p->child, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status)) h_fail("the sender failed (see its lines)");
+  return 0;
 }
 
 /* Wait until `req` (or, if NULL, repeated isends) fails; pass if it does within BOUND_S. */
@@ -395,11 +409,7 @@ static int scenario_fork(const char* lib) {
     waitpid(worker, &status, 0);
   }
   if (warm_up(&p, receiver, 4)) h_pass("transfers after a fork() in the receiver still arrive intact");
-  if (!receiver) _exit(h_failures ? 1 : 0);
-  int status;
-  waitpid(p.child, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status)) h_fail("sender failed");
-  return 0;
+  return end_pair(&p, receiver);
 }
 
 /* Break the fabric under a working pair; both processes keep transferring and must get an error
@@ -469,6 +479,226 @@ static int scenario_fabric(const char* lib, const char* breaker, const char* rep
   waitpid(p.child, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status)) h_fail("the sender did not get its error in time");
   if (repair && system(repair) != 0) h_fail("%s", repair);
+  return 0;
+}
+
+/* A connection that is idle while the link flaps must survive: the receiver has a receive
+ * outstanding (its clear-to-send long delivered) and tests it; the sender calls isend with a tag
+ * nothing matches, so both sides read the port's asynchronous events during the flap. */
+static int scenario_port_flap(const char* lib) {
+  struct pair p;
+  if (!make_pair(lib, 1, &p)) return 1;
+  int receiver = strcmp(h_role, "receiver") == 0;
+  if (!warm_up(&p, receiver, 2)) return 1;
+  void* req = NULL;
+  if (receiver) {
+    req = post_recv(&p, MSG);
+    if (!req) {
+      h_fail("irecv before the flap");
+      return 1;
+    }
+    usleep(200000); /* the clear-to-send write completes before the link goes */
+    if (system("ip link set eth0 down") != 0) h_fail("ip link set eth0 down");
+    signal_peer(p.to_peer);
+  } else {
+    wait_peer(p.from_peer);
+  }
+  /* 2 s down (far below the ~34 s retry budget), polled all along. */
+  double start = h_now();
+  int warns_before = h_warns, done = 0, size = 0;
+  nccl_result r = NCCL_OK;
+  while (r == NCCL_OK && h_now() - start < 2.0) {
+    if (receiver) {
+      r = h_net->test(req, &done, &size);
+      if (done) break;
+    } else {
+      void* none = NULL;
+      r = h_net->isend(p.comm, p.buf, 8, 2 /* unmatched tag */, p.mh, NULL, &none);
+      if (none) {
+        h_fail("an isend with an unmatched tag was accepted");
+        break;
+      }
+    }
+  }
+  if (receiver) {
+    if (system("ip link set eth0 up") != 0) h_fail("ip link set eth0 up");
+    signal_peer(p.to_peer);
+  } else {
+    wait_peer(p.from_peer);
+  }
+  if (r != NCCL_OK || done)
+    h_fail("during the flap: result %d, done %d: %s", r, done, h_last_warn);
+  else
+    h_pass("2 s link flap polled without an error (%d WARN line(s): %s)", h_warns - warns_before,
+           h_warns > warns_before ? h_last_warn : "none");
+  /* After the flap: the outstanding receive completes, then more transfers, byte-exact. */
+  if (receiver) {
+    double t;
+    if (h_wait(req, &done, &size, 30, &t) != NCCL_OK || !done || size != MSG || !h_verify(p.buf, MSG, 90))
+      h_fail("the receive posted before the flap: done %d size %d: %s", done, size, h_last_warn);
+  } else {
+    void* s = post_send(&p, MSG, 90, 30);
+    double t;
+    if (!s || h_wait(s, &done, &size, 30, &t) != NCCL_OK || !done) h_fail("the send after the flap: %s", h_last_warn);
+  }
+  if (warm_up(&p, receiver, 4)) h_pass("transfers after the flap arrive intact");
+  return end_pair(&p, receiver);
+}
+
+#define INFLIGHT 32
+/* Word-wise patterns: 32 MiB per iteration filled and checked byte by byte costs seconds under TCG. */
+static void fill_words(unsigned char* p, size_t n, unsigned seed) {
+  uint64_t* w = (uint64_t*)p;
+  for (size_t j = 0; j < n / 8; j++) w[j] = ((uint64_t)seed << 40) ^ (j * 0x9E3779B97F4A7C15ull);
+}
+static int words_intact(const unsigned char* p, size_t n, unsigned seed) {
+  const uint64_t* w = (const uint64_t*)p;
+  for (size_t j = 0; j < n / 8; j++)
+    if (w[j] != (((uint64_t)seed << 40) ^ (j * 0x9E3779B97F4A7C15ull))) return 0;
+  return 1;
+}
+/* closeRecv right after posting 32 x 1 MiB receives (no test), N times, each on a new connection.
+ * The sender must see every send complete (no error on the part the receiver posted), the data
+ * must be in the receiver's buffers when closeRecv returns, and the sender's next send must fail
+ * with "the peer closed the connection" within a bound (no hang). The big buffers are registered
+ * once per process through a long-lived loopback comm on the same device (as NCCL's IB transport,
+ * Rivet registers memory with the device's protection domain), so 100 connections do not pin
+ * 3 GiB. */
+static int scenario_close_inflight(const char* lib, int iterations) {
+  int handle_pipe[2], done_pipe[2];
+  if (pipe(handle_pipe) || pipe(done_pipe)) return 1;
+  pid_t child = fork();
+  int receiver = child != 0;
+  h_role = receiver ? "receiver" : "sender";
+  void* ctx = h_load_and_init(lib);
+  if (!ctx) return 1;
+  void *anchor_send = NULL, *anchor_recv = NULL, *mh = NULL;
+  size_t total = (size_t)INFLIGHT * MSG;
+  unsigned char* buf = malloc(total);
+  if (!buf || !h_self_connect(ctx, &anchor_send, &anchor_recv, 30) ||
+      h_net->reg_mr(receiver ? anchor_recv : anchor_send, buf, total, PTR_HOST, &mh) != NCCL_OK) {
+    h_fail("set-up: %s", h_last_warn);
+    return 1;
+  }
+  int send_errors = 0, hangs = 0, corrupt = 0, clean = 0;
+  double worst_close = 0, worst_next = 0;
+  for (int it = 0; it < iterations && h_failures == 0; it++) {
+    char handle[NET_HANDLE_MAXSIZE];
+    void* comm = NULL;
+    if (receiver) {
+      void* listen_comm = NULL;
+      if (h_net->listen(ctx, 0, handle, &listen_comm) != NCCL_OK ||
+          write(handle_pipe[1], handle, sizeof handle) != (ssize_t)sizeof handle ||
+          h_accept(listen_comm, &comm, 30) != NCCL_OK || !comm) {
+        h_fail("iteration %d: accept: %s", it, h_last_warn);
+        break;
+      }
+      h_net->close_listen(listen_comm);
+      memset(buf, 0, total);
+      for (int i = 0; i < INFLIGHT; i++) {
+        void* data[1] = {buf + (size_t)i * MSG};
+        size_t sizes[1] = {MSG};
+        int tags[1] = {1};
+        void* mhs[1] = {mh};
+        void* req = NULL;
+        if (h_net->irecv(comm, 1, data, sizes, tags, mhs, NULL, &req) != NCCL_OK || !req) {
+          h_fail("iteration %d: irecv %d: %s", it, i, h_last_warn);
+          break;
+        }
+      }
+      double t0 = h_now();
+      if (h_net->close_recv(comm) != NCCL_OK) h_fail("iteration %d: closeRecv", it);
+      double took = h_now() - t0;
+      if (took > worst_close) worst_close = took;
+      for (int i = 0; i < INFLIGHT; i++)
+        if (!words_intact(buf + (size_t)i * MSG, MSG, (unsigned)(it * INFLIGHT + i))) {
+          corrupt++;
+          h_fail("iteration %d: receive %d is not intact after closeRecv returned", it, i);
+          break;
+        }
+      char c;
+      if (read(done_pipe[0], &c, 1) != 1) {
+        h_fail("iteration %d: the sender died", it);
+        break;
+      }
+      if (c != 'k') {
+        h_fail("iteration %d: the sender reported a failure", it);
+        break;
+      }
+    } else {
+      for (int i = 0; i < INFLIGHT; i++) fill_words(buf + (size_t)i * MSG, MSG, (unsigned)(it * INFLIGHT + i));
+      if (read(handle_pipe[0], handle, sizeof handle) != (ssize_t)sizeof handle ||
+          h_connect(ctx, handle, &comm, 30) != NCCL_OK || !comm) {
+        h_fail("iteration %d: connect: %s", it, h_last_warn);
+        _exit(1);
+      }
+      void* reqs[INFLIGHT] = {0};
+      for (int i = 0; i < INFLIGHT; i++) {
+        unsigned char* m = buf + (size_t)i * MSG;
+        double t0 = h_now();
+        nccl_result r = NCCL_OK;
+        while (r == NCCL_OK && !reqs[i] && h_now() - t0 < 10) r = h_net->isend(comm, m, MSG, 1, mh, NULL, &reqs[i]);
+        if (r != NCCL_OK) {
+          send_errors++;
+          h_fail("iteration %d: isend %d failed (%d): %s", it, i, r, h_last_warn);
+          break;
+        }
+        if (!reqs[i]) {
+          hangs++;
+          h_fail("iteration %d: the grant for send %d never came", it, i);
+          break;
+        }
+      }
+      for (int i = 0; i < INFLIGHT && reqs[i]; i++) {
+        int done = 0, size = 0;
+        double t;
+        nccl_result r = h_wait(reqs[i], &done, &size, 10, &t);
+        if (r != NCCL_OK) {
+          send_errors++;
+          h_fail("iteration %d: send %d of a posted receive failed (%d): %s", it, i, r, h_last_warn);
+          break;
+        }
+        if (!done) {
+          hangs++;
+          h_fail("iteration %d: send %d never completed", it, i);
+          break;
+        }
+      }
+      /* The receiver closed: the next send must fail, in bound, naming the close. */
+      double t0 = h_now();
+      void* extra = NULL;
+      nccl_result r = NCCL_OK;
+      while (r == NCCL_OK && !extra && h_now() - t0 < 10) r = h_net->isend(comm, buf, 8, 1, mh, NULL, &extra);
+      double took = h_now() - t0;
+      if (took > worst_next) worst_next = took;
+      if (r != NCCL_OK && strstr(h_last_warn, "the peer closed the connection"))
+        clean++;
+      else
+        h_fail("iteration %d: the send after the peer's close: result %d after %.2f s: %s", it, r, took, h_last_warn);
+      h_net->close_send(comm);
+      char c = h_failures ? 'f' : 'k';
+      if (write(done_pipe[1], &c, 1) != 1) _exit(1);
+    }
+  }
+  if (!receiver) {
+    if (h_failures == 0)
+      h_pass("%d x 32 x 1 MiB sends to a receiver that closed at once: all completed, 0 errors, 0 hangs; "
+             "the next send failed cleanly every time (at most %.2f s): %s", iterations, worst_next, h_last_warn);
+    else
+      h_fail("%d send error(s), %d hang(s)", send_errors, hangs);
+    _exit(h_failures ? 1 : 0);
+  }
+  int status;
+  waitpid(child, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status)) h_fail("the sender failed (see its lines)");
+  else if (h_failures == 0)
+    h_pass("%d x closeRecv right after 32 x 1 MiB irecv: every receive intact when closeRecv returned "
+           "(closeRecv took at most %.2f s)", iterations, worst_close);
+  (void)clean;
+  (void)corrupt;
+  h_net->dereg_mr(anchor_recv, mh);
+  h_net->close_send(anchor_send);
+  h_net->close_recv(anchor_recv);
   return 0;
 }
 
@@ -613,6 +843,8 @@ int main(int argc, char** argv) {
   else if (!strcmp(s, "port-down"))
     rc = scenario_fabric(lib, "ip link set eth0 down", "ip link set eth0 up && sleep 2", 0);
   else if (!strcmp(s, "link-delete")) rc = scenario_fabric(lib, "rdma link delete rxe0", NULL, 1);
+  else if (!strcmp(s, "port-flap")) rc = scenario_port_flap(lib);
+  else if (!strncmp(s, "close-inflight", 14)) rc = scenario_close_inflight(lib, s[14] == '=' ? atoi(s + 15) : 100);
   else if (!strcmp(s, "reload")) rc = scenario_reload(lib);
   else if (!strncmp(s, "cycles", 6)) rc = scenario_cycles(lib, s[6] == '=' ? atoi(s + 7) : 1000);
   else {

@@ -303,6 +303,16 @@ impl AsyncEvent<'_> {
         }
     }
 
+    /// The completion queue's address, for CQ events (`CQ_ERR`): identifies the CQ among the live
+    /// ones (an address is reused only after its CQ is destroyed).
+    pub fn cq_addr(&self) -> Option<usize> {
+        match self.raw.event_type {
+            // SAFETY: for CQ events the element is the CQ pointer; only its value is read.
+            event_type::CQ_ERR => Some(unsafe { self.raw.element.cq } as usize),
+            _ => None,
+        }
+    }
+
     /// The port number, for port events.
     pub fn port_num(&self) -> Option<u32> {
         match self.raw.event_type {

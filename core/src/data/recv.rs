@@ -248,6 +248,23 @@ impl RecvConn {
         self.health.failure()
     }
 
+    /// Before closing: poll the completion queue, then say how many receives the sender may
+    /// still write into: those it was told about (their clear-to-send entries written) whose data
+    /// has not arrived. `Ok(0)` means drained. Receives whose entries are still deferred are never
+    /// announced now, so the sender never learns of them. An error when the connection failed:
+    /// nothing more will arrive.
+    ///
+    /// The driver calls it until it says 0, the connection fails, the peer is gone, or a
+    /// deadline passes, and only then destroys the queue pair. Destroying it earlier cuts off
+    /// clear-to-send writes still queued and the sender's writes for receives it was granted:
+    /// its sends would then fail (or wait for a grant that never comes) although the receiver
+    /// posted their receives.
+    pub fn drain(&mut self, nic: &mut impl Nic) -> Result<usize, DataError> {
+        self.health.check()?;
+        self.poll_cq(nic)?;
+        Ok(self.granted() as usize)
+    }
+
     /// Requests handed out and not yet freed by `test`.
     pub fn outstanding(&self) -> usize {
         self.outstanding

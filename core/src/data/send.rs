@@ -376,6 +376,25 @@ impl SendConn {
         self.health.failure()
     }
 
+    /// Before closing: poll the completion queue, then say how many receives this side's posted
+    /// sends are still completing: write-with-immediates that end a receive (and complete it at
+    /// the receiver) not completed yet. `Ok(0)` means drained: the receiver has all the data this
+    /// side posted. The data writes of a grouped receive whose other sends never came cannot complete
+    /// it and are not waited for. An error when the connection failed.
+    ///
+    /// The driver calls it until it says 0, the connection fails, the peer is gone, or a
+    /// deadline passes, and only then destroys the queue pair, so a peer's receive is not cut
+    /// off half-written.
+    pub fn drain(&mut self, nic: &mut impl Nic) -> Result<usize, DataError> {
+        self.health.check()?;
+        self.poll_cq(nic)?;
+        Ok(self
+            .ends
+            .iter()
+            .filter(|end| **end != EndState::Idle)
+            .count())
+    }
+
     /// Requests handed out and not yet freed by `test`.
     pub fn outstanding(&self) -> usize {
         MAX_REQUESTS - self.free_len

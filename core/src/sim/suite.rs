@@ -628,6 +628,111 @@ pub fn unsignaled_data_writes_drain<H: PairHarness>() {
     assert!(max_occupancy <= 9 + 64, "occupancy {max_occupancy}");
 }
 
+#[doc(hidden)]
+pub fn closing_receiver_drains_granted_receives_first<H: PairHarness>() {
+    // closeRecv right after posting 32 receives (no test): the clear-to-send writes are still
+    // queued. Draining before the queue pair goes lets every one reach the sender and the
+    // sender's data land; only then does the receiver's queue pair disappear, and no send of the
+    // sender fails.
+    const N: usize = 32;
+    const LEN: usize = 16 * 1024;
+    let mut p = H::new(64);
+    let bufs: Vec<RecvBuf> = (0..N).map(|_| p.recv_buf(LEN)).collect();
+    for buf in &bufs {
+        irecv(&mut p, &[*buf], &[5]);
+    }
+    let (recv, nic) = p.recv_side();
+    assert_eq!(recv.drain(nic), Ok(N), "granted receives are outstanding");
+    let mut sends = Vec::new();
+    for i in 0..N {
+        sends.push(isend_bytes(&mut p, &pattern(i as u64, LEN), 5));
+    }
+    let mut rounds = 0;
+    loop {
+        let (recv, nic) = p.recv_side();
+        let left = recv.drain(nic).expect("healthy");
+        assert!(left <= N);
+        if left == 0 {
+            break;
+        }
+        assert!(p.step(), "the drain waits for work that is not queued");
+        rounds += 1;
+    }
+    assert!(rounds > 0);
+    p.vanish(End::Receiver);
+    for (i, s) in sends.into_iter().enumerate() {
+        let done = finish_send(&mut p, s).expect("a send the receiver granted failed");
+        assert_eq!(done_sizes(done), [LEN as u64]);
+        assert_eq!(
+            p.received(&bufs[i], LEN),
+            pattern(i as u64, LEN),
+            "message {i}"
+        );
+    }
+}
+
+#[doc(hidden)]
+pub fn closing_receiver_never_announces_deferred_receives<H: PairHarness>() {
+    // A polled receiver defers clear-to-send entries while the sender holds enough grants; a
+    // close must not announce them (the sender would write into a queue pair about to go).
+    let mut p = H::new(64);
+    let bufs: Vec<RecvBuf> = (0..4).map(|_| p.recv_buf(64)).collect();
+    let first = irecv(&mut p, &[bufs[0]], &[0]);
+    let second = irecv(&mut p, &[bufs[1]], &[0]);
+    assert_eq!(p.test_recv(first), Ok(Completed::Pending));
+    irecv(&mut p, &[bufs[2]], &[0]);
+    assert_eq!(
+        p.receiver().unannounced(),
+        1,
+        "the third receive is deferred"
+    );
+    p.run_until_idle();
+    let s0 = isend_bytes(&mut p, &[1; 64], 0);
+    let s1 = isend_bytes(&mut p, &[2; 64], 0);
+    p.run_until_idle();
+    let (recv, nic) = p.recv_side();
+    assert_eq!(recv.drain(nic), Ok(0), "both granted receives arrived");
+    assert_eq!(p.receiver().unannounced(), 1, "the drain announced nothing");
+    p.run_until_idle();
+    let probe = p.send_buf(&[3; 64]);
+    assert_eq!(p.isend(probe, 0), Ok(None), "the sender never learns of it");
+    assert_eq!(done_sizes(finish_send(&mut p, s0).unwrap()), [64]);
+    assert_eq!(done_sizes(finish_send(&mut p, s1).unwrap()), [64]);
+    assert_eq!(done_sizes(finish_recv(&mut p, second).unwrap()), [64]);
+}
+
+#[doc(hidden)]
+pub fn closing_sender_drains_posted_sends_first<H: PairHarness>() {
+    let mut p = H::new(64);
+    let bufs: Vec<RecvBuf> = (0..4).map(|_| p.recv_buf(4096)).collect();
+    let recvs: Vec<RequestId> = bufs.iter().map(|b| irecv(&mut p, &[*b], &[1])).collect();
+    for i in 0..4 {
+        isend_bytes(&mut p, &pattern(40 + i, 4096), 1);
+    }
+    let (send, nic) = p.send_side();
+    assert_eq!(send.drain(nic), Ok(4), "sends are on their way");
+    loop {
+        let (send, nic) = p.send_side();
+        if send.drain(nic).expect("healthy") == 0 {
+            break;
+        }
+        assert!(p.step(), "the drain waits for work that is not queued");
+    }
+    p.vanish(End::Sender);
+    for (i, r) in recvs.into_iter().enumerate() {
+        assert_eq!(done_sizes(finish_recv(&mut p, r).unwrap()), [4096]);
+        assert_eq!(p.received(&bufs[i], 4096), pattern(40 + i as u64, 4096));
+    }
+}
+
+#[doc(hidden)]
+pub fn drain_of_a_failed_connection_is_its_error<H: PairHarness>() {
+    let (mut p, _, _) = pair_with_outstanding::<H>(2);
+    p.fault_qp_error(End::Receiver);
+    let (recv, nic) = p.recv_side();
+    assert!(recv.drain(nic).is_err());
+}
+
 /// A pair with `k` grouped receives (n = 2) outstanding and one send matched into each.
 fn pair_with_outstanding<H: PairHarness>(k: usize) -> (H, Vec<RequestId>, Vec<RequestId>) {
     let mut p = H::new(64);
@@ -1031,6 +1136,16 @@ macro_rules! data_pair_tests {
         #[test]
         fn torn_clear_to_send_is_try_later_not_an_error() {
             $crate::sim::suite::torn_clear_to_send_is_try_later_not_an_error::<$harness>();
+        }
+        #[test]
+        fn closing_receiver_drains_granted_receives_first() {
+            $crate::sim::suite::closing_receiver_drains_granted_receives_first::<$harness>();
+            $crate::sim::suite::closing_receiver_never_announces_deferred_receives::<$harness>();
+        }
+        #[test]
+        fn closing_sender_drains_posted_sends_first() {
+            $crate::sim::suite::closing_sender_drains_posted_sends_first::<$harness>();
+            $crate::sim::suite::drain_of_a_failed_connection_is_its_error::<$harness>();
         }
     };
 }

@@ -68,11 +68,19 @@ impl AnyEndpoint {
         }
     }
 
-    /// The QP number (for log lines).
+    /// The QP number (for log lines and asynchronous events).
     pub(crate) fn qp_num(&self) -> u32 {
         match self {
             Self::Verbs(e) => e.qp_num(),
             Self::Mlx5(e) => e.qp_num(),
+        }
+    }
+
+    /// The CQ's address, as `CQ_ERR` events name it.
+    pub(crate) fn cq_addr(&self) -> usize {
+        match self {
+            Self::Verbs(e) => e.cq_addr(),
+            Self::Mlx5(e) => e.cq_addr(),
         }
     }
 }

@@ -1,24 +1,41 @@
 //! An opened RDMA port: its verbs context and protection domain, shared by every comm on it.
 
 use crate::log::{INIT_NET, info, warn};
+use rivet_core::data::DataError;
+use rivet_core::event::{DeviceEvent, EventBook, WatchId, rc_retry_budget};
 use rivet_verbs_ffi::discover::PortInfo;
 use rivet_verbs_ffi::sys::event_type;
 use rivet_verbs_ffi::{Context, DeviceList, ProtectionDomain, VerbsError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Fatal asynchronous events seen on a port, for the comms that poll it.
+/// The device events that fail connections, by connection (policy in `rivet_core::event`).
 ///
 /// Events are read from the context's non-blocking async fd by whichever comm checks first (no
-/// thread of ours waits on it), acknowledged at once, and recorded here for every comm of the port.
+/// thread of ours waits on it), acknowledged at once, and recorded in the book against the
+/// registrations they concern.
 #[derive(Debug, Default)]
 struct AsyncState {
-    /// A port- or device-wide failure (`DEVICE_FATAL`, `PORT_ERR`), once seen.
-    port_failure: Option<&'static str>,
-    /// QPs named by fatal QP events (`QP_FATAL`, `QP_REQ_ERR`, `QP_ACCESS_ERR`) and CQ errors.
-    failed_qps: Vec<(u32, &'static str)>,
-    /// Whether any CQ error was reported (CQ events do not name a QP).
-    cq_failure: Option<&'static str>,
+    book: EventBook,
+}
+
+/// Decode a verbs async event into the core's terms. `cq` is the CQ address of a `CQ_ERR`.
+fn decode_event(
+    event_type: u32,
+    qp: Option<u32>,
+    cq: Option<usize>,
+    port: Option<u32>,
+) -> DeviceEvent {
+    match (event_type, qp, cq, port) {
+        (event_type::QP_FATAL, Some(qp), _, _) => DeviceEvent::QpFatal { qp },
+        (event_type::QP_REQ_ERR, Some(qp), _, _) => DeviceEvent::QpRequestError { qp },
+        (event_type::QP_ACCESS_ERR, Some(qp), _, _) => DeviceEvent::QpAccessError { qp },
+        (event_type::CQ_ERR, _, Some(cq), _) => DeviceEvent::CqError { cq: cq as u64 },
+        (event_type::DEVICE_FATAL, ..) => DeviceEvent::DeviceFatal,
+        (event_type::PORT_ERR, _, _, Some(port)) => DeviceEvent::PortError { port },
+        (event_type::PORT_ACTIVE, _, _, Some(port)) => DeviceEvent::PortActive { port },
+        _ => DeviceEvent::Other,
+    }
 }
 
 /// Whether to use the mlx5 direct path on this device: it is an mlx5 device (libmlx5 says so) and
@@ -41,12 +58,6 @@ fn direct_path_wanted(context: &Context, info: &PortInfo) -> bool {
     );
     direct
 }
-
-/// The failure recorded for `DEVICE_FATAL` (never cleared by a later `PORT_ACTIVE`).
-const DEVICE_FATAL: &str = "device fatal error";
-
-/// Most failed QPs remembered; comms check their QP soon after the event, so old entries go.
-const MAX_FAILED_QPS: usize = 1024;
 
 /// A port opened for use: created on the first comm that needs it, dropped with the last one.
 #[derive(Debug)]
@@ -104,71 +115,124 @@ impl OpenPort {
         }
     }
 
-    /// Drain pending asynchronous events (non-blocking), then say whether anything fatal affects
-    /// the QP `qpn`: the name of the event, or `None`.
-    pub(crate) fn fatal_event_for(&self, qpn: u32) -> Option<&'static str> {
+    /// Register an established connection's QP and CQ for asynchronous events; forget it with
+    /// [`Self::unwatch`] before they are destroyed.
+    pub(crate) fn watch(&self, qpn: u32, cq_addr: usize) -> WatchId {
+        let mut state = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        state.book.watch(qpn, cq_addr as u64)
+    }
+
+    /// Forget a connection registered with [`Self::watch`].
+    pub(crate) fn unwatch(&self, id: WatchId) {
+        let mut state = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        state.book.unwatch(id);
+    }
+
+    /// Drain pending asynchronous events (non-blocking), then say whether one failed the
+    /// connection `id`: the error to fail it with, or `None`.
+    pub(crate) fn fatal_event_for(&self, id: WatchId) -> Option<DataError> {
         let mut state = self.events.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             let event = match self.context.get_async_event() {
                 Ok(Some(event)) => event,
                 Ok(None) => break,
                 Err(e) => {
-                    state
-                        .port_failure
-                        .get_or_insert("reading async events failed");
                     warn!(
                         "{} port {}: reading asynchronous events failed: {e}",
                         self.info.name, self.info.port
                     );
+                    state
+                        .book
+                        .handle(DeviceEvent::DeviceFatal, "reading async events failed");
                     break;
                 }
             };
-            let (dev, port) = (&self.info.name, self.info.port);
-            let name = event.name();
-            match (event.event_type(), event.qp_num()) {
-                (_, Some(qp)) if event.is_fatal() => {
-                    warn!("{dev} port {port}: asynchronous event {name} on QP {qp}");
-                    if state.failed_qps.len() >= MAX_FAILED_QPS {
-                        state.failed_qps.remove(0);
-                    }
-                    state.failed_qps.push((qp, name));
-                }
-                (event_type::CQ_ERR, _) => {
-                    warn!(
-                        "{dev} port {port}: asynchronous event {name} (completion queue overrun)"
-                    );
-                    state.cq_failure = Some(name);
-                }
-                (event_type::DEVICE_FATAL, _) => {
-                    warn!("{dev} port {port}: asynchronous event {name}: the device failed");
-                    state.port_failure = Some(DEVICE_FATAL);
-                }
-                (event_type::PORT_ERR, _)
-                    if event.port_num().is_none_or(|p| p == u32::from(port)) =>
-                {
-                    warn!("{dev} port {port}: asynchronous event {name}: the link went down");
-                    state.port_failure = Some(name);
-                }
-                (event_type::PORT_ACTIVE, _) => {
-                    info!(
-                        INIT_NET,
-                        "{dev} port {port}: asynchronous event {name}: the link is up"
-                    );
-                    // A link that came back serves new comms again; comms that saw the failure keep
-                    // their (sticky) error.
-                    if state.port_failure.is_some_and(|f| f != DEVICE_FATAL) {
-                        state.port_failure = None;
-                    }
-                }
-                _ => info!(INIT_NET, "{dev} port {port}: asynchronous event {name}"),
-            }
+            let decoded = decode_event(
+                event.event_type(),
+                event.qp_num(),
+                event.cq_addr(),
+                event.port_num(),
+            );
+            self.log_event(decoded, event.name());
+            state.book.handle(decoded, event.name());
             event.ack();
         }
-        let for_qp = state
-            .failed_qps
-            .iter()
-            .find(|(qp, _)| *qp == qpn)
-            .map(|(_, name)| *name);
-        state.port_failure.or(state.cq_failure).or(for_qp)
+        state.book.fatal_error(id)
+    }
+
+    /// One log line per event: WARN for those that fail connections, INFO for the rest.
+    fn log_event(&self, event: DeviceEvent, name: &str) {
+        let (dev, port) = (&self.info.name, self.info.port);
+        match event {
+            DeviceEvent::QpFatal { qp }
+            | DeviceEvent::QpRequestError { qp }
+            | DeviceEvent::QpAccessError { qp } => {
+                warn!(
+                    "{dev} port {port}: asynchronous event {name} on QP {qp}: its connection fails"
+                );
+            }
+            DeviceEvent::CqError { .. } => {
+                warn!(
+                    "{dev} port {port}: asynchronous event {name}: the connections of that completion queue fail"
+                );
+            }
+            DeviceEvent::DeviceFatal => {
+                warn!(
+                    "{dev} port {port}: asynchronous event {name}: the device failed; every connection on it fails"
+                );
+            }
+            DeviceEvent::PortError { port: p } if p == u32::from(port) => {
+                // Not fatal: RC retransmission rides out a flap shorter than the retry budget.
+                let (timeout, retries) =
+                    crate::net::config().map_or((20, 7), |c| (c.ib_timeout, c.ib_retry_cnt));
+                let budget = rc_retry_budget(timeout, retries)
+                    .map_or_else(|| "indefinitely".to_string(), |d| format!("for up to {d}"));
+                warn!(
+                    "{dev} port {port}: asynchronous event {name}: the link went down; connections \
+                     keep retransmitting {budget} (NCCL_IB_TIMEOUT={timeout}, NCCL_IB_RETRY_CNT={retries}) \
+                     and fail only if it stays down longer"
+                );
+            }
+            DeviceEvent::PortActive { port: p } if p == u32::from(port) => {
+                info!(
+                    INIT_NET,
+                    "{dev} port {port}: asynchronous event {name}: the link is up"
+                );
+            }
+            _ => info!(INIT_NET, "{dev} port {port}: asynchronous event {name}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rivet_core::event::Scope;
+
+    #[test]
+    fn verbs_events_decode_to_the_policy_the_core_applies() {
+        let qp = |t| decode_event(t, Some(17), None, None).scope();
+        assert_eq!(qp(event_type::QP_FATAL), Scope::Qp(17));
+        assert_eq!(qp(event_type::QP_REQ_ERR), Scope::Qp(17));
+        assert_eq!(qp(event_type::QP_ACCESS_ERR), Scope::Qp(17));
+        assert_eq!(
+            decode_event(event_type::CQ_ERR, None, Some(0x5000), None).scope(),
+            Scope::Cq(0x5000)
+        );
+        assert_eq!(
+            decode_event(event_type::DEVICE_FATAL, None, None, None).scope(),
+            Scope::Device
+        );
+        for t in [
+            event_type::PORT_ERR,
+            event_type::PORT_ACTIVE,
+            event_type::GID_CHANGE,
+        ] {
+            assert_eq!(decode_event(t, None, None, Some(1)).scope(), Scope::Nothing);
+        }
+        assert_eq!(
+            decode_event(event_type::PORT_ERR, None, None, Some(1)),
+            DeviceEvent::PortError { port: 1 }
+        );
     }
 }

@@ -145,6 +145,11 @@ impl Endpoint {
     pub(crate) fn qp_num(&self) -> u32 {
         self.qp.qp_num()
     }
+
+    /// The CQ's address, as `CQ_ERR` events name it.
+    pub(crate) fn cq_addr(&self) -> usize {
+        self.cq.as_ptr() as usize
+    }
 }
 
 fn post_errno(err: &VerbsError) -> i32 {

@@ -16,12 +16,12 @@ use crate::backend::any::AnyEndpoint as Endpoint;
 use crate::backend::device::OpenPort;
 use crate::clock;
 use crate::error::{NetError, NetResult};
-use crate::log::warn;
+use crate::log::{INIT_NET, info, warn};
 use crate::oob::socket::{self, Liveness};
 use crate::registry::{Handle, Registry};
 use core::ffi::c_int;
 use rivet_core::data::{Completed, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn};
-use rivet_core::nic::NicError;
+use rivet_core::event::WatchId;
 use rivet_core::time::{Duration, Instant};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,17 +71,20 @@ const EOF_GRACE: Duration = Duration::from_millis(200);
 struct Watch {
     /// The handshake socket, kept open for the life of the comm.
     socket: TcpStream,
+    /// This connection's registration for the port's asynchronous events.
+    events: WatchId,
     calls: u32,
     next_check: Instant,
     eof_since: Option<Instant>,
 }
 
 impl Watch {
-    fn new(socket: TcpStream) -> Self {
+    fn new(socket: TcpStream, events: WatchId) -> Self {
         // Keepalive failing to switch on leaves process death (EOF) detection intact.
         let _ = socket::keepalive(&socket);
         Self {
             socket,
+            events,
             calls: 0,
             next_check: Instant::from_nanos(0),
             eof_since: None,
@@ -89,7 +92,7 @@ impl Watch {
     }
 
     /// A fatal error to inject into the connection, if the peer or the port is gone.
-    fn check(&mut self, port: &OpenPort, qpn: u32) -> Option<DataError> {
+    fn check(&mut self, port: &OpenPort) -> Option<DataError> {
         self.calls = self.calls.wrapping_add(1);
         if self.calls % CHECK_EVERY_CALLS != 0 {
             return None;
@@ -99,8 +102,8 @@ impl Watch {
             return None;
         }
         self.next_check = now + CHECK_INTERVAL;
-        if let Some(event) = port.fatal_event_for(qpn) {
-            return Some(DataError::Nic(NicError::Fatal { event }));
+        if let Some(err) = port.fatal_event_for(self.events) {
+            return Some(err);
         }
         match socket::liveness(&self.socket) {
             Liveness::Alive => {
@@ -119,7 +122,7 @@ impl<Conn> Side<Conn> {
     /// Wrap an established connection.
     pub(crate) fn new(conn: Conn, endpoint: Endpoint, socket: TcpStream, peer: String) -> Self {
         let port = Arc::clone(endpoint.port());
-        let watch = Watch::new(socket);
+        let watch = Watch::new(socket, port.watch(endpoint.qp_num(), endpoint.cq_addr()));
         Self {
             state: Mutex::new(State {
                 conn,
@@ -170,10 +173,23 @@ impl<Conn> Side<Conn> {
     }
 }
 
-/// What `test` needs of either connection direction.
+impl<Conn> Drop for Side<Conn> {
+    fn drop(&mut self) {
+        // Before the endpoint (QP and CQ) is destroyed: a later connection may get its numbers.
+        let events = match self.state.get_mut() {
+            Ok(state) => state.watch.events,
+            Err(poisoned) => poisoned.into_inner().watch.events,
+        };
+        self.port.unwatch(events);
+    }
+}
+
+/// What `test` and `close` need of either connection direction.
 pub(crate) trait Testable {
     fn test(&mut self, nic: &mut Endpoint, req: RequestId) -> Result<Completed, DataError>;
     fn handle_fatal(&mut self, err: DataError);
+    fn drain(&mut self, nic: &mut Endpoint) -> Result<usize, DataError>;
+    fn outstanding(&self) -> usize;
 }
 
 impl Testable for SendConn {
@@ -182,6 +198,12 @@ impl Testable for SendConn {
     }
     fn handle_fatal(&mut self, err: DataError) {
         Self::handle_fatal(self, err);
+    }
+    fn drain(&mut self, nic: &mut Endpoint) -> Result<usize, DataError> {
+        Self::drain(self, nic)
+    }
+    fn outstanding(&self) -> usize {
+        Self::outstanding(self)
     }
 }
 
@@ -192,9 +214,99 @@ impl Testable for RecvConn {
     fn handle_fatal(&mut self, err: DataError) {
         Self::handle_fatal(self, err);
     }
+    fn drain(&mut self, nic: &mut Endpoint) -> Result<usize, DataError> {
+        Self::drain(self, nic)
+    }
+    fn outstanding(&self) -> usize {
+        Self::outstanding(self)
+    }
+}
+
+/// How long `closeSend`/`closeRecv` wait for work already posted on the connection to make
+/// progress before its queue pair is destroyed anyway (see [`Side::drain_before_close`]): a peer
+/// that is still sending keeps the wait going, one that stopped ends it after this.
+const CLOSE_IDLE: Duration = Duration::from_secs(2);
+/// The longest `closeSend`/`closeRecv` wait in any case.
+const CLOSE_MAX: Duration = Duration::from_secs(10);
+
+/// How a close went, for its log line.
+enum Drained {
+    /// Nothing was left, or all of it finished.
+    Clean,
+    /// The connection had failed, or the peer closed or died: nothing more could finish.
+    PeerGone,
+    /// The deadline passed with work outstanding.
+    TimedOut,
 }
 
 impl<Conn: Testable> Side<Conn> {
+    /// Before the queue pair is destroyed, let what is already posted finish: a receiver waits
+    /// until the data of every receive the sender was granted has arrived, a sender until every
+    /// posted send has completed (`rivet_core`'s `drain`). Bounded by [`CLOSE_IDLE`] without
+    /// progress and [`CLOSE_MAX`] in all, and cut short when the connection fails or the peer's socket reaches EOF (it closed its end or
+    /// died: nothing more will come). NCCL may close with requests outstanding; destroying the
+    /// queue pair at once would cut off clear-to-send writes still queued and the peer's writes
+    /// for receives it was granted, failing (or stalling) the peer's sends although this side
+    /// posted their receives.
+    fn drain_before_close(&self, call: &str) {
+        let mut state = match self.state.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let State {
+            conn,
+            endpoint,
+            watch,
+        } = &mut *state;
+        let outstanding = conn.outstanding();
+        let start = clock::now();
+        let mut idle_until = start + CLOSE_IDLE;
+        let mut left_before = usize::MAX;
+        let drained = loop {
+            let left = match conn.drain(endpoint) {
+                Ok(0) => break Drained::Clean,
+                Err(_) => break Drained::PeerGone,
+                Ok(left) => left,
+            };
+            let now = clock::now();
+            if left < left_before {
+                left_before = left;
+                idle_until = now + CLOSE_IDLE;
+            }
+            if socket::liveness(&watch.socket) == Liveness::Gone
+                || self.port.fatal_event_for(watch.events).is_some()
+            {
+                break Drained::PeerGone;
+            }
+            if now >= idle_until || now >= start + CLOSE_MAX {
+                break Drained::TimedOut;
+            }
+            std::thread::yield_now();
+        };
+        let waited = clock::now().saturating_duration_since(start);
+        let qpn = endpoint.qp_num();
+        match drained {
+            Drained::TimedOut => warn!(
+                "{call}: connection with {} (local QP {qpn}): work posted before the close had not \
+                 finished after {waited} (no progress for {CLOSE_IDLE}, or {CLOSE_MAX} in all); \
+                 closing anyway ({outstanding} request(s) never tested)",
+                self.peer
+            ),
+            _ if outstanding > 0 => info!(
+                INIT_NET,
+                "{call}: connection with {} (local QP {qpn}) closed with {outstanding} request(s) \
+                 never tested; posted work {} after {waited}",
+                self.peer,
+                if matches!(drained, Drained::Clean) {
+                    "finished"
+                } else {
+                    "was abandoned (the connection had failed or the peer is gone)"
+                }
+            ),
+            _ => {}
+        }
+    }
+
     fn test(&self, req: RequestId) -> NetResult<Option<Finished>> {
         let mut state = self.lock("test")?;
         let State {
@@ -203,7 +315,7 @@ impl<Conn: Testable> Side<Conn> {
             watch,
         } = &mut *state;
         match conn.test(endpoint, req) {
-            Ok(Completed::Pending) => match watch.check(&self.port, endpoint.qp_num()) {
+            Ok(Completed::Pending) => match watch.check(&self.port) {
                 None => Ok(None),
                 Some(err) => {
                     conn.handle_fatal(err);
@@ -278,7 +390,7 @@ pub(crate) fn isend(
         tag as u32,
     ) {
         Ok(Some(req)) => Ok(Some(request_ptr(handle, req))),
-        Ok(None) => match watch.check(&side.port, endpoint.qp_num()) {
+        Ok(None) => match watch.check(&side.port) {
             None => Ok(None),
             Some(err) => {
                 conn.handle_fatal(err);
@@ -321,7 +433,7 @@ pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Option<Ptr>> {
     } = &mut *state;
     match conn.irecv(endpoint, &bufs[..args.n], &tags[..args.n]) {
         Ok(Some(req)) => Ok(Some(request_ptr(handle, req))),
-        Ok(None) => match watch.check(&side.port, endpoint.qp_num()) {
+        Ok(None) => match watch.check(&side.port) {
             None => Ok(None),
             Some(err) => {
                 conn.handle_fatal(err);
@@ -374,14 +486,9 @@ fn close(call: &str, comm: Ptr, want_send: bool) -> NetResult<()> {
     let comm = COMMS
         .remove(handle)
         .ok_or_else(|| unknown(call, "comm", comm))?;
-    let outstanding = match &*comm {
-        DataComm::Send(s) => s.state.lock().map_or(0, |st| st.conn.outstanding()),
-        DataComm::Recv(r) => r.state.lock().map_or(0, |st| st.conn.outstanding()),
-    };
-    if outstanding > 0 {
-        warn!(
-            "{call}: closing with {outstanding} request(s) still outstanding; they are abandoned"
-        );
+    match &*comm {
+        DataComm::Send(side) => side.drain_before_close(call),
+        DataComm::Recv(side) => side.drain_before_close(call),
     }
     drop(comm);
     Ok(())

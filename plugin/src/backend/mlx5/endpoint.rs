@@ -46,7 +46,7 @@ pub(crate) trait Attachment {
 pub(crate) struct Device {
     // Field order is drop order: the QP goes before its CQ.
     qp: DirectQueuePair,
-    _cq: Arc<CompletionQueue>,
+    cq: Arc<CompletionQueue>,
     port: Arc<OpenPort>,
     psn: u32,
 }
@@ -170,7 +170,7 @@ impl Mlx5Endpoint<Device> {
         Ok(Self {
             attachment: Device {
                 qp,
-                _cq: cq,
+                cq,
                 port: Arc::clone(port),
                 psn: qp_params::random_psn(),
             },
@@ -217,6 +217,11 @@ impl Mlx5Endpoint<Device> {
     /// The QP number (for log lines).
     pub(crate) fn qp_num(&self) -> u32 {
         self.attachment.qp.qp_num()
+    }
+
+    /// The CQ's address, as `CQ_ERR` events name it.
+    pub(crate) fn cq_addr(&self) -> usize {
+        self.attachment.cq.as_ptr() as usize
     }
 }
 
