@@ -93,33 +93,26 @@ trait VProps: Default {
     const MAX_DEVS: usize;
 }
 
-impl VProps for NcclNetVDevicePropsV9 {
-    fn push(&mut self, dev: c_int) {
-        self.devs[self.ndevs as usize] = dev;
-        self.ndevs += 1;
-    }
-    fn len(&self) -> usize {
-        self.ndevs as usize
-    }
-    fn dev(&self, k: usize) -> usize {
-        self.devs[k] as usize
-    }
-    const MAX_DEVS: usize = 4;
+/// Both request layouts have `ndevs` and a `devs` array; only the array length differs.
+macro_rules! vprops {
+    ($ty:ty, $max:expr) => {
+        impl VProps for $ty {
+            fn push(&mut self, dev: c_int) {
+                self.devs[self.ndevs as usize] = dev;
+                self.ndevs += 1;
+            }
+            fn len(&self) -> usize {
+                self.ndevs as usize
+            }
+            fn dev(&self, k: usize) -> usize {
+                self.devs[k] as usize
+            }
+            const MAX_DEVS: usize = $max;
+        }
+    };
 }
-
-impl VProps for NcclNetVDevicePropsV12 {
-    fn push(&mut self, dev: c_int) {
-        self.devs[self.ndevs as usize] = dev;
-        self.ndevs += 1;
-    }
-    fn len(&self) -> usize {
-        self.ndevs as usize
-    }
-    fn dev(&self, k: usize) -> usize {
-        self.devs[k] as usize
-    }
-    const MAX_DEVS: usize = 8;
-}
+vprops!(NcclNetVDevicePropsV9, 4);
+vprops!(NcclNetVDevicePropsV12, 8);
 
 type MakeVDevice<V> = Option<unsafe extern "C" fn(*mut c_int, *mut V) -> NcclResult>;
 

@@ -224,7 +224,8 @@ pub(crate) fn insert(comm: DataComm) -> NetResult<Ptr> {
     COMMS
         .insert(Box::new(comm))
         .map(Handle::to_ptr)
-        .map_err(|full| NetError::system(format!("connect/accept: {full}")))
+        // The guard prefixes the call (connect or accept).
+        .map_err(|full| NetError::system(full.to_string()))
 }
 
 fn lookup(call: &str, what: &str, ptr: Ptr) -> NetResult<(Handle, &'static DataComm)> {
