@@ -69,7 +69,10 @@ impl Port {
             ptr_support: NCCL_PTR_HOST,
             speed_mbps: i32::try_from(info.speed_mbps).unwrap_or(i32::MAX),
             port: i32::from(info.port),
-            max_comms: i32::try_from(info.max_qp).unwrap_or(i32::MAX),
+            // What both the device and Rivet's connection table hold (NCCL reads it as a cap on
+            // the channels it runs over the NIC).
+            max_comms: i32::try_from(info.max_qp.min(crate::registry::MAX_ENTRIES as u32))
+                .unwrap_or(i32::MAX),
             members,
             member_count: 1,
             rail_id: info

@@ -31,7 +31,7 @@ struct Global {
 static GLOBAL: Mutex<Option<Global>> = Mutex::new(None);
 
 /// Live v11+ contexts.
-static CONTEXTS: Registry<NetContext, 4096> = Registry::new(0x0c7c);
+static CONTEXTS: Registry<NetContext> = Registry::new(0x0c7c, "live NCCL communicator contexts");
 
 fn global() -> MutexGuard<'static, Option<Global>> {
     GLOBAL.lock().unwrap_or_else(|e| e.into_inner())
@@ -117,12 +117,10 @@ pub(crate) fn init_context(comm_id: u64, traffic_class: Option<i32>) -> NetResul
         traffic_class,
     });
     match CONTEXTS.insert(ctx) {
-        Some(handle) => Ok(handle.to_ptr()),
-        None => {
+        Ok(handle) => Ok(handle.to_ptr()),
+        Err(full) => {
             release();
-            Err(NetError::system(
-                "too many live NCCL communicators (4096) for one process",
-            ))
+            Err(NetError::system(format!("init: {full}")))
         }
     }
 }
@@ -219,11 +217,4 @@ pub(crate) fn properties(dev: c_int) -> NetResult<DeviceProps> {
                 ports.len()
             ))
         })
-}
-
-/// `makeVDevice`: fusing NICs is not supported yet; NCCL then uses the physical devices.
-pub(crate) fn make_vdevice(members: &[c_int]) -> NetResult<c_int> {
-    Err(NetError::invalid_usage(format!(
-        "makeVDevice: fusing devices {members:?} into one virtual NIC is not supported; set NCCL_NET_MERGE_LEVEL=LOC"
-    )))
 }

@@ -5,12 +5,28 @@
 //! pointer-sized value, so a NULL, stale (closed) or bogus handle is recognised and answered with
 //! an error instead of being dereferenced.
 //!
-//! Each table is a fixed array in the library's static memory (no heap, nothing left behind when
-//! NCCL `dlclose`s the plugin). Lookups are lock-free: two atomic loads. Insertion and removal are
-//! control-path operations serialised by a mutex.
+//! Each table grows on the control path, in chunks of [`CHUNK`] slots allocated when the slots so
+//! far are all in use, up to [`MAX_ENTRIES`] (the most a 16-bit index addresses). The static part
+//! is a directory of chunk pointers that starts all-NULL, so the tables cost the library no
+//! initialised data. Lookups are lock-free: three atomic loads (chunk, generation, object), no
+//! allocation. Insertion and removal are control-path operations serialised by a mutex.
+//!
+//! Chunks are never freed: a stale handle may be looked up (lock-free) at any time, also while
+//! the last `finalize` tears objects down, and only a chunk that stays allocated makes that lookup
+//! safe without a lock. The memory is bounded by the peak number of live objects (16 bytes a
+//! slot, at most 1 MiB a table) and is reused by later objects; on `dlclose` it stays behind as
+//! an unreachable allocation, which frees nothing twice and leaves no thread or destructor that
+//! could run into unmapped code.
 
+use std::fmt;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+
+/// Slots per chunk (a 4 KiB allocation for 16-byte slots).
+pub(crate) const CHUNK: usize = 256;
+/// Most entries a table holds: every value of the 16-bit handle index.
+pub(crate) const MAX_ENTRIES: usize = 1 << 16;
+const MAX_CHUNKS: usize = MAX_ENTRIES / CHUNK;
 
 /// A decoded handle: which table slot, which incarnation of it, and which table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +62,25 @@ impl Handle {
     }
 }
 
+/// A table is at its limit. The text names the limit, for NCCL's log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TableFull {
+    /// What the table holds ("live connections").
+    pub(crate) what: &'static str,
+    /// How many it holds at most.
+    pub(crate) capacity: usize,
+}
+
+impl fmt::Display for TableFull {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Rivet's limit of {} {} per process is reached; close some first",
+            self.capacity, self.what
+        )
+    }
+}
+
 struct Slot<T> {
     value: AtomicPtr<T>,
     /// Current generation (1..=u16::MAX, wrapping past 0).
@@ -61,43 +96,98 @@ impl<T> Slot<T> {
     }
 }
 
-/// A fixed-capacity table of boxed `T`s addressed by [`Handle`]s.
-pub(crate) struct Registry<T, const N: usize> {
-    slots: [Slot<T>; N],
-    kind: u32,
-    /// Serialises insert/remove; holds the next slot to try.
-    writer: Mutex<usize>,
+struct Chunk<T> {
+    slots: [Slot<T>; CHUNK],
 }
 
-impl<T, const N: usize> Registry<T, N> {
-    /// An empty table whose handles carry `kind` in their low bits. `kind` must be non-zero.
-    pub(crate) const fn new(kind: u32) -> Self {
-        assert!(kind != 0 && N <= u16::MAX as usize);
+/// The writer's view: where to look for a free slot next, and how many slots exist.
+struct Cursor {
+    next: usize,
+    len: usize,
+}
+
+/// A growable table of boxed `T`s addressed by [`Handle`]s.
+pub(crate) struct Registry<T> {
+    /// Chunk `i` holds slots `i * CHUNK ..`; NULL until first needed, then never changed.
+    chunks: [AtomicPtr<Chunk<T>>; MAX_CHUNKS],
+    kind: u32,
+    capacity: usize,
+    what: &'static str,
+    /// Serialises insert/remove.
+    writer: Mutex<Cursor>,
+}
+
+impl<T> Registry<T> {
+    /// An empty table of up to [`MAX_ENTRIES`] `what`s whose handles carry `kind` in their low
+    /// bits. `kind` must be non-zero.
+    pub(crate) const fn new(kind: u32, what: &'static str) -> Self {
+        Self::with_capacity(kind, what, MAX_ENTRIES)
+    }
+
+    /// As [`Registry::new`], holding at most `capacity` (≤ [`MAX_ENTRIES`]) objects.
+    pub(crate) const fn with_capacity(kind: u32, what: &'static str, capacity: usize) -> Self {
+        assert!(kind != 0 && capacity <= MAX_ENTRIES);
         Self {
-            slots: [const { Slot::empty() }; N],
+            chunks: [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_CHUNKS],
             kind,
-            writer: Mutex::new(0),
+            capacity,
+            what,
+            writer: Mutex::new(Cursor { next: 0, len: 0 }),
         }
     }
 
-    /// Store `value`; `None` when the table is full.
-    pub(crate) fn insert(&self, value: Box<T>) -> Option<Handle> {
-        let mut next = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        for step in 0..N {
-            let index = (*next + step) % N;
-            let slot = &self.slots[index];
-            if slot.value.load(Ordering::Relaxed).is_null() {
-                let generation = slot.generation.load(Ordering::Relaxed) as u16;
-                slot.value.store(Box::into_raw(value), Ordering::Release);
-                *next = (index + 1) % N;
-                return Some(Handle {
-                    index: index as u16,
-                    generation,
-                    low: self.kind,
+    fn slot(&self, index: usize) -> Option<&Slot<T>> {
+        let chunk = self.chunks.get(index / CHUNK)?.load(Ordering::Acquire);
+        // SAFETY: a non-null chunk pointer came from `Box::into_raw` in `grow` and is freed only
+        // by `drop`, which has the table exclusively.
+        let chunk = unsafe { chunk.as_ref() }?;
+        chunk.slots.get(index % CHUNK)
+    }
+
+    /// Allocate the chunk holding slot `len` (the first slot past the existing ones).
+    fn grow(&self, cursor: &mut Cursor) {
+        let chunk = Box::new(Chunk {
+            slots: [const { Slot::empty() }; CHUNK],
+        });
+        self.chunks[cursor.len / CHUNK].store(Box::into_raw(chunk), Ordering::Release);
+        cursor.len = (cursor.len + CHUNK).min(self.capacity);
+    }
+
+    /// Store `value`, growing the table if every existing slot is in use; [`TableFull`] at the
+    /// capacity.
+    pub(crate) fn insert(&self, value: Box<T>) -> Result<Handle, TableFull> {
+        let mut cursor = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let free = (0..cursor.len)
+            .map(|step| (cursor.next + step) % cursor.len)
+            .find(|&index| {
+                self.slot(index)
+                    .is_some_and(|slot| slot.value.load(Ordering::Relaxed).is_null())
+            });
+        let index = match free {
+            Some(index) => index,
+            None if cursor.len < self.capacity => {
+                let first_new = cursor.len;
+                self.grow(&mut cursor);
+                first_new
+            }
+            None => {
+                return Err(TableFull {
+                    what: self.what,
+                    capacity: self.capacity,
                 });
             }
-        }
-        None
+        };
+        let Some(slot) = self.slot(index) else {
+            unreachable!("slot {index} below the table length has a chunk");
+        };
+        let generation = slot.generation.load(Ordering::Relaxed) as u16;
+        slot.value.store(Box::into_raw(value), Ordering::Release);
+        cursor.next = (index + 1) % cursor.len;
+        Ok(Handle {
+            index: index as u16,
+            generation,
+            low: self.kind,
+        })
     }
 
     /// The object behind `handle`, if the handle is live and belongs to this table.
@@ -107,7 +197,7 @@ impl<T, const N: usize> Registry<T, N> {
     /// The caller must guarantee that does not happen while the reference is in use: NCCL's
     /// contract makes a close the last call on a comm, so entry points may rely on it.
     pub(crate) unsafe fn get(&self, handle: Handle) -> Option<&T> {
-        let slot = self.slots.get(usize::from(handle.index))?;
+        let slot = self.slot(usize::from(handle.index))?;
         if slot.generation.load(Ordering::Acquire) as u16 != handle.generation {
             return None;
         }
@@ -125,7 +215,7 @@ impl<T, const N: usize> Registry<T, N> {
     /// Take the object out; the handle (and any copy of it) becomes stale.
     pub(crate) fn remove(&self, handle: Handle) -> Option<Box<T>> {
         let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = self.slots.get(usize::from(handle.index))?;
+        let slot = self.slot(usize::from(handle.index))?;
         if slot.generation.load(Ordering::Relaxed) as u16 != handle.generation {
             return None;
         }
@@ -142,23 +232,29 @@ impl<T, const N: usize> Registry<T, N> {
         // the slot, so this is its only owner.
         Some(unsafe { Box::from_raw(ptr) })
     }
-
-    /// Remove and drop every object (used when the last `finalize` tears the plugin down).
-    pub(crate) fn clear(&self) {
-        for index in 0..N {
-            let generation = self.slots[index].generation.load(Ordering::Relaxed) as u16;
-            drop(self.remove(Handle {
-                index: index as u16,
-                generation,
-                low: self.kind,
-            }));
-        }
-    }
 }
 
-impl<T, const N: usize> Drop for Registry<T, N> {
+impl<T> Drop for Registry<T> {
+    /// Only tables that are not statics are ever dropped (tests); the exported ones live as long
+    /// as the library.
     fn drop(&mut self) {
-        self.clear();
+        for chunk in &mut self.chunks {
+            let chunk = core::mem::replace(chunk.get_mut(), core::ptr::null_mut());
+            if chunk.is_null() {
+                continue;
+            }
+            // SAFETY: the pointer came from `Box::into_raw` in `grow`; `&mut self` means no
+            // reference into it is alive, and it was just detached from the table.
+            let chunk = unsafe { Box::from_raw(chunk) };
+            for slot in &chunk.slots {
+                let value = slot.value.load(Ordering::Relaxed);
+                if !value.is_null() {
+                    // SAFETY: a non-null slot value came from `Box::into_raw` in `insert` and
+                    // was never removed; the table is being dropped, so this is its last owner.
+                    drop(unsafe { Box::from_raw(value) });
+                }
+            }
+        }
     }
 }
 
@@ -168,7 +264,7 @@ mod tests {
 
     #[test]
     fn insert_get_remove_round_trip() {
-        let table: Registry<u32, 4> = Registry::new(7);
+        let table: Registry<u32> = Registry::with_capacity(7, "numbers", 4);
         let h = table.insert(Box::new(42)).expect("room");
         let p = h.to_ptr();
         let back = Handle::from_ptr(p).expect("non-null");
@@ -187,9 +283,9 @@ mod tests {
 
     #[test]
     fn reused_slot_gets_new_generation() {
-        let table: Registry<u32, 1> = Registry::new(1);
+        let table: Registry<u32> = Registry::with_capacity(1, "numbers", 1);
         let first = table.insert(Box::new(1)).expect("room");
-        assert!(table.insert(Box::new(2)).is_none(), "full table refuses");
+        assert!(table.insert(Box::new(2)).is_err(), "full table refuses");
         drop(table.remove(first));
         let second = table.insert(Box::new(3)).expect("room again");
         assert_eq!(first.index, second.index);
@@ -202,7 +298,7 @@ mod tests {
 
     #[test]
     fn null_and_bogus_handles_do_not_resolve() {
-        let table: Registry<u32, 8> = Registry::new(3);
+        let table: Registry<u32> = Registry::with_capacity(3, "numbers", 8);
         assert!(Handle::from_ptr(core::ptr::null_mut()).is_none());
         let bogus = Handle::from_ptr(0xdead_beef_usize as *mut _).expect("non-null");
         // SAFETY: nothing is removed concurrently.
@@ -214,5 +310,57 @@ mod tests {
         };
         // SAFETY: as above.
         assert!(unsafe { table.get(out_of_range) }.is_none());
+    }
+
+    /// The table grows past its first chunks on demand, every object stays reachable, and the
+    /// refusal at the capacity names the limit.
+    #[test]
+    fn grows_in_chunks_up_to_the_capacity_and_names_the_limit() {
+        let capacity = 2 * CHUNK + 3;
+        let table: Registry<usize> = Registry::with_capacity(5, "live things", capacity);
+        let handles: Vec<Handle> = (0..capacity)
+            .map(|i| table.insert(Box::new(i)).expect("room below the capacity"))
+            .collect();
+        assert_eq!(
+            table
+                .chunks
+                .iter()
+                .filter(|c| !c.load(Ordering::Relaxed).is_null())
+                .count(),
+            3,
+            "chunks are allocated only as needed"
+        );
+        for (i, h) in handles.iter().enumerate() {
+            // SAFETY: nothing removes entries concurrently in this test.
+            assert_eq!(unsafe { table.get(*h) }.copied(), Some(i));
+        }
+        let full = table.insert(Box::new(0)).expect_err("at the capacity");
+        assert_eq!(full.capacity, capacity);
+        let text = full.to_string();
+        assert!(text.contains("515 live things"), "{text}");
+        // A freed slot in the middle is found again, with a new generation.
+        let middle = handles[CHUNK + 7];
+        assert_eq!(table.remove(middle).map(|b| *b), Some(CHUNK + 7));
+        let again = table.insert(Box::new(77)).expect("a slot was freed");
+        assert_eq!(again.index, middle.index);
+        assert_ne!(again.generation, middle.generation);
+        // SAFETY: as above.
+        assert!(unsafe { table.get(middle) }.is_none(), "stale after reuse");
+    }
+
+    /// The production tables hold every index a handle can carry (the fixed connection table
+    /// held 16 384), and allocate nothing until used.
+    #[test]
+    fn production_capacity_is_the_whole_index_space() {
+        let table: Registry<u8> = Registry::new(9, "bytes");
+        assert_eq!(table.capacity, usize::from(u16::MAX) + 1);
+        let last = Handle {
+            index: u16::MAX,
+            generation: 1,
+            low: 9,
+        };
+        // SAFETY: nothing is removed concurrently.
+        let found = unsafe { table.get(last) };
+        assert!(found.is_none(), "no chunk yet: no object");
     }
 }

@@ -166,7 +166,7 @@ static void run(void* lib) {
     void* buf[1] = {0}; size_t sz[1] = {8}; int tag[1] = {0}; void* mh[1] = {0}; void* req = NULL;
     CHECK_BOGUS(9, v9, v9->isend(NULL, buf, 8, 0, NULL, &req),
                 v9->irecv((void*)0x999, 1, buf, sz, tag, mh, &req));
-    CHECK(v9->make_vdevice != NULL, "v9 makeVDevice is set");
+    CHECK(v9->make_vdevice == NULL, "v9 makeVDevice is NULL (NCCL uses the physical devices)");
     CHECK(v9->isend(NULL, buf, (size_t)1 << 31, 0, NULL, &req) != NCCL_OK,
           "v9 isend larger than maxP2pBytes is rejected");
   }
@@ -191,7 +191,7 @@ static void run(void* lib) {
   net_v11* v11 = dlsym(lib, "ncclNetPlugin_v11");
   CHECK_COMMON(11, v11);
   if (v11) {
-    CHECK(v11->finalize && v11->set_net_attr && v11->make_vdevice, "v11 finalize, setNetAttr, makeVDevice set");
+    CHECK(v11->finalize && v11->set_net_attr && !v11->make_vdevice, "v11 finalize, setNetAttr set, makeVDevice NULL");
     reset_log();
     void* ctx = NULL;
     comm_config cfg = {.traffic_class = -1};
@@ -210,7 +210,7 @@ static void run(void* lib) {
   net_v12* v12 = dlsym(lib, "ncclNetPlugin_v12");
   CHECK_COMMON(12, v12);
   if (v12) {
-    CHECK(v12->finalize && v12->set_net_attr && v12->make_vdevice, "v12 finalize, setNetAttr, makeVDevice set");
+    CHECK(v12->finalize && v12->set_net_attr && !v12->make_vdevice, "v12 finalize, setNetAttr set, makeVDevice NULL");
     /* NCCL 2.30 inits and finalizes once per communicator. */
     int ok = 1;
     for (int i = 0; i < 100; i++) {

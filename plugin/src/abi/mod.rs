@@ -3,3 +3,5 @@
 mod shims;
 pub mod tables;
 pub mod types;
+#[cfg(test)]
+mod vdevice_replay;

@@ -121,42 +121,6 @@ pub(super) unsafe extern "C" fn get_properties<P: VersionedProps>(
     })
 }
 
-/// Member list of a virtual-device request, whatever its version.
-pub(super) trait VDeviceProps {
-    /// The member device indices.
-    fn members(&self) -> &[c_int];
-}
-impl VDeviceProps for NcclNetVDevicePropsV9 {
-    fn members(&self) -> &[c_int] {
-        let n = usize::try_from(self.ndevs)
-            .unwrap_or(0)
-            .min(self.devs.len());
-        &self.devs[..n]
-    }
-}
-impl VDeviceProps for NcclNetVDevicePropsV12 {
-    fn members(&self) -> &[c_int] {
-        let n = usize::try_from(self.ndevs)
-            .unwrap_or(0)
-            .min(self.devs.len());
-        &self.devs[..n]
-    }
-}
-
-pub(super) unsafe extern "C" fn make_vdevice<V: VDeviceProps>(
-    d: *mut c_int,
-    props: *mut V,
-) -> NcclResult {
-    ffi_call("makeVDevice", || {
-        // SAFETY: NCCL passes NULL or a valid props struct of this table's version.
-        let props = unsafe { props.as_ref() }
-            .ok_or_else(|| NetError::misuse("makeVDevice: props is NULL"))?;
-        let dev = net::make_vdevice(props.members())?;
-        // SAFETY: NCCL passes a valid `int*` (NULL rejected).
-        unsafe { put(d, dev, "makeVDevice: d") }
-    })
-}
-
 // ---- connection setup ----
 
 unsafe fn listen_common(ctx: Ptr, dev: c_int, handle: Ptr, listen_comm: *mut Ptr) -> NcclResult {

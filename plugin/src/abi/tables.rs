@@ -456,7 +456,8 @@ pub static ncclNetPlugin_v9: Exported<NcclNetV9> = Exported(NcclNetV9 {
     close_listen: Some(s::close_listen),
     get_device_mr: None,
     irecv_consumed: None,
-    make_vdevice: Some(s::make_vdevice::<NcclNetVDevicePropsV9>),
+    // NULL until NIC fusion exists: every NCCL version then uses the physical devices (README).
+    make_vdevice: None,
 });
 
 /// `ncclNetPlugin_v10`, for NCCL 2.26 – 2.27.
@@ -481,7 +482,8 @@ pub static ncclNetPlugin_v10: Exported<NcclNetV10> = Exported(NcclNetV10 {
     close_listen: Some(s::close_listen),
     get_device_mr: None,
     irecv_consumed: None,
-    make_vdevice: Some(s::make_vdevice::<NcclNetVDevicePropsV9>),
+    // NULL until NIC fusion exists: every NCCL version then uses the physical devices (README).
+    make_vdevice: None,
 });
 
 /// `ncclNetPlugin_v11`, for NCCL 2.28 – 2.29.
@@ -507,7 +509,8 @@ pub static ncclNetPlugin_v11: Exported<NcclNetV11<NcclNetPropertiesV11, NcclNetV
         close_listen: Some(s::close_listen),
         get_device_mr: None,
         irecv_consumed: None,
-        make_vdevice: Some(s::make_vdevice::<NcclNetVDevicePropsV9>),
+        // NULL until NIC fusion exists: every NCCL version then uses the physical devices (README).
+        make_vdevice: None,
         finalize: Some(s::finalize),
         set_net_attr: Some(s::set_net_attr),
     });
@@ -535,7 +538,8 @@ pub static ncclNetPlugin_v12: Exported<NcclNetV11<NcclNetPropertiesV12, NcclNetV
         close_listen: Some(s::close_listen),
         get_device_mr: None,
         irecv_consumed: None,
-        make_vdevice: Some(s::make_vdevice::<NcclNetVDevicePropsV12>),
+        // NULL until NIC fusion exists: every NCCL version then uses the physical devices (README).
+        make_vdevice: None,
         finalize: Some(s::finalize),
         set_net_attr: Some(s::set_net_attr),
     });

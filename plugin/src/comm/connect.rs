@@ -36,7 +36,7 @@ struct PendingConnect {
     settings: QpSettings,
 }
 
-static CONNECTS: Registry<PendingConnect, 4096> = Registry::new(0xc044);
+static CONNECTS: Registry<PendingConnect> = Registry::new(0xc044, "connects in progress");
 
 fn read_token(handle: &[u8; 128]) -> Option<Handle> {
     let token = &handle[HANDLE_LEN..HANDLE_LEN + 16];
@@ -176,7 +176,7 @@ pub(crate) fn connect(
             let pending = start(ctx, dev, tc, handle)?;
             let t = CONNECTS
                 .insert(Box::new(pending))
-                .ok_or_else(|| NetError::system("connect: more than 4096 connects in progress"))?;
+                .map_err(|full| NetError::system(format!("connect: {full}")))?;
             write_token(handle, Some(t));
             t
         }
@@ -189,7 +189,7 @@ pub(crate) fn connect(
             // Put it back under a fresh token (removal bumped the slot's generation).
             let t = CONNECTS
                 .insert(pending)
-                .ok_or_else(|| NetError::system("connect: more than 4096 connects in progress"))?;
+                .map_err(|full| NetError::system(format!("connect: {full}")))?;
             write_token(handle, Some(t));
             Ok(None)
         }

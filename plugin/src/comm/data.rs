@@ -328,14 +328,16 @@ impl<Conn: Testable> Side<Conn> {
     }
 }
 
-pub(crate) static COMMS: Registry<DataComm, 16384> = Registry::new(0xda7a);
+pub(crate) static COMMS: Registry<DataComm> =
+    Registry::new(0xda7a, "live connections (send and receive comms)");
 
 /// Register an established comm and return NCCL's handle for it.
 pub(crate) fn insert(comm: DataComm) -> NetResult<Ptr> {
     COMMS
         .insert(Box::new(comm))
         .map(Handle::to_ptr)
-        .ok_or_else(|| NetError::system("more than 16384 live connections in this process"))
+        // The guard prefixes the call (connect or accept).
+        .map_err(|full| NetError::system(full.to_string()))
 }
 
 fn lookup(call: &str, what: &str, ptr: Ptr) -> NetResult<(Handle, &'static DataComm)> {

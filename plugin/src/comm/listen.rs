@@ -49,7 +49,7 @@ struct PendingAccept {
     endpoint: Option<Endpoint>,
 }
 
-static LISTENS: Registry<ListenComm, 4096> = Registry::new(0x1157);
+static LISTENS: Registry<ListenComm> = Registry::new(0x1157, "live listen comms");
 
 pub(crate) fn listen(
     ctx: Option<&NetContext>,
@@ -92,7 +92,7 @@ pub(crate) fn listen(
     LISTENS
         .insert(Box::new(comm))
         .map(Handle::to_ptr)
-        .ok_or_else(|| NetError::system("listen: more than 4096 live listen comms in this process"))
+        .map_err(|full| NetError::system(format!("listen: {full}")))
 }
 
 fn lookup(call: &str, ptr: Ptr) -> NetResult<(Handle, &'static ListenComm)> {

@@ -59,7 +59,7 @@ impl UserMr {
     }
 }
 
-pub(crate) static MRS: Registry<UserMr, 65535> = Registry::new(0x3e3e);
+pub(crate) static MRS: Registry<UserMr> = Registry::new(0x3e3e, "live memory registrations");
 
 /// Look up a memory handle passed to isend/irecv.
 pub(crate) fn lookup(call: &str, mh: Ptr) -> NetResult<&'static UserMr> {
@@ -130,9 +130,9 @@ pub(crate) fn reg_mr(
         len: size as u64,
         port,
     });
-    MRS.insert(entry).map(Handle::to_ptr).ok_or_else(|| {
-        NetError::system("regMr: more than 65535 live registrations in this process")
-    })
+    MRS.insert(entry)
+        .map(Handle::to_ptr)
+        .map_err(|full| NetError::system(format!("regMr: {full}")))
 }
 
 fn reg_error(err: &VerbsError, data: Ptr, size: usize) -> NetError {
