@@ -14,6 +14,7 @@ extern crate std;
 pub mod data;
 pub mod handshake;
 pub mod nic;
+pub mod route;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
 pub mod time;

@@ -202,38 +202,39 @@ pub fn discover() -> Result<Vec<Port>, NoDevice> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::Port;
-    use rivet_verbs_ffi::PortInfo;
-    use rivet_verbs_ffi::discover::{LinkLayer, PtrSupport, assign_nccl_identities};
-    use std::ffi::CStr;
-    use std::path::PathBuf;
-
-    /// A discovered port as discovery builds it, before the NCCL identities are assigned.
-    fn fake_port(name: &str, pci_path: Option<&str>, port: u8, guid: u64) -> PortInfo {
-        PortInfo {
-            name: name.into(),
-            port,
-            link_layer: LinkLayer::InfiniBand,
-            speed_mbps: 400_000,
-            gid_index: 0,
-            gid: [0; 16],
-            gid_string: "::".into(),
-            roce_version: None,
-            why: "test".into(),
-            pci_path: pci_path.map(PathBuf::from),
-            nccl_pci_path: None,
-            nccl_port: u32::from(port),
-            guid,
-            max_qp: 1024,
-            active_mtu: 5,
-            lid: 1,
-            port_flags: 0,
-            ptr_support: PtrSupport(PtrSupport::HOST),
-            rail: None,
-            plane: None,
-        }
+/// A discovered InfiniBand port as discovery builds it, before the NCCL identities are assigned
+/// (for unit tests of what is derived from ports).
+pub(crate) fn fake_port_info(name: &str, pci_path: Option<&str>, port: u8, guid: u64) -> PortInfo {
+    use rivet_verbs_ffi::discover::{LinkLayer, PtrSupport};
+    PortInfo {
+        name: name.into(),
+        port,
+        link_layer: LinkLayer::InfiniBand,
+        speed_mbps: 400_000,
+        gid_index: 0,
+        gid: [0; 16],
+        gid_string: "::".into(),
+        roce_version: None,
+        why: "test".into(),
+        pci_path: pci_path.map(std::path::PathBuf::from),
+        nccl_pci_path: None,
+        nccl_port: u32::from(port),
+        guid,
+        max_qp: 1024,
+        active_mtu: 5,
+        lid: 1,
+        port_flags: 0,
+        ptr_support: PtrSupport(PtrSupport::HOST),
+        rail: None,
+        plane: None,
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Port, fake_port_info as fake_port};
+    use rivet_verbs_ffi::discover::assign_nccl_identities;
+    use std::ffi::CStr;
 
     #[test]
     fn the_pfs_of_one_card_are_distinct_ports_to_nccl() {
@@ -244,7 +245,12 @@ mod tests {
             fake_port("mlx5_0", Some(&format!("{card}.0")), 1, 0xaa),
             fake_port("mlx5_1", Some(&format!("{card}.1")), 1, 0xaa),
             fake_port("mlx5_2", Some(&format!("{card}.2")), 1, 0xaa),
-            fake_port("mlx5_3", Some("/sys/devices/pci0000:80/0000:af:00.0"), 1, 0xbb),
+            fake_port(
+                "mlx5_3",
+                Some("/sys/devices/pci0000:80/0000:af:00.0"),
+                1,
+                0xbb,
+            ),
         ];
         assign_nccl_identities(&mut infos, false);
         let ports: Vec<Port> = infos
@@ -252,7 +258,8 @@ mod tests {
             .enumerate()
             .map(|(i, info)| Port::new(i, info))
             .collect();
-        let identity: Vec<(u64, i32)> = ports.iter().map(|p| (p.props.guid, p.props.port)).collect();
+        let identity: Vec<(u64, i32)> =
+            ports.iter().map(|p| (p.props.guid, p.props.port)).collect();
         assert_eq!(identity, [(0xaa, 1), (0xaa, 2), (0xaa, 3), (0xbb, 1)]);
         for port in &ports[..3] {
             // SAFETY: `pci_path` points into the CString `port` owns.
