@@ -392,13 +392,17 @@ fn choose_gid(
 ) -> Result<GidChoice, String> {
     let table_len = u32::try_from(table_len).unwrap_or(0);
     if link == LinkLayer::InfiniBand {
-        let index = policy.index.unwrap_or(0);
-        let gid = context.query_gid(port, index).map_err(|e| e.to_string())?;
-        let why = if policy.index.is_some() {
-            "GID index was requested"
-        } else {
-            "InfiniBand: GID index 0"
+        let (index, why) = match policy.index {
+            Some(index) => (index, "GID index was requested"),
+            None => {
+                let routable = (gid::IB_ROUTABLE_GID_INDEX < table_len)
+                    .then(|| context.query_gid(port, gid::IB_ROUTABLE_GID_INDEX).ok())
+                    .flatten()
+                    .map(|g| g.raw);
+                gid::choose_ib_gid_index(routable.as_ref())
+            }
         };
+        let gid = context.query_gid(port, index).map_err(|e| e.to_string())?;
         return Ok(GidChoice {
             index,
             gid: gid.raw,
