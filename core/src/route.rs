@@ -103,8 +103,7 @@ pub fn route(local: &LocalPort, remote: &EndpointInfo) -> Route {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nic::RemoteRegion;
-    use crate::wire::DeviceName;
+    use crate::wire::tests::{ib_endpoint, roce_endpoint};
 
     /// An InfiniBand GID: subnet prefix `fe80:0000:<flid>:<subnet>` and a port GUID.
     fn ib_gid(flid: u16, subnet: u16) -> [u8; 16] {
@@ -116,23 +115,12 @@ mod tests {
         gid
     }
 
-    fn remote(link_layer: LinkLayer, gid: [u8; 16], lid: u16) -> EndpointInfo {
+    /// The InfiniBand test endpoint, with `gid` and `lid`.
+    fn remote(gid: [u8; 16], lid: u16) -> EndpointInfo {
         EndpointInfo {
             gid,
             lid,
-            port_num: 1,
-            mtu: 5,
-            link_layer,
-            qpn: 0x11,
-            psn: 0x22,
-            inbound: RemoteRegion {
-                addr: 0x1000,
-                rkey: 7,
-                len: 4096,
-            },
-            traffic_class: 0,
-            service_level: 0,
-            device_name: DeviceName::new("mlx5_1").unwrap(),
+            ..ib_endpoint()
         }
     }
 
@@ -146,7 +134,7 @@ mod tests {
 
     #[test]
     fn same_infiniband_subnet_uses_the_lid_alone() {
-        let peer = remote(LinkLayer::Infiniband, ib_gid(0, 0x0001), 0x42);
+        let peer = remote(ib_gid(0, 0x0001), 0x42);
         let r = route(&ib_local(0x0001, 0), &peer);
         assert_eq!(
             r,
@@ -159,20 +147,14 @@ mod tests {
         // Only the low 16 bits of the prefix count, as in NCCL.
         let mut gid = ib_gid(0, 0x0001);
         gid[2] = 0x99;
-        let r = route(
-            &ib_local(0x0001, 0),
-            &remote(LinkLayer::Infiniband, gid, 0x42),
-        );
+        let r = route(&ib_local(0x0001, 0), &remote(gid, 0x42));
         assert!(!r.is_global());
     }
 
     #[test]
     fn another_subnet_gets_a_grh_and_the_peers_flid() {
         let gid = ib_gid(0x0203, 0x0002);
-        let r = route(
-            &ib_local(0x0001, 0),
-            &remote(LinkLayer::Infiniband, gid, 0x42),
-        );
+        let r = route(&ib_local(0x0001, 0), &remote(gid, 0x42));
         assert_eq!(
             r,
             Route {
@@ -185,10 +167,7 @@ mod tests {
     #[test]
     fn another_subnet_without_flid_falls_back_to_the_lid() {
         let gid = ib_gid(0, 0x0002);
-        let r = route(
-            &ib_local(0x0001, 0),
-            &remote(LinkLayer::Infiniband, gid, 0x42),
-        );
+        let r = route(&ib_local(0x0001, 0), &remote(gid, 0x42));
         assert_eq!(
             r,
             Route {
@@ -203,7 +182,7 @@ mod tests {
         let gid = ib_gid(0x0203, 0x0001);
         let r = route(
             &ib_local(0x0001, PORT_FLAG_GRH_REQUIRED),
-            &remote(LinkLayer::Infiniband, gid, 0x42),
+            &remote(gid, 0x42),
         );
         // Same subnet: the LID, not the FLID.
         assert_eq!(
@@ -214,28 +193,26 @@ mod tests {
             }
         );
         // Other flag bits do not ask for a GRH.
-        let r = route(
-            &ib_local(0x0001, 0x80),
-            &remote(LinkLayer::Infiniband, gid, 0x42),
-        );
+        let r = route(&ib_local(0x0001, 0x80), &remote(gid, 0x42));
         assert!(!r.is_global());
     }
 
     #[test]
     fn ethernet_always_gets_a_grh() {
-        let gid = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2];
+        let peer = roce_endpoint();
+        let mut gid = peer.gid;
+        gid[15] = 1;
+        // Same "subnet id" bytes as the peer, and a flag that would not matter: GRH regardless.
         let local = LocalPort {
             link_layer: LinkLayer::Ethernet,
-            // Same "subnet id" bytes as the peer: irrelevant on Ethernet.
-            gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1],
+            gid,
             port_flags: 0,
         };
-        let r = route(&local, &remote(LinkLayer::Ethernet, gid, 0));
         assert_eq!(
-            r,
+            route(&local, &peer),
             Route {
                 dlid: 0,
-                grh: Some((gid, GrhReason::Ethernet))
+                grh: Some((peer.gid, GrhReason::Ethernet))
             }
         );
     }
