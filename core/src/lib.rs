@@ -15,6 +15,7 @@ pub mod data;
 pub mod event;
 pub mod handshake;
 pub mod nic;
+pub mod route;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
 pub mod time;

@@ -54,11 +54,7 @@ impl Port {
     fn new(index: usize, info: PortInfo) -> Self {
         let clean = |s: &str| CString::new(s.replace('\0', "")).unwrap_or_default();
         let name = clean(&info.name);
-        let merge_vfs = std::env::var("NCCL_IB_MERGE_VFS").map_or(true, |v| v.trim() != "0");
-        let pci = info
-            .pci_path
-            .as_ref()
-            .map(|p| clean(&nccl_pci_path(&p.display().to_string(), merge_vfs)));
+        let pci = info.nccl_pci_path.as_deref().map(clean);
         let mut members = [0; 8];
         members[0] = i32::try_from(index).unwrap_or(i32::MAX);
         let props = DeviceProps {
@@ -68,7 +64,9 @@ impl Port {
             // Host memory only until GPUDirect (peer memory / DMA-BUF) registration is supported.
             ptr_support: NCCL_PTR_HOST,
             speed_mbps: i32::try_from(info.speed_mbps).unwrap_or(i32::MAX),
-            port: i32::from(info.port),
+            // Not the verbs port: NCCL's numbering, unique among the PFs of one card (which share
+            // `guid`), so NCCL does not take them for one port and halve their bandwidth.
+            port: i32::try_from(info.nccl_port).unwrap_or(i32::MAX),
             // What both the device and Rivet's connection table hold (NCCL reads it as a cap on
             // the channels it runs over the NIC).
             max_comms: i32::try_from(info.max_qp.min(crate::registry::MAX_ENTRIES as u32))
@@ -103,23 +101,6 @@ impl Port {
         *opened = Some(Arc::clone(&port));
         Ok(port)
     }
-}
-
-/// The PCI path NCCL's own IB transport reports, so topology detection places Rivet's NICs
-/// exactly where it would place its own: the function digit set to 0 (the ports of a multi-port
-/// NIC are one NIC), and with `NCCL_IB_MERGE_VFS` (default on) the device digits too (virtual
-/// functions merge with their physical function).
-pub(crate) fn nccl_pci_path(path: &str, merge_vfs: bool) -> String {
-    let mut bytes = path.as_bytes().to_vec();
-    let n = bytes.len();
-    if n >= 1 {
-        bytes[n - 1] = b'0';
-    }
-    if merge_vfs && n >= 4 {
-        bytes[n - 3] = b'0';
-        bytes[n - 4] = b'0';
-    }
-    String::from_utf8(bytes).unwrap_or_else(|_| path.to_owned())
 }
 
 impl fmt::Display for Port {
@@ -164,8 +145,8 @@ fn env(name: &str) -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
-/// Discovery options from `NCCL_IB_HCA`, `NCCL_IB_GID_INDEX`, `NCCL_IB_ROCE_VERSION_NUM` and
-/// `NCCL_IB_ADDR_FAMILY`.
+/// Discovery options from `NCCL_IB_HCA`, `NCCL_IB_GID_INDEX`, `NCCL_IB_ROCE_VERSION_NUM`,
+/// `NCCL_IB_ADDR_FAMILY` and `NCCL_IB_MERGE_VFS`.
 fn options_from_env() -> Result<DiscoverOptions, NoDevice> {
     let mut options = DiscoverOptions::default();
     if let Some(spec) = env("NCCL_IB_HCA") {
@@ -198,6 +179,8 @@ fn options_from_env() -> Result<DiscoverOptions, NoDevice> {
         })?;
     }
     options.gid = gid;
+    // NCCL reads it as an integer; only 0 turns merging off.
+    options.split_vfs = env("NCCL_IB_MERGE_VFS").is_some_and(|v| v.parse::<i64>() == Ok(0));
     Ok(options)
 }
 
@@ -222,21 +205,69 @@ pub fn discover() -> Result<Vec<Port>, NoDevice> {
 }
 
 #[cfg(test)]
+/// A discovered InfiniBand port as discovery builds it, before the NCCL identities are assigned
+/// (for unit tests of what is derived from ports).
+pub(crate) fn fake_port_info(name: &str, pci_path: Option<&str>, port: u8, guid: u64) -> PortInfo {
+    use rivet_verbs_ffi::discover::{LinkLayer, PtrSupport};
+    PortInfo {
+        name: name.into(),
+        port,
+        link_layer: LinkLayer::InfiniBand,
+        speed_mbps: 400_000,
+        gid_index: 0,
+        gid: [0; 16],
+        gid_string: "::".into(),
+        roce_version: None,
+        why: "test".into(),
+        pci_path: pci_path.map(std::path::PathBuf::from),
+        nccl_pci_path: None,
+        nccl_port: u32::from(port),
+        guid,
+        max_qp: 1024,
+        active_mtu: 5,
+        lid: 1,
+        port_flags: 0,
+        ptr_support: PtrSupport(PtrSupport::HOST),
+        rail: None,
+        plane: None,
+    }
+}
+
+#[cfg(test)]
 mod tests {
-    use super::nccl_pci_path;
+    use super::{Port, fake_port_info as fake_port};
+    use rivet_verbs_ffi::discover::assign_nccl_identities;
+    use std::ffi::CStr;
 
     #[test]
-    fn pci_path_merges_functions_and_virtual_functions_like_nccl() {
-        let path = "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:00.1";
-        assert_eq!(
-            nccl_pci_path(path, false),
-            "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:00.0"
-        );
-        let vf = "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:01.3";
-        assert_eq!(
-            nccl_pci_path(vf, true),
-            "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:00.0"
-        );
-        assert_eq!(nccl_pci_path("", true), "");
+    fn the_pfs_of_one_card_are_distinct_ports_to_nccl() {
+        // Two PFs of one ConnectX (verbs port 1 each, one sys_image_guid), one VF of the first,
+        // and a second card.
+        let card = "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:00";
+        let mut infos = vec![
+            fake_port("mlx5_0", Some(&format!("{card}.0")), 1, 0xaa),
+            fake_port("mlx5_1", Some(&format!("{card}.1")), 1, 0xaa),
+            fake_port("mlx5_2", Some(&format!("{card}.2")), 1, 0xaa),
+            fake_port(
+                "mlx5_3",
+                Some("/sys/devices/pci0000:80/0000:af:00.0"),
+                1,
+                0xbb,
+            ),
+        ];
+        assign_nccl_identities(&mut infos, false);
+        let ports: Vec<Port> = infos
+            .into_iter()
+            .enumerate()
+            .map(|(i, info)| Port::new(i, info))
+            .collect();
+        let identity: Vec<(u64, i32)> =
+            ports.iter().map(|p| (p.props.guid, p.props.port)).collect();
+        assert_eq!(identity, [(0xaa, 1), (0xaa, 2), (0xaa, 3), (0xbb, 1)]);
+        for port in &ports[..3] {
+            // SAFETY: `pci_path` points into the CString `port` owns.
+            let pci = unsafe { CStr::from_ptr(port.props.pci_path) };
+            assert_eq!(pci.to_str().unwrap(), format!("{card}.0"));
+        }
     }
 }

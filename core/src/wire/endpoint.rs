@@ -64,6 +64,8 @@ impl core::fmt::Display for LinkLayer {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EndpointInfo {
     /// The port's GID (the one selected by the GID index; all zero is allowed only on InfiniBand).
+    /// On InfiniBand its subnet prefix and FLID decide how the peer addresses this end
+    /// ([`crate::route`]).
     pub gid: [u8; 16],
     /// The port's LID: 1..=0xBFFF (unicast) on InfiniBand, 0 on Ethernet.
     pub lid: u16,

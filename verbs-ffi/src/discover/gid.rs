@@ -164,6 +164,29 @@ pub fn parse_gid_type(text: &str) -> Option<u8> {
     }
 }
 
+/// The GID index NCCL's IB transport gives a routed InfiniBand fabric (its
+/// `NCCL_IB_ROUTABLE_FLID_GID_INDEX` default): the entry that carries the port's FLID.
+pub const IB_ROUTABLE_GID_INDEX: u32 = 1;
+
+/// Whether an InfiniBand GID is a routable one: it carries a FLID (bytes 4..6, the field
+/// `rivet_core::route::flid` reads on the peer's side to address the port across subnets).
+pub fn has_flid(gid: &[u8; 16]) -> bool {
+    gid[4..6] != [0, 0]
+}
+
+/// Picks the GID index of an InfiniBand port as NCCL does: [`IB_ROUTABLE_GID_INDEX`] when that
+/// entry (`routable`, `None` if the table is shorter) carries a FLID, so peers in other subnets
+/// can address this port through routers; otherwise index 0.
+pub fn choose_ib_gid_index(routable: Option<&[u8; 16]>) -> (u32, &'static str) {
+    match routable {
+        Some(gid) if has_flid(gid) => (
+            IB_ROUTABLE_GID_INDEX,
+            "InfiniBand: GID index 1 carries a routable FLID",
+        ),
+        _ => (0, "InfiniBand: GID index 0"),
+    }
+}
+
 /// Picks the GID for a RoCE port from its table.
 pub fn choose_roce_gid(table: &[GidCandidate], policy: &GidPolicy) -> Result<GidChoice, GidError> {
     if let Some(index) = policy.index {
@@ -224,6 +247,21 @@ pub fn choose_roce_gid(table: &[GidCandidate], policy: &GidPolicy) -> Result<Gid
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn infiniband_prefers_the_gid_with_a_flid() {
+        let mut routable = [0u8; 16];
+        routable[0] = 0xfe;
+        routable[1] = 0x80;
+        routable[7] = 0x02; // subnet id alone is not a FLID
+        assert_eq!(choose_ib_gid_index(Some(&routable)).0, 0);
+        routable[4..6].copy_from_slice(&0x0c01u16.to_be_bytes());
+        assert_eq!(
+            choose_ib_gid_index(Some(&routable)).0,
+            IB_ROUTABLE_GID_INDEX
+        );
+        assert_eq!(choose_ib_gid_index(None).0, 0);
+    }
 
     fn v4(a: u8, b: u8, c: u8, d: u8) -> [u8; 16] {
         let mut g = [0u8; 16];

@@ -5,6 +5,7 @@
 
 pub mod gid;
 pub mod hca_filter;
+pub mod identity;
 pub mod speed;
 pub mod sysfs;
 
@@ -21,6 +22,7 @@ use crate::sys::{gid_type, link_layer, port_state};
 
 pub use gid::{AddrFamily, GidChoice, GidPolicy};
 pub use hca_filter::{HcaEntry, HcaFilter, HcaFilterError};
+pub use identity::{NcclIdentity, PortLocation, nccl_identities, nccl_pci_path};
 pub use sysfs::Sysfs;
 
 /// A port's link layer.
@@ -106,6 +108,11 @@ pub struct PortInfo {
     pub why: String,
     /// Realpath of `/sys/class/infiniband/<dev>/device`; `None` for virtual devices.
     pub pci_path: Option<PathBuf>,
+    /// The PCI path NCCL's IB transport would report ([`identity::nccl_pci_path`]).
+    pub nccl_pci_path: Option<String>,
+    /// The port number NCCL's IB transport would report: [`port`](Self::port) plus the number of
+    /// earlier ports on the same merged PCI path ([`identity::nccl_identities`]).
+    pub nccl_port: u32,
     /// `sys_image_guid` as the library returns it (big-endian value); equal on all ports of a NIC.
     pub guid: u64,
     /// `max_qp` of the device.
@@ -133,6 +140,9 @@ pub struct DiscoverOptions {
     pub gid: GidPolicy,
     /// Where sysfs is.
     pub sysfs: Sysfs,
+    /// `NCCL_IB_MERGE_VFS=0`: virtual functions are PCI devices of their own, not merged with
+    /// their physical function, in the identity reported to NCCL.
+    pub split_vfs: bool,
 }
 
 /// Why no port is usable.
@@ -303,6 +313,9 @@ pub fn discover(options: &DiscoverOptions) -> Result<Vec<PortInfo>, DiscoverErro
                 roce_version: choice.roce_version,
                 why: choice.why,
                 pci_path: options.sysfs.pci_path(&name),
+                // Filled in below, once every port is known.
+                nccl_pci_path: None,
+                nccl_port: u32::from(port),
                 guid: attr.sys_image_guid,
                 max_qp: u32::try_from(attr.max_qp).unwrap_or(0),
                 active_mtu: port_attr.active_mtu,
@@ -315,6 +328,7 @@ pub fn discover(options: &DiscoverOptions) -> Result<Vec<PortInfo>, DiscoverErro
         }
     }
     if !found.is_empty() {
+        assign_nccl_identities(&mut found, options.split_vfs);
         return Ok(found);
     }
     if !unusable_notes.is_empty() {
@@ -331,6 +345,28 @@ pub fn discover(options: &DiscoverOptions) -> Result<Vec<PortInfo>, DiscoverErro
     Err(DiscoverError::NoActivePort {
         notes: inactive_notes,
     })
+}
+
+/// Gives every port of `ports` (in exposure order) the PCI path and port number NCCL's IB
+/// transport would report for it ([`identity::nccl_identities`]).
+pub fn assign_nccl_identities(ports: &mut [PortInfo], split_vfs: bool) {
+    let paths: Vec<Option<String>> = ports
+        .iter()
+        .map(|p| p.pci_path.as_ref().map(|path| path.display().to_string()))
+        .collect();
+    let locations: Vec<PortLocation<'_>> = ports
+        .iter()
+        .zip(&paths)
+        .map(|(p, path)| PortLocation {
+            pci_path: path.as_deref(),
+            port: p.port,
+        })
+        .collect();
+    let identities = nccl_identities(&locations, split_vfs);
+    for (port, identity) in ports.iter_mut().zip(identities) {
+        port.nccl_pci_path = identity.pci_path;
+        port.nccl_port = identity.port;
+    }
 }
 
 fn port_state_name(state: u32) -> &'static str {
@@ -356,13 +392,17 @@ fn choose_gid(
 ) -> Result<GidChoice, String> {
     let table_len = u32::try_from(table_len).unwrap_or(0);
     if link == LinkLayer::InfiniBand {
-        let index = policy.index.unwrap_or(0);
-        let gid = context.query_gid(port, index).map_err(|e| e.to_string())?;
-        let why = if policy.index.is_some() {
-            "GID index was requested"
-        } else {
-            "InfiniBand: GID index 0"
+        let (index, why) = match policy.index {
+            Some(index) => (index, "GID index was requested"),
+            None => {
+                let routable = (gid::IB_ROUTABLE_GID_INDEX < table_len)
+                    .then(|| context.query_gid(port, gid::IB_ROUTABLE_GID_INDEX).ok())
+                    .flatten()
+                    .map(|g| g.raw);
+                gid::choose_ib_gid_index(routable.as_ref())
+            }
         };
+        let gid = context.query_gid(port, index).map_err(|e| e.to_string())?;
         return Ok(GidChoice {
             index,
             gid: gid.raw,
