@@ -14,6 +14,7 @@ extern crate std;
 pub mod data;
 pub mod event;
 pub mod handshake;
+pub mod name_list;
 pub mod nic;
 pub mod route;
 #[cfg(any(test, feature = "sim"))]

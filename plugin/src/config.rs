@@ -3,7 +3,8 @@
 
 use crate::backend::endpoint::QpSettings;
 use crate::log::warn;
-use crate::oob::iface::IfFilter;
+use crate::oob::iface::{self, Family, IfRules};
+use rivet_core::name_list::NameList;
 use rivet_core::time::Duration;
 
 /// Everything the comm layer needs from the environment.
@@ -20,8 +21,9 @@ pub(crate) struct Config {
     /// `RIVET_HANDSHAKE_TIMEOUT_MS` (default 120000): how long a connect or an accepted
     /// connection may take from its first byte to established.
     pub(crate) handshake_timeout: Duration,
-    /// `NCCL_SOCKET_IFNAME`.
-    pub(crate) socket_ifname: Option<IfFilter>,
+    /// How the handshake interface is chosen: `NCCL_SOCKET_IFNAME`, `NCCL_SOCKET_FAMILY`,
+    /// `NCCL_COMM_ID`.
+    pub(crate) interface: IfRules,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -43,6 +45,33 @@ fn ranged<T: TryFrom<i64> + Copy>(name: &str, min: i64, max: i64) -> Option<T> {
     }
 }
 
+/// The interface rules from the environment, read as NCCL reads them: `NCCL_SOCKET_IFNAME` counts
+/// only when longer than one character; an unknown `NCCL_SOCKET_FAMILY` is ignored with a WARN.
+fn interface_rules() -> IfRules {
+    let ifname = var("NCCL_SOCKET_IFNAME")
+        .filter(|v| v.len() > 1)
+        .and_then(|v| match NameList::parse(&v) {
+            Ok(list) => Some(list),
+            Err(e) => {
+                warn!("NCCL_SOCKET_IFNAME={v:?}: {e}; choosing the interface as if it were unset");
+                None
+            }
+        });
+    let family = match var("NCCL_SOCKET_FAMILY") {
+        None => Family::Any,
+        Some(v) => Family::parse(&v).unwrap_or_else(|| {
+            warn!("NCCL_SOCKET_FAMILY={v:?} is neither AF_INET nor AF_INET6; ignored");
+            Family::Any
+        }),
+    };
+    let comm_id = var("NCCL_COMM_ID").and_then(|v| iface::comm_id_address(&v));
+    IfRules {
+        ifname,
+        family,
+        comm_id,
+    }
+}
+
 impl Config {
     /// Read the environment.
     pub(crate) fn from_env() -> Self {
@@ -54,7 +83,7 @@ impl Config {
             handshake_timeout: Duration::from_millis(
                 ranged::<u64>("RIVET_HANDSHAKE_TIMEOUT_MS", 1, 86_400_000).unwrap_or(120_000),
             ),
-            socket_ifname: var("NCCL_SOCKET_IFNAME").map(|v| IfFilter::parse(&v)),
+            interface: interface_rules(),
         }
     }
 

@@ -3,7 +3,7 @@
 use crate::abi::types::{NCCL_NET_ID_UNDEF, NCCL_PTR_HOST};
 use crate::backend::device::OpenPort;
 use crate::props::DeviceProps;
-use rivet_verbs_ffi::discover::{AddrFamily, GidPolicy, HcaFilter};
+use rivet_verbs_ffi::discover::{AddrFamily, GidPolicy, NameList};
 use rivet_verbs_ffi::{DiscoverError, DiscoverOptions, PortInfo, VerbsError};
 use std::ffi::CString;
 use std::fmt;
@@ -150,7 +150,7 @@ fn env(name: &str) -> Option<String> {
 fn options_from_env() -> Result<DiscoverOptions, NoDevice> {
     let mut options = DiscoverOptions::default();
     if let Some(spec) = env("NCCL_IB_HCA") {
-        options.filter = HcaFilter::parse(&spec)
+        options.filter = NameList::parse(&spec)
             .map_err(|e| NoDevice::BadSetting(format!("NCCL_IB_HCA={spec:?}: {e}")))?;
     }
     let mut gid = GidPolicy::default();

@@ -7,15 +7,15 @@
 
 use std::process::ExitCode;
 
-use rivet_verbs_ffi::discover::{AddrFamily, DiscoverOptions, GidPolicy, HcaFilter};
+use rivet_verbs_ffi::discover::{AddrFamily, DiscoverOptions, GidPolicy, NameList};
 use rivet_verbs_ffi::sys::mtu;
 use rivet_verbs_ffi::{DeviceList, discover, mlx5, verbs};
 
 fn options_from_env() -> Result<DiscoverOptions, String> {
     let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
     let filter = match var("NCCL_IB_HCA") {
-        Some(spec) => HcaFilter::parse(&spec).map_err(|e| e.to_string())?,
-        None => HcaFilter::all(),
+        Some(spec) => NameList::parse(&spec).map_err(|e| e.to_string())?,
+        None => NameList::all(),
     };
     let mut gid = GidPolicy::default();
     if let Some(v) = var("NCCL_IB_GID_INDEX") {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use rivet_verbs_ffi::discover::{DiscoverOptions, HcaFilter, LinkLayer};
+use rivet_verbs_ffi::discover::{DiscoverOptions, LinkLayer, NameList};
 use rivet_verbs_ffi::selftest::loopback_write_imm;
 use rivet_verbs_ffi::{Context, DeviceList, discover};
 
@@ -29,7 +29,7 @@ fn discovers_an_active_port_with_a_gid() {
 fn filter_can_remove_every_port() {
     let port = first_port();
     let options = DiscoverOptions {
-        filter: HcaFilter::parse(&format!("^{}", port.name)).unwrap(),
+        filter: NameList::parse(&format!("^{}", port.name)).unwrap(),
         ..Default::default()
     };
     match discover(&options) {

@@ -60,8 +60,17 @@ pub(crate) fn listen(
     let config = net::config()?;
     let candidates = iface::local_addresses()
         .map_err(|e| NetError::system(format!("listen: getifaddrs: {e}")))?;
-    let local = iface::choose(&candidates, config.socket_ifname.as_ref()).ok_or_else(|| {
-        NetError::system("listen: no usable network interface for the connection handshake (check NCCL_SOCKET_IFNAME)")
+    let local = iface::choose(&candidates, &config.interface).ok_or_else(|| {
+        NetError::system(match &config.interface.ifname {
+            Some(list) => format!(
+                "listen: NCCL_SOCKET_IFNAME={list} keeps no interface that is up with an address \
+                 (NCCL_SOCKET_FAMILY {:?})",
+                config.interface.family
+            ),
+            None => "listen: no network interface that is up with an address for the connection \
+                     handshake"
+                .to_owned(),
+        })
     })?;
     let listener = socket::listen(local.addr).map_err(|e| {
         NetError::system(format!(

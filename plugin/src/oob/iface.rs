@@ -1,102 +1,131 @@
-//! Choosing the local IP address the out-of-band listen socket binds to.
+//! Choosing the local address the out-of-band listen socket binds to, as NCCL chooses its own
+//! (`ncclFindInterfaces`, `src/misc/socket.cc`), so Rivet advertises the address NCCL would.
 //!
 //! Unsafe: `getifaddrs`/`freeifaddrs` walk a C linked list of interface records.
 //!
-//! Follows NCCL's `NCCL_SOCKET_IFNAME` syntax: a comma-separated list of interface-name prefixes;
-//! a leading `^` excludes the listed interfaces instead; a leading `=` (after any `^`) makes the
-//! names exact instead of prefixes. Without it, the first interface that is up, not loopback and
-//! has an address is used (IPv4 before IPv6), and loopback only when nothing else exists.
+//! The rules ([`choose`], pure, tested over fake interface lists):
+//! - candidates are the addresses of interfaces that are up, in `getifaddrs` order (IPv4 before
+//!   IPv6 there), less IPv6 loopback (`::1`), less the other family when `NCCL_SOCKET_FAMILY` is
+//!   `AF_INET` or `AF_INET6`; an interface is represented by its first candidate address;
+//! - `NCCL_SOCKET_IFNAME` (longer than one character, NCCL's own rule) names the interfaces in
+//!   NCCL's list syntax (`rivet_core::name_list`: `^` excludes, `=` exact, else prefixes): the first
+//!   interface it keeps, or none (an error naming the variable);
+//! - otherwise, the first interface of the first of these that finds one: `ib*`; the interface on
+//!   the subnet of `NCCL_COMM_ID`'s address, when that is set; anything but `docker*`, `lo*`,
+//!   `virbr*`; `docker*`; `lo*`; `virbr*`.
+//!
+//! IPv6 addresses keep their scope id, so a link-local address can be listened on and reached.
 
+use rivet_core::name_list::NameList;
 use std::ffi::CStr;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
-/// One usable local address.
+/// One address of a local interface that is up.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct IfAddr {
     /// Interface name, e.g. `eth0`.
     pub(crate) name: String,
-    /// Its address.
-    pub(crate) addr: IpAddr,
-    /// Whether it is a loopback interface.
-    pub(crate) loopback: bool,
+    /// Its address, port 0 (IPv6 with the interface's scope id).
+    pub(crate) addr: SocketAddr,
+    /// Its netmask, when the system reports one (for the `NCCL_COMM_ID` subnet match).
+    pub(crate) netmask: Option<IpAddr>,
 }
 
-/// A parsed `NCCL_SOCKET_IFNAME` value.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct IfFilter {
-    exclude: bool,
-    exact: bool,
-    names: Vec<String>,
+/// `NCCL_SOCKET_FAMILY`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) enum Family {
+    /// Unset: both.
+    #[default]
+    Any,
+    /// `AF_INET`.
+    V4,
+    /// `AF_INET6`.
+    V6,
 }
 
-impl IfFilter {
-    /// Parse the variable's value.
-    pub(crate) fn parse(spec: &str) -> Self {
-        let mut rest = spec.trim();
-        let exclude = rest.starts_with('^');
-        if exclude {
-            rest = &rest[1..];
-        }
-        let exact = rest.starts_with('=');
-        if exact {
-            rest = &rest[1..];
-        }
-        let names = rest
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect();
-        Self {
-            exclude,
-            exact,
-            names,
+impl Family {
+    /// Parse NCCL's values; `None` for anything else (NCCL ignores it with a warning).
+    pub(crate) fn parse(value: &str) -> Option<Self> {
+        match value {
+            "AF_INET" => Some(Self::V4),
+            "AF_INET6" => Some(Self::V6),
+            _ => None,
         }
     }
 
-    /// Whether interface `name` passes the filter.
-    pub(crate) fn matches(&self, name: &str) -> bool {
-        let listed = self.names.iter().any(|n| {
-            if self.exact {
-                name == n
-            } else {
-                name.starts_with(n.as_str())
-            }
-        });
-        listed != self.exclude
+    fn admits(self, addr: &SocketAddr) -> bool {
+        match self {
+            Self::Any => true,
+            Self::V4 => addr.is_ipv4(),
+            Self::V6 => addr.is_ipv6(),
+        }
     }
 }
 
-/// Pick the address to listen on from `candidates`, honouring `filter`.
-pub(crate) fn choose(candidates: &[IfAddr], filter: Option<&IfFilter>) -> Option<IfAddr> {
-    let allowed: Vec<&IfAddr> = candidates
+/// What the choice depends on besides the interface list.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct IfRules {
+    /// `NCCL_SOCKET_IFNAME`, parsed.
+    pub(crate) ifname: Option<NameList>,
+    /// `NCCL_SOCKET_FAMILY`.
+    pub(crate) family: Family,
+    /// The address in `NCCL_COMM_ID`, when it is set and numeric.
+    pub(crate) comm_id: Option<IpAddr>,
+}
+
+/// NCCL's automatic order after `ib*` and the `NCCL_COMM_ID` subnet (`ncclFindInterfaces`).
+const FALLBACK_LISTS: [&str; 4] = ["^docker,lo,virbr", "docker", "lo", "virbr"];
+
+/// Pick the address to listen on from `candidates` (in `getifaddrs` order), by the rules in the
+/// module documentation. `None` when no interface qualifies.
+pub(crate) fn choose(candidates: &[IfAddr], rules: &IfRules) -> Option<IfAddr> {
+    let usable: Vec<&IfAddr> = candidates
         .iter()
-        .filter(|c| filter.is_none_or(|f| f.matches(&c.name)))
+        .filter(|c| rules.family.admits(&c.addr))
+        .filter(|c| !matches!(c.addr.ip(), IpAddr::V6(ip) if ip.is_loopback()))
         .collect();
-    if filter.is_some() {
-        // The user named the interfaces: take the first listed one, loopback included.
-        return allowed
-            .iter()
-            .find(|c| c.addr.is_ipv4())
-            .or_else(|| allowed.first())
-            .map(|c| (*c).clone());
+    let first_kept = |list: &NameList| usable.iter().find(|c| list.keeps(&c.name, None)).copied();
+    if let Some(list) = &rules.ifname {
+        return first_kept(list).cloned();
     }
-    let preferred = |v4: bool| {
-        allowed
-            .iter()
-            .find(|c| !c.loopback && c.addr.is_ipv4() == v4 && !is_link_local(&c.addr))
-    };
-    preferred(true)
-        .or_else(|| preferred(false))
-        .or_else(|| allowed.iter().find(|c| c.loopback && c.addr.is_ipv4()))
-        .map(|c| (*c).clone())
+    let builtin = |spec: &str| NameList::parse(spec).ok();
+    builtin("ib")
+        .and_then(|ib| first_kept(&ib))
+        .or_else(|| {
+            let target = rules.comm_id?;
+            usable
+                .iter()
+                .find(|c| same_subnet(c.addr.ip(), c.netmask, target))
+                .copied()
+        })
+        .or_else(|| {
+            FALLBACK_LISTS
+                .iter()
+                .filter_map(|spec| builtin(spec))
+                .find_map(|list| first_kept(&list))
+        })
+        .cloned()
 }
 
-fn is_link_local(addr: &IpAddr) -> bool {
-    match addr {
-        IpAddr::V4(a) => a.is_link_local(),
-        IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
+/// Whether `remote` lies in the subnet of `local`/`netmask` (same family only).
+fn same_subnet(local: IpAddr, netmask: Option<IpAddr>, remote: IpAddr) -> bool {
+    match (local, netmask, remote) {
+        (IpAddr::V4(l), Some(IpAddr::V4(m)), IpAddr::V4(r)) => {
+            let m = u32::from(m);
+            u32::from(l) & m == u32::from(r) & m
+        }
+        (IpAddr::V6(l), Some(IpAddr::V6(m)), IpAddr::V6(r)) => {
+            let m = u128::from(m);
+            u128::from(l) & m == u128::from(r) & m
+        }
+        _ => false,
     }
+}
+
+/// The IP address of an `NCCL_COMM_ID` value (`ip:port` or `[ipv6]:port`); `None` for a host
+/// name (Rivet resolves no names) or a malformed value.
+pub(crate) fn comm_id_address(value: &str) -> Option<IpAddr> {
+    value.parse::<SocketAddr>().ok().map(|a| a.ip())
 }
 
 /// Every address of every interface that is up.
@@ -118,28 +147,24 @@ pub(crate) fn local_addresses() -> std::io::Result<Vec<IfAddr>> {
         }
         // SAFETY: non-null `ifa_addr` points to a sockaddr whose family tells its real type.
         let family = i32::from(unsafe { (*entry.ifa_addr).sa_family });
-        let addr = match family {
-            libc::AF_INET => {
-                // SAFETY: AF_INET addresses are `sockaddr_in`.
-                let sin = unsafe { &*entry.ifa_addr.cast::<libc::sockaddr_in>() };
-                IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
-            }
-            libc::AF_INET6 => {
-                // SAFETY: AF_INET6 addresses are `sockaddr_in6`.
-                let sin6 = unsafe { &*entry.ifa_addr.cast::<libc::sockaddr_in6>() };
-                IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
-            }
-            _ => continue,
+        // SAFETY: non-null `ifa_addr` points to a sockaddr of its own family.
+        let Some(addr) = (unsafe { socket_address(entry.ifa_addr, family) }) else {
+            continue;
+        };
+        let netmask = if entry.ifa_netmask.is_null() {
+            None
+        } else {
+            // SAFETY: a non-null netmask is a sockaddr of the address's family.
+            unsafe { socket_address(entry.ifa_netmask, family) }.map(|m| m.ip())
         };
         // SAFETY: `ifa_name` is a NUL-terminated string owned by the list.
         let name = unsafe { CStr::from_ptr(entry.ifa_name) }
             .to_string_lossy()
             .into_owned();
-        let loopback = entry.ifa_flags & libc::IFF_LOOPBACK as u32 != 0;
         out.push(IfAddr {
             name,
             addr,
-            loopback,
+            netmask,
         });
     }
     // SAFETY: `list` came from `getifaddrs` and is freed exactly once.
@@ -147,70 +172,207 @@ pub(crate) fn local_addresses() -> std::io::Result<Vec<IfAddr>> {
     Ok(out)
 }
 
+/// The address in `sa` (port 0; an IPv6 address keeps its scope id).
+///
+/// # Safety
+/// `sa` must point to a `sockaddr_in` when `family` is `AF_INET` and to a `sockaddr_in6` when it
+/// is `AF_INET6`; other families are not read.
+unsafe fn socket_address(sa: *const libc::sockaddr, family: i32) -> Option<SocketAddr> {
+    match family {
+        libc::AF_INET => {
+            // SAFETY: AF_INET addresses are `sockaddr_in` (caller's guarantee).
+            let sin = unsafe { &*sa.cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            Some(SocketAddr::V4(SocketAddrV4::new(ip, 0)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: AF_INET6 addresses are `sockaddr_in6` (caller's guarantee).
+            let sin6 = unsafe { &*sa.cast::<libc::sockaddr_in6>() };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                0,
+                0,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn addr(name: &str, ip: &str, loopback: bool) -> IfAddr {
+    /// An interface address as `getifaddrs` would list it; `ip` may carry `%scope` for IPv6.
+    fn addr(name: &str, ip: &str) -> IfAddr {
+        let (ip, scope) = ip.split_once('%').unwrap_or((ip, "0"));
+        let ip: IpAddr = ip.parse().expect("ip");
+        let addr = match ip {
+            IpAddr::V4(v4) => SocketAddr::V4(SocketAddrV4::new(v4, 0)),
+            IpAddr::V6(v6) => SocketAddr::V6(SocketAddrV6::new(v6, 0, 0, scope.parse().unwrap())),
+        };
+        let netmask = match ip {
+            IpAddr::V4(_) => "255.255.255.0".parse().ok(),
+            IpAddr::V6(_) => "ffff:ffff:ffff:ffff::".parse().ok(),
+        };
         IfAddr {
             name: name.into(),
-            addr: ip.parse().expect("ip"),
-            loopback,
+            addr,
+            netmask,
+        }
+    }
+
+    fn chosen(list: &[IfAddr], rules: &IfRules) -> Option<String> {
+        choose(list, rules).map(|a| format!("{} {}", a.name, a.addr))
+    }
+
+    fn ifname(spec: &str) -> IfRules {
+        IfRules {
+            ifname: Some(NameList::parse(spec).expect("list")),
+            ..IfRules::default()
         }
     }
 
     #[test]
-    fn default_prefers_ipv4_non_loopback() {
+    fn a_bridge_listed_first_is_passed_over() {
+        // getifaddrs order: IPv4 of every interface first, then IPv6.
         let list = [
-            addr("lo", "127.0.0.1", true),
-            addr("eth0", "fe80::1", false),
-            addr("eth0", "10.0.2.15", false),
+            addr("lo", "127.0.0.1"),
+            addr("docker0", "172.17.0.1"),
+            addr("virbr0", "192.168.122.1"),
+            addr("eth0", "10.0.0.5"),
+            addr("lo", "::1"),
         ];
-        assert_eq!(choose(&list, None).map(|a| a.name), Some("eth0".into()));
+        let rules = IfRules::default();
+        assert_eq!(chosen(&list, &rules).as_deref(), Some("eth0 10.0.0.5:0"));
+    }
+
+    #[test]
+    fn infiniband_interfaces_come_first() {
+        let list = [
+            addr("eth0", "10.0.0.5"),
+            addr("ib0", "10.1.0.5"),
+            addr("ib1", "10.2.0.5"),
+        ];
         assert_eq!(
-            choose(&list, None).map(|a| a.addr.to_string()),
-            Some("10.0.2.15".into())
+            chosen(&list, &IfRules::default()).as_deref(),
+            Some("ib0 10.1.0.5:0")
         );
     }
 
     #[test]
-    fn default_falls_back_to_loopback() {
-        let list = [addr("lo", "127.0.0.1", true)];
+    fn docker_then_loopback_then_virbr_when_nothing_else() {
+        let mut list = vec![
+            addr("virbr0", "192.168.122.1"),
+            addr("lo", "127.0.0.1"),
+            addr("docker0", "172.17.0.1"),
+        ];
+        let rules = IfRules::default();
         assert_eq!(
-            choose(&list, None).map(|a| a.addr.to_string()),
-            Some("127.0.0.1".into())
+            chosen(&list, &rules).as_deref(),
+            Some("docker0 172.17.0.1:0")
+        );
+        list.retain(|a| a.name != "docker0");
+        assert_eq!(chosen(&list, &rules).as_deref(), Some("lo 127.0.0.1:0"));
+        list.retain(|a| a.name != "lo");
+        assert_eq!(
+            chosen(&list, &rules).as_deref(),
+            Some("virbr0 192.168.122.1:0")
+        );
+        assert_eq!(chosen(&[], &rules), None);
+    }
+
+    #[test]
+    fn family_is_honoured_and_ipv6_keeps_its_scope() {
+        let list = [
+            addr("eth0", "10.0.0.5"),
+            addr("eth0", "fe80::1%2"),
+            addr("lo", "::1"),
+        ];
+        let v6 = IfRules {
+            family: Family::V6,
+            ..IfRules::default()
+        };
+        let a = choose(&list, &v6).expect("an IPv6 address");
+        assert_eq!(a.name, "eth0");
+        assert_eq!(a.addr.to_string(), "[fe80::1%2]:0", "scope id kept");
+        let v4 = IfRules {
+            family: Family::V4,
+            ..IfRules::default()
+        };
+        assert_eq!(chosen(&list, &v4).as_deref(), Some("eth0 10.0.0.5:0"));
+        // IPv6 loopback is never a candidate, even when nothing else is left.
+        assert_eq!(choose(&[addr("lo", "::1")], &v6), None);
+        assert_eq!(Family::parse("AF_INET6"), Some(Family::V6));
+        assert_eq!(Family::parse("inet"), None);
+    }
+
+    #[test]
+    fn the_first_address_of_an_interface_represents_it() {
+        // An interface with only IPv6 sorts after every IPv4 address in getifaddrs order.
+        let list = [addr("eth1", "10.0.1.5"), addr("eth0", "2001:db8::5")];
+        assert_eq!(
+            chosen(&list, &IfRules::default()).as_deref(),
+            Some("eth1 10.0.1.5:0")
+        );
+        assert_eq!(
+            chosen(&list, &ifname("eth0")).as_deref(),
+            Some("eth0 [2001:db8::5]:0")
         );
     }
 
     #[test]
-    fn prefix_exact_and_exclude() {
+    fn socket_ifname_prefix_exact_and_exclude() {
         let list = [
-            addr("eth1", "10.0.0.2", false),
-            addr("eth10", "10.0.0.3", false),
-            addr("lo", "127.0.0.1", true),
+            addr("eth1", "10.0.0.2"),
+            addr("eth10", "10.0.0.3"),
+            addr("lo", "127.0.0.1"),
         ];
-        let prefix = IfFilter::parse("eth1");
-        assert!(prefix.matches("eth1") && prefix.matches("eth10"));
-        let exact = IfFilter::parse("=eth1");
-        assert!(exact.matches("eth1") && !exact.matches("eth10"));
-        let exclude = IfFilter::parse("^eth");
         assert_eq!(
-            choose(&list, Some(&exclude)).map(|a| a.name),
-            Some("lo".into())
+            chosen(&list, &ifname("eth1")).as_deref(),
+            Some("eth1 10.0.0.2:0")
         );
-        let exclude_exact = IfFilter::parse("^=eth1");
         assert_eq!(
-            choose(&list, Some(&exclude_exact)).map(|a| a.name),
-            Some("eth10".into())
+            chosen(&list, &ifname("=eth10")).as_deref(),
+            Some("eth10 10.0.0.3:0")
         );
-        assert!(choose(&list, Some(&IfFilter::parse("ib"))).is_none());
+        assert_eq!(
+            chosen(&list, &ifname("^eth")).as_deref(),
+            Some("lo 127.0.0.1:0")
+        );
+        assert_eq!(
+            chosen(&list, &ifname("^=eth1")).as_deref(),
+            Some("eth10 10.0.0.3:0")
+        );
+        assert_eq!(chosen(&list, &ifname("ib")), None, "named but absent: none");
+    }
+
+    #[test]
+    fn comm_id_subnet_picks_the_interface_before_the_fallbacks() {
+        let list = [addr("eth0", "10.0.0.5"), addr("eth1", "192.168.7.5")];
+        let rules = IfRules {
+            comm_id: comm_id_address("192.168.7.200:12345"),
+            ..IfRules::default()
+        };
+        assert_eq!(chosen(&list, &rules).as_deref(), Some("eth1 192.168.7.5:0"));
+        let elsewhere = IfRules {
+            comm_id: comm_id_address("172.16.0.1:12345"),
+            ..IfRules::default()
+        };
+        assert_eq!(
+            chosen(&list, &elsewhere).as_deref(),
+            Some("eth0 10.0.0.5:0")
+        );
+        assert_eq!(comm_id_address("[fe80::1]:80"), "fe80::1".parse().ok());
+        assert_eq!(comm_id_address("host:80"), None);
     }
 
     #[test]
     fn this_machine_has_some_address() {
         let list = local_addresses().expect("getifaddrs");
         assert!(
-            choose(&list, None).is_some(),
+            choose(&list, &IfRules::default()).is_some(),
             "no usable address among {list:?}"
         );
     }

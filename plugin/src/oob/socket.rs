@@ -7,9 +7,10 @@ use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd};
 
-/// Bind a non-blocking listener on `ip`, on a port the kernel picks.
-pub(crate) fn listen(ip: std::net::IpAddr) -> io::Result<TcpListener> {
-    let listener = TcpListener::bind(SocketAddr::new(ip, 0))?;
+/// Bind a non-blocking listener on `addr` (its port 0: the kernel picks one; an IPv6 scope id is
+/// kept, so link-local addresses work).
+pub(crate) fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    let listener = TcpListener::bind(addr)?;
     listener.set_nonblocking(true)?;
     Ok(listener)
 }

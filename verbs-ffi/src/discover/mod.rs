@@ -1,10 +1,10 @@
 //! Device discovery: every usable port, described the way an NCCL net plugin reports it.
 //!
-//! The decisions (filter syntax, GID choice, speed tables) live in pure submodules with unit
-//! tests; [`discover`] only gathers the inputs from libibverbs and sysfs and applies them.
+//! The decisions (GID choice, speed tables, device identity; the `NCCL_IB_HCA` list syntax in
+//! `rivet_core::name_list`) live in pure modules with unit tests; [`discover`] only gathers the
+//! inputs from libibverbs and sysfs and applies them.
 
 pub mod gid;
-pub mod hca_filter;
 pub mod identity;
 pub mod speed;
 pub mod sysfs;
@@ -21,8 +21,8 @@ use crate::pd::ProtectionDomain;
 use crate::sys::{gid_type, link_layer, port_state};
 
 pub use gid::{AddrFamily, GidChoice, GidPolicy};
-pub use hca_filter::{HcaEntry, HcaFilter, HcaFilterError};
 pub use identity::{NcclIdentity, PortLocation, nccl_identities, nccl_pci_path};
+pub use rivet_core::name_list::{NameEntry, NameList, NameListError};
 pub use sysfs::Sysfs;
 
 /// A port's link layer.
@@ -135,7 +135,7 @@ pub struct PortInfo {
 #[derive(Debug, Clone, Default)]
 pub struct DiscoverOptions {
     /// `NCCL_IB_HCA` filter.
-    pub filter: HcaFilter,
+    pub filter: NameList,
     /// GID selection for RoCE ports (a forced index also applies to InfiniBand ports).
     pub gid: GidPolicy,
     /// Where sysfs is.
@@ -265,7 +265,7 @@ pub fn discover(options: &DiscoverOptions) -> Result<Vec<PortInfo>, DiscoverErro
                 ));
                 continue;
             };
-            if !options.filter.keeps(&name, u32::from(port)) {
+            if !options.filter.keeps(&name, Some(u32::from(port))) {
                 filtered.push(format!("{name}:{port}"));
                 continue;
             }

@@ -1,19 +1,26 @@
-//! The `NCCL_IB_HCA` device filter: parsing and matching (pure, no IO).
+//! NCCL's name lists: the one parser and matcher for `NCCL_IB_HCA` (RDMA ports) and
+//! `NCCL_SOCKET_IFNAME` (network interfaces), and for the lists NCCL itself uses when it picks an
+//! interface (`ib`, `^docker,lo,virbr`, …).
 //!
-//! Syntax (NCCL `parseStringList`/`matchIfList`): an optional leading `^` excludes the listed
-//! devices instead of selecting them; a following `=` makes names match exactly instead of as
-//! prefixes (`^=` combines both). Entries are comma-separated `name[:port[:rail[:plane]]]`; an empty
-//! or absent port matches every port. Without `=`, `mlx5_1` also matches `mlx5_10` … `mlx5_19`.
+//! Syntax (NCCL `parseStringList`/`matchIfList`, `src/misc/utils.cc`): an optional leading `^`
+//! excludes the listed names instead of selecting them; a following `=` makes names match exactly
+//! instead of as prefixes (`^=` combines both). Entries are comma-separated
+//! `name[:port[:rail[:plane]]]`; an empty, negative or absent port matches every port, and a name
+//! matched without a port (an interface) matches every entry's port. Without `=`, `mlx5_1` also
+//! matches `mlx5_10` … `mlx5_19`, and `eth1` matches `eth10`.
 
-use std::fmt;
+use alloc::borrow::ToOwned;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::fmt;
 
 /// Most entries NCCL accepts in one list.
 pub const MAX_ENTRIES: usize = 32;
 
 /// One `name[:port[:rail[:plane]]]` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HcaEntry {
-    /// Device name or name prefix.
+pub struct NameEntry {
+    /// Device or interface name, or a prefix of it.
     pub name: String,
     /// Port number; `None` matches every port.
     pub port: Option<u32>,
@@ -23,26 +30,26 @@ pub struct HcaEntry {
     pub plane: Option<i32>,
 }
 
-/// A parsed `NCCL_IB_HCA` value.
+/// A parsed NCCL name list (`NCCL_IB_HCA`, `NCCL_SOCKET_IFNAME`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HcaFilter {
+pub struct NameList {
     /// `^`: the entries name ports to leave out.
     pub exclude: bool,
     /// `=`: names match exactly rather than by prefix.
     pub exact: bool,
     /// The entries; empty means "every port".
-    pub entries: Vec<HcaEntry>,
+    pub entries: Vec<NameEntry>,
 }
 
-/// Why an `NCCL_IB_HCA` value could not be parsed.
+/// Why a name list could not be parsed. The message does not name the variable: the caller does.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HcaFilterError {
+pub enum NameListError {
     /// More than [`MAX_ENTRIES`] entries.
     TooManyEntries {
         /// How many were given.
         count: usize,
     },
-    /// An entry has no device name (e.g. `:1`).
+    /// An entry has no name (e.g. `:1`).
     EmptyName {
         /// The entry as written.
         entry: String,
@@ -61,41 +68,38 @@ pub enum HcaFilterError {
     },
 }
 
-impl fmt::Display for HcaFilterError {
+impl fmt::Display for NameListError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::TooManyEntries { count } => {
                 write!(
                     f,
-                    "NCCL_IB_HCA has {count} entries; at most {MAX_ENTRIES} are allowed"
+                    "the list has {count} entries; at most {MAX_ENTRIES} are allowed"
                 )
             }
             Self::EmptyName { entry } => {
-                write!(f, "NCCL_IB_HCA entry {entry:?} has no device name")
+                write!(f, "entry {entry:?} has no name")
             }
             Self::BadNumber { entry, field } => {
-                write!(f, "NCCL_IB_HCA entry {entry:?}: {field} is not a number")
+                write!(f, "entry {entry:?}: {field} is not a number")
             }
             Self::TooManyFields { entry } => {
-                write!(
-                    f,
-                    "NCCL_IB_HCA entry {entry:?}: expected name[:port[:rail[:plane]]]"
-                )
+                write!(f, "entry {entry:?}: expected name[:port[:rail[:plane]]]")
             }
         }
     }
 }
 
-impl std::error::Error for HcaFilterError {}
+impl core::error::Error for NameListError {}
 
-impl HcaFilter {
+impl NameList {
     /// A filter that keeps every port.
     pub fn all() -> Self {
         Self::default()
     }
 
-    /// Parses an `NCCL_IB_HCA` value. Whitespace around entries is ignored; empty entries are skipped.
-    pub fn parse(spec: &str) -> Result<Self, HcaFilterError> {
+    /// Parses a list. Whitespace around entries is ignored; empty entries are skipped.
+    pub fn parse(spec: &str) -> Result<Self, NameListError> {
         let mut rest = spec.trim();
         let exclude = rest.starts_with('^');
         if exclude {
@@ -112,7 +116,7 @@ impl HcaFilter {
             .map(parse_entry)
             .collect::<Result<Vec<_>, _>>()?;
         if entries.len() > MAX_ENTRIES {
-            return Err(HcaFilterError::TooManyEntries {
+            return Err(NameListError::TooManyEntries {
                 count: entries.len(),
             });
         }
@@ -123,41 +127,44 @@ impl HcaFilter {
         })
     }
 
-    /// Whether port `port` of device `device` passes the filter.
-    pub fn keeps(&self, device: &str, port: u32) -> bool {
+    /// Whether `name` (with `port` for an RDMA port, `None` for a network interface) passes the
+    /// list. An empty list keeps everything.
+    pub fn keeps(&self, name: &str, port: Option<u32>) -> bool {
         if self.entries.is_empty() {
             return true;
         }
         let listed = self
             .entries
             .iter()
-            .any(|e| self.entry_matches(e, device, port));
+            .any(|e| self.entry_matches(e, name, port));
         listed != self.exclude
     }
 
     /// The entry that selects this port (for rail/plane), if the filter is a selection list.
-    pub fn entry_for(&self, device: &str, port: u32) -> Option<&HcaEntry> {
+    pub fn entry_for(&self, device: &str, port: u32) -> Option<&NameEntry> {
         if self.exclude {
             return None;
         }
         self.entries
             .iter()
-            .find(|e| self.entry_matches(e, device, port))
+            .find(|e| self.entry_matches(e, device, Some(port)))
     }
 
-    fn entry_matches(&self, entry: &HcaEntry, device: &str, port: u32) -> bool {
-        if entry.port.is_some_and(|p| p != port) {
-            return false;
+    fn entry_matches(&self, entry: &NameEntry, name: &str, port: Option<u32>) -> bool {
+        if let (Some(want), Some(port)) = (entry.port, port) {
+            if want != port {
+                return false;
+            }
         }
         if self.exact {
-            device == entry.name
+            name == entry.name
         } else {
-            device.starts_with(entry.name.as_str())
+            name.starts_with(entry.name.as_str())
         }
     }
 }
 
-impl fmt::Display for HcaFilter {
+impl fmt::Display for NameList {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.exclude {
             f.write_str("^")?;
@@ -178,21 +185,21 @@ impl fmt::Display for HcaFilter {
     }
 }
 
-fn parse_entry(entry: &str) -> Result<HcaEntry, HcaFilterError> {
+fn parse_entry(entry: &str) -> Result<NameEntry, NameListError> {
     let mut fields = entry.split(':');
     let name = fields.next().unwrap_or("").trim();
     if name.is_empty() {
-        return Err(HcaFilterError::EmptyName {
+        return Err(NameListError::EmptyName {
             entry: entry.to_owned(),
         });
     }
-    let mut number = |field: &'static str| -> Result<Option<i64>, HcaFilterError> {
+    let mut number = |field: &'static str| -> Result<Option<i64>, NameListError> {
         match fields.next().map(str::trim) {
             None | Some("") => Ok(None),
             Some(text) => text
                 .parse::<i64>()
                 .map(Some)
-                .map_err(|_| HcaFilterError::BadNumber {
+                .map_err(|_| NameListError::BadNumber {
                     entry: entry.to_owned(),
                     field,
                 }),
@@ -202,15 +209,15 @@ fn parse_entry(entry: &str) -> Result<HcaEntry, HcaFilterError> {
     let rail = number("rail")?;
     let plane = number("plane")?;
     if fields.next().is_some() {
-        return Err(HcaFilterError::TooManyFields {
+        return Err(NameListError::TooManyFields {
             entry: entry.to_owned(),
         });
     }
-    let bad = |field| HcaFilterError::BadNumber {
+    let bad = |field| NameListError::BadNumber {
         entry: entry.to_owned(),
         field,
     };
-    Ok(HcaEntry {
+    Ok(NameEntry {
         name: name.to_owned(),
         // NCCL treats a negative port as "any port".
         port: match port {
@@ -230,13 +237,16 @@ fn parse_entry(entry: &str) -> Result<HcaEntry, HcaFilterError> {
 mod tests {
     use super::*;
 
+    use alloc::format;
+    use alloc::string::ToString;
+
     fn keeps(spec: &str, device: &str, port: u32) -> bool {
-        HcaFilter::parse(spec).unwrap().keeps(device, port)
+        NameList::parse(spec).unwrap().keeps(device, Some(port))
     }
 
     #[test]
     fn empty_spec_keeps_everything() {
-        assert_eq!(HcaFilter::parse("").unwrap(), HcaFilter::all());
+        assert_eq!(NameList::parse("").unwrap(), NameList::all());
         assert!(keeps("", "mlx5_0", 1));
         assert!(keeps("  ", "rxe0", 2));
     }
@@ -283,21 +293,21 @@ mod tests {
 
     #[test]
     fn lists_match_any_entry() {
-        let f = HcaFilter::parse("mlx5_0, =rxe0 ,mlx5_3:1").unwrap();
+        let f = NameList::parse("mlx5_0, =rxe0 ,mlx5_3:1").unwrap();
         assert_eq!(f.entries.len(), 3);
         assert_eq!(f.entries[1].name, "=rxe0", "only a leading = counts");
-        assert!(f.keeps("mlx5_0", 2));
-        assert!(f.keeps("mlx5_3", 1));
-        assert!(!f.keeps("mlx5_3", 2));
-        assert!(!f.keeps("rxe0", 1));
+        assert!(f.keeps("mlx5_0", Some(2)));
+        assert!(f.keeps("mlx5_3", Some(1)));
+        assert!(!f.keeps("mlx5_3", Some(2)));
+        assert!(!f.keeps("rxe0", Some(1)));
     }
 
     #[test]
     fn rail_and_plane_are_parsed() {
-        let f = HcaFilter::parse("mlx5_0:1:3:0,mlx5_1::2").unwrap();
+        let f = NameList::parse("mlx5_0:1:3:0,mlx5_1::2").unwrap();
         assert_eq!(
             f.entries[0],
-            HcaEntry {
+            NameEntry {
                 name: "mlx5_0".into(),
                 port: Some(1),
                 rail: Some(3),
@@ -306,7 +316,7 @@ mod tests {
         );
         assert_eq!(
             f.entries[1],
-            HcaEntry {
+            NameEntry {
                 name: "mlx5_1".into(),
                 port: None,
                 rail: Some(2),
@@ -315,7 +325,7 @@ mod tests {
         );
         assert_eq!(f.entry_for("mlx5_1", 7).and_then(|e| e.rail), Some(2));
         assert_eq!(
-            HcaFilter::parse("^mlx5_1::2")
+            NameList::parse("^mlx5_1::2")
                 .unwrap()
                 .entry_for("mlx5_1", 1),
             None
@@ -325,37 +335,49 @@ mod tests {
     #[test]
     fn bad_specs_are_rejected() {
         assert!(matches!(
-            HcaFilter::parse(":1"),
-            Err(HcaFilterError::EmptyName { .. })
+            NameList::parse(":1"),
+            Err(NameListError::EmptyName { .. })
         ));
         assert!(matches!(
-            HcaFilter::parse("mlx5_0:x"),
-            Err(HcaFilterError::BadNumber { field: "port", .. })
+            NameList::parse("mlx5_0:x"),
+            Err(NameListError::BadNumber { field: "port", .. })
         ));
         assert!(matches!(
-            HcaFilter::parse("mlx5_0:1:2:3:4"),
-            Err(HcaFilterError::TooManyFields { .. })
+            NameList::parse("mlx5_0:1:2:3:4"),
+            Err(NameListError::TooManyFields { .. })
         ));
         let many = (0..33)
             .map(|i| format!("d{i}"))
             .collect::<Vec<_>>()
             .join(",");
         assert_eq!(
-            HcaFilter::parse(&many),
-            Err(HcaFilterError::TooManyEntries { count: 33 })
+            NameList::parse(&many),
+            Err(NameListError::TooManyEntries { count: 33 })
         );
         assert!(
-            HcaFilter::parse(&many[..many.rfind(',').unwrap()]).is_ok(),
+            NameList::parse(&many[..many.rfind(',').unwrap()]).is_ok(),
             "32 entries are fine"
         );
-        let msg = HcaFilter::parse("mlx5_0:x").unwrap_err().to_string();
+        let msg = NameList::parse("mlx5_0:x").unwrap_err().to_string();
         assert!(msg.contains("port") && msg.contains("mlx5_0:x"), "{msg}");
+    }
+
+    #[test]
+    fn an_interface_matches_entries_with_or_without_a_port() {
+        // NCCL matches interface names with port -1, which every entry's port accepts.
+        let list = NameList::parse("eth1:1,ib").unwrap();
+        assert!(list.keeps("eth10", None));
+        assert!(list.keeps("ib0", None));
+        assert!(!list.keeps("docker0", None));
+        let excluded = NameList::parse("^docker,lo,virbr").unwrap();
+        assert!(!excluded.keeps("docker0", None) && !excluded.keeps("lo", None));
+        assert!(!excluded.keeps("virbr0", None) && excluded.keeps("eth0", None));
     }
 
     #[test]
     fn display_round_trips() {
         for spec in ["^=mlx5_0:1,mlx5_1", "mlx5_0", "=rxe0:1"] {
-            assert_eq!(HcaFilter::parse(spec).unwrap().to_string(), spec);
+            assert_eq!(NameList::parse(spec).unwrap().to_string(), spec);
         }
     }
 }
