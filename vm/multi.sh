@@ -28,7 +28,7 @@
 # command status in VM order, else 0. A VM killed by --kill-on does not count.
 #
 # Faults: `--kill-on VM=FILE` SIGKILLs VM's QEMU as soon as FILE exists (a guest creates it, e.g. under
-# $RIVET_VM_SET, when it is mid-stream): the host dies with no FIN, no RDMA close. `--reboot-on VM=FILE`
+# $RIVET_VM_SET, when it is mid-stream; a relative FILE is taken inside $RIVET_VM_SET): the host dies with no FIN, no RDMA close. `--reboot-on VM=FILE`
 # does the same and then boots VM again (RIVET_VM_BOOT=2, same addresses); the second boot's status
 # is the one reported. No QEMU outlives this script.
 #
@@ -149,7 +149,7 @@ cleanup() {
     for v in "${!qemu_pid[@]}"; do kill "${qemu_pid[$v]}" 2>/dev/null || true; done
     for v in "${vms[@]}"; do
         pid=$(cat "$setdir/$v/qemu.pid" 2>/dev/null) || continue
-        [[ $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) == *"rivet.run=$setdir/$v "* ]] &&
+        [[ $(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") == *"rivet.run=$setdir/$v "* ]] &&
             kill -KILL "$pid" 2>/dev/null
     done
     for pid in "${relay_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -191,6 +191,7 @@ boot() {
 # watch VM FILE MODE: in the background, SIGKILL VM's QEMU once FILE exists; note it in $setdir.
 watch() {
     local v=$1 file=$2 pid
+    [[ $file == /* ]] || file=$setdir/$file
     (
         while [[ ! -e $file ]]; do sleep 0.05; done
         pid=$(cat "$setdir/$v/qemu.pid")
