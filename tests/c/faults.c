@@ -63,6 +63,35 @@ static void wait_peer(int fd) {
   if (read(fd, &c, 1) != 1) h_fail("pipe read (peer gone?)");
 }
 
+/* Listen, hand the handle out on `handle_out` and accept (receiver), or take it from `handle_in`
+ * and connect (sender); then register the transfer buffer. The handle travels over a pipe between
+ * two processes of one host, over a TCP control connection between hosts. */
+static int connect_pair(struct pair* p, int receiver, int handle_out, int handle_in) {
+  char handle[NET_HANDLE_MAXSIZE];
+  if (receiver) {
+    void* listen_comm = NULL;
+    if (h_net->listen(p->ctx, 0, handle, &listen_comm) != NCCL_OK) return 0;
+    if (!h_control_send(handle_out, handle, sizeof handle)) return 0;
+    if (h_accept(listen_comm, &p->comm, 60) != NCCL_OK || !p->comm) {
+      h_fail("accept");
+      return 0;
+    }
+    h_net->close_listen(listen_comm);
+  } else {
+    if (!h_control_recv(handle_in, handle, sizeof handle)) return 0;
+    if (h_connect(p->ctx, handle, &p->comm, 60) != NCCL_OK || !p->comm) {
+      h_fail("connect");
+      return 0;
+    }
+  }
+  p->buf = malloc(MSG);
+  if (!p->buf || h_net->reg_mr(p->comm, p->buf, MSG, PTR_HOST, &p->mh) != NCCL_OK) {
+    h_fail("regMr");
+    return 0;
+  }
+  return 1;
+}
+
 /* Fork into a connected pair. The parent is the receiver when parent_receives, else the sender. */
 static int make_pair(const char* lib, int parent_receives, struct pair* p) {
   int handle_pipe[2], down[2], up[2];
@@ -75,29 +104,7 @@ static int make_pair(const char* lib, int parent_receives, struct pair* p) {
   p->from_peer = is_parent ? up[0] : down[0];
   p->ctx = h_load_and_init(lib);
   if (!p->ctx) return 0;
-  char handle[NET_HANDLE_MAXSIZE];
-  if (receiver) {
-    void* listen_comm = NULL;
-    if (h_net->listen(p->ctx, 0, handle, &listen_comm) != NCCL_OK) return 0;
-    if (write(handle_pipe[1], handle, sizeof handle) != (ssize_t)sizeof handle) return 0;
-    if (h_accept(listen_comm, &p->comm, 60) != NCCL_OK || !p->comm) {
-      h_fail("accept");
-      return 0;
-    }
-    h_net->close_listen(listen_comm);
-  } else {
-    if (read(handle_pipe[0], handle, sizeof handle) != (ssize_t)sizeof handle) return 0;
-    if (h_connect(p->ctx, handle, &p->comm, 60) != NCCL_OK || !p->comm) {
-      h_fail("connect");
-      return 0;
-    }
-  }
-  p->buf = malloc(MSG);
-  if (!p->buf || h_net->reg_mr(p->comm, p->buf, MSG, PTR_HOST, &p->mh) != NCCL_OK) {
-    h_fail("regMr");
-    return 0;
-  }
-  return 1;
+  return connect_pair(p, receiver, handle_pipe[1], handle_pipe[0]);
 }
 
 static void* post_send(struct pair* p, size_t n, unsigned seed, double limit) {
@@ -620,33 +627,10 @@ static int make_cross_pair(const char* lib, const char* peer, int listen_port, s
   h_role = receiver ? "receiver" : "sender";
   p->ctx = h_load_and_init(lib);
   if (!p->ctx) return 0;
-  char handle[NET_HANDLE_MAXSIZE];
-  if (receiver) {
-    void* listen_comm = NULL;
-    if (h_net->listen(p->ctx, 0, handle, &listen_comm) != NCCL_OK) return 0;
-    int fd = h_control_accept(listen_port);
-    if (fd < 0 || !h_control_send(fd, handle, sizeof handle)) return 0;
-    p->to_peer = p->from_peer = fd;
-    if (h_accept(listen_comm, &p->comm, 60) != NCCL_OK || !p->comm) {
-      h_fail("accept");
-      return 0;
-    }
-    h_net->close_listen(listen_comm);
-  } else {
-    int fd = h_control_dial(peer, 120);
-    if (fd < 0 || !h_control_recv(fd, handle, sizeof handle)) return 0;
-    p->to_peer = p->from_peer = fd;
-    if (h_connect(p->ctx, handle, &p->comm, 60) != NCCL_OK || !p->comm) {
-      h_fail("connect");
-      return 0;
-    }
-  }
-  p->buf = malloc(MSG);
-  if (!p->buf || h_net->reg_mr(p->comm, p->buf, MSG, PTR_HOST, &p->mh) != NCCL_OK) {
-    h_fail("regMr");
-    return 0;
-  }
-  return 1;
+  int fd = receiver ? h_control_accept(listen_port) : h_control_dial(peer, 120);
+  if (fd < 0) return 0;
+  p->to_peer = p->from_peer = fd;
+  return connect_pair(p, receiver, fd, fd);
 }
 
 /* One transfer on the pair, posted and waited for until it completes, fails, or `limit` passes. */
