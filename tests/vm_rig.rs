@@ -4,7 +4,8 @@
 //! In one boot, on each link in turn (`NCCL_IB_HCA==rxeK`, `NCCL_SOCKET_IFNAME=ethK`):
 //! `tests/c/transfer.c` across hosts (B receives, A sends; the handle over a TCP control connection
 //! on the link), every byte verified, and the link NIC's counters must show the traffic went that
-//! way. Then the host-death fault: B streams receives on link 1 and, mid-stream, the host SIGKILLs
+//! way. Then the link-cut fault on link 2 (B takes `eth2` down mid-stream: both ends must fail
+//! within the silent-peer bound, later calls too). Then the host-death fault: B streams receives on link 1 and, mid-stream, the host SIGKILLs
 //! B's whole VM (`--kill-on`); A's sends must fail within the silent-peer bound
 //! (`tests/c/faults.c host-death`, `NCCL_IB_TIMEOUT=14`), and later calls fail too.
 //!
@@ -41,7 +42,14 @@ for k in 1 2; do
   fi
   step traffic-link$k carried eth$k $before
 done
-export NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=eth1 NCCL_IB_TIMEOUT=14 FAULTS_MARKER=$RIVET_VM_SET/B.mid-stream
+export NCCL_IB_TIMEOUT=14
+# Link cut on link 2: B takes its eth2 down mid-stream; both ends must fail within the bound.
+if [ "$RIVET_VM_INDEX" = 1 ]; then
+  step link-cut env NCCL_IB_HCA==rxe2 NCCL_SOCKET_IFNAME=eth2 FAULTS_CUT_IF=eth2 {faults} {lib} link-cut --listen-port 18612
+else
+  step link-cut env NCCL_IB_HCA==rxe2 NCCL_SOCKET_IFNAME=eth2 {faults} {lib} link-cut --peer ${{peers[1]}}:18612
+fi
+export NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=eth1 FAULTS_MARKER=$RIVET_VM_SET/B.mid-stream
 if [ "$RIVET_VM_INDEX" = 1 ]; then
   {faults} {lib} host-death --listen-port 18611
 else
@@ -118,6 +126,15 @@ fn pair2_across_hosts() {
             "{needle:?} not seen once per link"
         );
     }
+    for vm in ["A", "B"] {
+        assert_eq!(
+            step(vm, "link-cut"),
+            0,
+            "{vm}: no error within the bound after link 2 was cut"
+        );
+    }
+    assert!(stderr.contains("[B] PASS [receiver] link cut: error"));
+    assert!(stderr.contains("[A] PASS [sender] link cut: error"));
     assert_eq!(
         step("A", "host-death"),
         0,

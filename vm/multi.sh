@@ -12,9 +12,12 @@
 #   triangle  A-B 192.168.101, A-C 192.168.100, B-C 192.168.102   (a link per pair, two rxe per VM)
 # Each VM is booted as vm/run.sh boots one (shared code: vm/lib.sh), with eth0 + rxe0 on its private
 # user network as there, plus one virtio NIC per link, numbered eth1, eth2, … in the order its links
-# are listed, each with an rxe device of the same number (eth1 -> rxe1). A link is a QEMU UDP `dgram`
-# netdev pair on 127.0.0.1 (each end sends to the other's port): traffic never leaves loopback, and
-# either VM can die or boot again without the other noticing anything but silence.
+# are listed, each with an rxe device of the same number (eth1 -> rxe1). A link is a QEMU `socket`
+# netdev pair over TCP on 127.0.0.1 (the first VM of the link line listens, the other connects, so VMs
+# boot in name order, each once its listeners are up): traffic never leaves loopback and is never
+# dropped on the way. A VM that dies leaves its peers' link NICs up but silent, as a dead host does; a
+# VM booted again by --reboot-on reconnects to the listeners of its links (so reboot only a VM whose
+# links all connect, i.e. one named last in each of its link lines, such as B in pair/pair2).
 #
 # Every VM runs COMMAND (chrooted into the host root, as run.sh does) with, in its environment:
 #   RIVET_VM_NAME (A, B, C), RIVET_VM_INDEX (0, 1, 2), RIVET_VM_COUNT, RIVET_VM_TOPOLOGY,
@@ -86,9 +89,9 @@ done
 
 # The links, and from them each VM's NICs.
 names=(A B C D)
-declare -A netdevs=() rxes=() addrs=() peer_addrs=() peers=() nics=() links_file=() vm_used=()
+declare -A netdevs=() rxes=() addrs=() peer_addrs=() peers=() nics=() links_file=() vm_used=() connects=() listens=()
 nvm=0 nlink=0
-# Link ports: UDP on loopback, a free-looking block of 2 per link.
+# Link ports: TCP on loopback, a free-looking block of one per link.
 port_base=$((20000 + (RANDOM % 2000) * 16))
 while read -r ends subnet; do
     x=${ends%-*} y=${ends#*-}
@@ -102,9 +105,9 @@ while read -r ends subnet; do
         vm_used[$v]=1
     done
     nlink=$((nlink + 1))
-    px=$((port_base + 2 * nlink)) py=$((port_base + 2 * nlink + 1))
+    port=$((port_base + nlink))
     for side in x y; do
-        if [[ $side == x ]]; then me=$x other=$y lport=$px rport=$py; else me=$y other=$x lport=$py rport=$px; fi
+        if [[ $side == x ]]; then me=$x other=$y; else me=$y other=$x; fi
         mi=0 oi=0
         for i in "${!names[@]}"; do
             [[ ${names[$i]} == "$me" ]] && mi=$i
@@ -118,7 +121,14 @@ while read -r ends subnet; do
         peer_addrs[$me]+="${peer_addrs[$me]:+ }$subnet.$((oi + 1))"
         peers[$me]+="${peers[$me]:+ }$other"
         links_file[$me]+="eth$n $mac $subnet.$((mi + 1))/24 rxe$n"$'\n'
-        nics[$me]+="-netdev dgram,id=l$n,local.type=inet,local.host=127.0.0.1,local.port=$lport,remote.type=inet,remote.host=127.0.0.1,remote.port=$rport"
+        # The VM named first in the link line listens, the other connects (and so must boot later).
+        if ((mi < oi)); then
+            nics[$me]+="-netdev socket,id=l$n,listen=127.0.0.1:$port"
+            listens[$me]=1
+        else
+            nics[$me]+="-netdev socket,id=l$n,connect=127.0.0.1:$port"
+            connects[$me]+="${connects[$me]:+ }$port"
+        fi
         nics[$me]+=" -device virtio-net-pci,netdev=l$n,mac=$mac,host_mtu=9000 "
     done
 done < <(topology_links "$topology")
@@ -129,6 +139,9 @@ done
 vms=("${names[@]:0:nvm}")
 for v in "${!kill_on[@]}" "${!reboot_on[@]}"; do
     [[ -n ${vm_used[$v]:-} ]] || { say "no VM $v in $topology"; exit 2; }
+done
+for v in "${!reboot_on[@]}"; do
+    [[ -z ${listens[$v]:-} ]] || { say "--reboot-on $v: $v listens on a link, so its peer would not reconnect"; exit 2; }
 done
 
 # Already inside a VM: nothing to boot there.
@@ -181,6 +194,15 @@ boot() {
     relay_pids+=($!)
     sed -u "s/^/[$v] /" "$rundir/stderr.out" >&2 &
     relay_pids+=($!)
+    # A link's connecting end needs its listener up: QEMU gives up at once on a refused connect.
+    local p tries
+    for p in ${connects[$v]:-}; do
+        tries=0
+        until ss -Hltn "sport = :$p" | grep -q .; do
+            ((++tries <= 300)) || { say "no QEMU listening on 127.0.0.1:$p for $v's link"; exit 125; }
+            sleep 0.1
+        done
+    done
     vm_qemu_argv "$rundir" "$smp" "$mem" "$v"
     # shellcheck disable=SC2206 # the NIC options are plain words
     vm_qemu+=(${nics[$v]})
