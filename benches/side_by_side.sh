@@ -10,7 +10,12 @@
 #   bandwidth (MiB/s, perftest's "MB/sec"): goal >= 0.95 x ib_write_bw for sizes >= 64 KiB
 #   latency (one-way, µs): Rivet p50 (--poll spin) against ib_send_lat t_typical; goal <= 1.2 x
 #
+# Across hosts (ACROSS=1): boots two VMs wired by one link (vm/multi.sh --topology pair, 1 vCPU each)
+# and runs itself in both: VM B runs every server (perftest, `rivet bench --server`), VM A every client
+# over the link (rxe1 on eth1: NCCL_IB_HCA==rxe1, NCCL_SOCKET_IFNAME=eth1) and prints the table.
+#
 # usage: benches/side_by_side.sh [--release]
+#   ACROSS=1               server and client in two VMs, over a link (see above)
 #   RUNS=3                 rounds (the median is reported)
 #   SIZES="4K 16K 64K 256K 1M 4M 16M 64M"
 #   LAT_ITERS=2000         round trips per latency run
@@ -30,6 +35,11 @@ for a in "$@"; do
     esac
 done
 
+if [[ ${RIVET_IN_VM:-0} != 1 && ${ACROSS:-0} == 1 ]]; then
+    exec bash "$repo/vm/multi.sh" --topology pair --timeout "${RIVET_SIDE_TIMEOUT:-2400}" \
+        -e RUNS="${RUNS:-3}" -e SIZES="${SIZES:-}" -e LAT_ITERS="${LAT_ITERS:-2000}" -e RIVET="${RIVET:-}" -e POLL="${POLL:-yield}" \
+        -- bash "$here/side_by_side.sh" "$@"
+fi
 if [[ ${RIVET_IN_VM:-0} != 1 ]]; then
     exec bash "$repo/vm/run.sh" --timeout "${RIVET_SIDE_TIMEOUT:-1800}" \
         -e RUNS="${RUNS:-3}" -e SIZES="${SIZES:-}" -e LAT_ITERS="${LAT_ITERS:-2000}" -e RIVET="${RIVET:-}" -e POLL="${POLL:-yield}" \
@@ -41,6 +51,17 @@ sizes=(${SIZES:-4K 16K 64K 256K 1M 4M 16M 64M})
 lat_iters=${LAT_ITERS:-2000}
 rivet=${RIVET:-$repo/target/$profile/rivet}
 dev=${DEV:-rxe0}
+# Across hosts (vm/multi.sh): the first link; VM B serves, VM A measures. Otherwise both ends here.
+role=both peer=
+if [[ -n ${RIVET_VM_TOPOLOGY:-} ]]; then
+    dev=${RIVET_VM_RXES%% *}
+    link_if=${RIVET_VM_NETDEVS%% *}
+    IP=${RIVET_VM_ADDRS%% *}
+    peer=${RIVET_VM_PEER_ADDRS%% *}
+    role=client
+    [[ $RIVET_VM_INDEX == 1 ]] && role=server
+    export NCCL_IB_HCA="=$dev" NCCL_SOCKET_IFNAME=$link_if
+fi
 [[ -x $rivet ]] || { echo "side_by_side: $rivet is missing: cargo build --workspace${profile/debug/} first" >&2; exit 1; }
 for tool in ib_write_bw ib_send_lat ss awk; do
     command -v "$tool" >/dev/null || { echo "side_by_side: $tool is not installed (perftest, iproute2)" >&2; exit 1; }
@@ -77,11 +98,25 @@ trap 'rm -rf "$work"' EXIT
 port=18700
 
 # perf_pair TOOL ARGS...: server and client on DEV/ip4; prints the client's numeric result line.
+# Across hosts the server runs here in VM B (prints nothing), the client in VM A against it: a
+# perftest client does not wait for its server, so it is retried until one answers.
 perf_pair() {
     local tool=$1
     shift
     port=$((port + 1))
     local args=(-d "$dev" -x "$gid_index" -F -p "$port" "$@")
+    if [[ $role == server ]]; then
+        timeout 600 "$tool" "${args[@]}" >"$work/server" 2>&1 || { cat "$work/server" >&2; return 1; }
+        return 0
+    elif [[ $role == client ]]; then
+        local tries=0
+        until timeout 300 "$tool" "${args[@]}" "$peer" >"$work/client" 2>&1; do
+            ((++tries <= 300)) || { cat "$work/client" >&2; return 1; }
+            sleep 0.2
+        done
+        awk '/^ *#bytes/ { on = 1; next } on && /^ *[0-9]/ { print; exit }' "$work/client"
+        return 0
+    fi
     timeout 300 "$tool" "${args[@]}" >"$work/server" 2>&1 &
     local server=$! n=0
     until ss -Hltn "sport = :$port" | grep -q .; do
@@ -107,6 +142,37 @@ record_latency() {
     echo "${1}99 8 $p99" >>"$results"
 }
 
+# rivet_bench ARGS...: `rivet bench` in this VM (loopback), or across hosts one client run against
+# the server VM B keeps for the whole script (its control port on the link).
+rivet_bench() {
+    if [[ $role == client ]]; then "$rivet" bench --client "$peer:18620" "$@"; else "$rivet" bench "$@"; fi
+}
+
+if [[ $role == server ]]; then
+    # Serve: the perftest servers in the clients' order, with `rivet bench --server` up all along
+    # (the client's two runs per round are its clients); stop when the last perftest run ends.
+    "$rivet" bench --server --bind "$ip4" --port 18620 --poll "${POLL:-yield}" >"$work/rivet-server" 2>&1 &
+    rivet_server=$!
+    for ((r = 1; r <= runs; r++)); do
+        for s in "${sizes[@]}"; do
+            n=$(bytes "$s")
+            # In a subshell, as the client's $(perf_pair ...) runs: both keep the same port.
+            (perf_pair ib_write_bw -t 8 -s "$n" -n "$(iters_for "$n")") || { say "ib_write_bw -s $n server failed"; exit 1; }
+        done
+        (perf_pair ib_send_lat -s 8 -n "$lat_iters") || { say "ib_send_lat server failed"; exit 1; }
+        # The client's rivet bench runs of this round come next; the next round's perftest server
+        # simply waits for them to finish.
+    done
+    # The client's last two rivet bench runs follow the last perftest run: wait for both.
+    for _ in $(seq 1200); do
+        (($(grep -c ' done$' "$work/rivet-server" 2>/dev/null || true) >= 2 * runs)) && break
+        sleep 0.5
+    done
+    kill "$rivet_server" 2>/dev/null || true
+    cat "$work/rivet-server" >&2
+    exit 0
+fi
+
 say "device $dev, GID index $gid_index ($ip4), $runs round(s), sizes ${sizes[*]}, rivet $rivet"
 say "$(uname -r), $(nproc) vCPU(s), $(date -u +%Y-%m-%dT%H:%MZ)"
 results=$work/results # lines: KIND SIZE VALUE
@@ -127,7 +193,7 @@ for ((r = 1; r <= runs; r++)); do
     echo "perf_lat 8 $ttyp" >>"$results"
     echo "perf_lat99 8 $t99" >>"$results"
     say "round $r: ib_send_lat 8 B: t_min $tmin typical $ttyp avg $tavg 99% $t99 us"
-    json=$("$rivet" bench --json --quiet --poll "${POLL:-yield}" --sizes "$csv_sizes" --lat-iters "$lat_iters") || { say "rivet bench failed"; exit 1; }
+    json=$(rivet_bench --json --quiet --poll "${POLL:-yield}" --sizes "$csv_sizes" --lat-iters "$lat_iters") || { say "rivet bench failed"; exit 1; }
     echo "$json" >"$work/rivet-$r.json"
     # Pull "size":N ... "mib_per_s":X pairs and the latency percentiles out of the one-line JSON.
     grep -o '"size":[0-9]*,"iters":[0-9]*,"seconds":[0-9.]*,"mib_per_s":[0-9.]*' <<<"$json" |
@@ -135,7 +201,7 @@ for ((r = 1; r <= runs; r++)); do
     record_latency rivet_lat "$json"
     say "round $r: rivet bench done (p50 $p50 us, p99 $p99 us)"
     # ib_send_lat busy-polls its CQ on both sides: the like-for-like latency busy-polls too.
-    json=$("$rivet" bench --json --quiet --poll spin --sizes none --lat-iters "$lat_iters") || { say "rivet bench --poll spin failed"; exit 1; }
+    json=$(rivet_bench --json --quiet --poll spin --sizes none --lat-iters "$lat_iters") || { say "rivet bench --poll spin failed"; exit 1; }
     record_latency rivet_spin_lat "$json"
     say "round $r: rivet bench --poll spin latency done (p50 $p50 us, p99 $p99 us)"
 done
@@ -146,7 +212,7 @@ median() { # KIND SIZE -> median of the values
 }
 
 echo
-echo "Rivet vs perftest on $dev (GID $gid_index), median of $runs round(s), $(date -u +%Y-%m-%d), $(nproc) vCPU(s), $rivet --poll ${POLL:-yield}"
+echo "Rivet vs perftest on $dev (GID $gid_index)${peer:+, across two VMs to $peer}, median of $runs round(s), $(date -u +%Y-%m-%d), $(nproc) vCPU(s), $rivet --poll ${POLL:-yield}"
 echo
 echo "| size | ib_write_bw -t 8 (MiB/s) | rivet bench, window 8 (MiB/s) | rivet / perftest |"
 echo "| ---: | ---: | ---: | ---: |"

@@ -63,6 +63,8 @@ if [ "${RIVET_SKIP_VM:-0}" != 1 ]; then
   scripts/vm-lane.sh
   stage "Soft-RoCE VM lane: failure behaviour"
   scripts/vm-faults.sh
+  stage "Soft-RoCE multi-VM rig (pair2): across hosts"
+  scripts/vm-rig.sh
 fi
 
 stage "all passed"

@@ -10,6 +10,11 @@
 #   rivet.run=DIR      host path of the run directory (holds cmd.sh; receives rc)
 #   rivet.msize=BYTES  9p msize
 #   rivet.cache=MODE   9p cache mode (none, loose, mmap, ...)
+#   rivet.name=NAME    (vm/multi.sh) this VM's name in its set: hostname rivet-vm-NAME
+#
+# If the run directory holds a `links` file (vm/multi.sh writes it), each line `IFNAME MAC ADDR/LEN RXE`
+# names a link NIC: the interface with that MAC must be IFNAME (QEMU's device order makes it so; checked),
+# and gets MTU 9000, ADDR/LEN and an rxe device RXE on top.
 #
 # Messages from this script go to the serial console (<run dir>/console.log on the host). Any setup
 # failure powers off without writing rc; run.sh then prints the console log.
@@ -30,6 +35,7 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 
 run=
+name=
 msize=512000
 cache=loose
 read -r cmdline </proc/cmdline
@@ -38,6 +44,7 @@ for arg in $cmdline; do
     rivet.run=*) run=${arg#rivet.run=} ;;
     rivet.msize=*) msize=${arg#rivet.msize=} ;;
     rivet.cache=*) cache=${arg#rivet.cache=} ;;
+    rivet.name=*) name=${arg#rivet.name=} ;;
     esac
 done
 [ -n "$run" ] || die "no rivet.run= on the kernel command line"
@@ -67,7 +74,7 @@ mount -t tmpfs tmpfs "$R/run"
 mkdir -m 1777 "$R/run/tmp"
 [ -d "$R$run" ] || die "run directory $run not visible in the guest"
 
-hostname rivet-vm
+hostname "rivet-vm${name:+-$name}"
 ip link set lo up
 # MTU 9000 on eth0 gives rxe0 an active RoCE MTU of 4096.
 ip link set eth0 mtu 9000 up || die "no eth0"
@@ -75,12 +82,27 @@ ip addr add 10.0.2.15/24 dev eth0
 # `rdma` comes from the host's iproute2: busybox has none.
 chroot "$R" rdma link add rxe0 type rxe netdev eth0 || die "rdma link add rxe0 failed"
 
-# The port turns ACTIVE once the netdev carrier is seen; give it up to 10 s.
-i=0
-until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null; do
-    i=$((i + 1))
-    [ $i -le 100 ] || die "rxe0 port 1 never became ACTIVE"
-    sleep 0.1
+rxes=rxe0
+# Link NICs (multi-VM sets): point-to-point links to other VMs, one rxe device each.
+if [ -f "$R$run/links" ]; then
+    while read -r ifname mac cidr rxe; do
+        [ "$(cat "/sys/class/net/$ifname/address" 2>/dev/null)" = "$mac" ] ||
+            die "link NIC $ifname does not have MAC $mac"
+        ip link set "$ifname" mtu 9000 up || die "cannot bring up $ifname"
+        ip addr add "$cidr" dev "$ifname" || die "cannot give $ifname $cidr"
+        chroot "$R" rdma link add "$rxe" type rxe netdev "$ifname" || die "rdma link add $rxe failed"
+        rxes="$rxes $rxe"
+    done <"$R$run/links"
+fi
+
+# A port turns ACTIVE once the netdev carrier is seen; give each up to 10 s.
+for rxe in $rxes; do
+    i=0
+    until grep -q ACTIVE "/sys/class/infiniband/$rxe/ports/1/state" 2>/dev/null; do
+        i=$((i + 1))
+        [ $i -le 100 ] || die "$rxe port 1 never became ACTIVE"
+        sleep 0.1
+    done
 done
 
 # RDMA pins memory: never let RLIMIT_MEMLOCK get in the way.

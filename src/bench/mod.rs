@@ -49,6 +49,8 @@ options:
                     once) or sleep (~20 us; a diagnostic that leaves CPU time to a software device
                     such as Soft-RoCE)
   --json            machine-readable output on stdout
+  --once            server: serve one client, then exit
+  --bind ADDR       server: control address to listen on (default 0.0.0.0; 127.0.0.1 with --once)
   --quiet           no progress line on stderr
 ";
 
@@ -108,6 +110,8 @@ struct Options {
     json: bool,
     quiet: bool,
     once: bool,
+    /// Server: the control listener's address (`--bind`); default 0.0.0.0, 127.0.0.1 with `--once`.
+    bind: Option<String>,
     poll: measure::Poll,
 }
 
@@ -173,6 +177,7 @@ fn parse(args: &[String]) -> Result<Options, Error> {
         json: false,
         quiet: false,
         once: false,
+        bind: None,
         poll: measure::Poll::Yield,
     };
     let mut it = args.iter();
@@ -223,6 +228,13 @@ fn parse(args: &[String]) -> Result<Options, Error> {
             "--json" => o.json = true,
             "--quiet" => o.quiet = true,
             "--once" => o.once = true,
+            "--bind" => {
+                o.bind = Some(
+                    it.next()
+                        .ok_or_else(|| Error::Usage("--bind needs an address".into()))?
+                        .clone(),
+                );
+            }
             "-h" | "--help" => return Err(Error::Usage(String::new())),
             other => return Err(Error::Usage(format!("unknown option {other:?}"))),
         }
@@ -291,7 +303,10 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
 fn server(o: &Options) -> Result<(), Error> {
     let path = plugin_path(o)?;
     let plugin = Plugin::load(&path, o.dev)?;
-    let bind = if o.once { "127.0.0.1" } else { "0.0.0.0" };
+    let bind = o
+        .bind
+        .as_deref()
+        .unwrap_or(if o.once { "127.0.0.1" } else { "0.0.0.0" });
     let listener = TcpListener::bind((bind, o.port))
         .map_err(|e| Error::Control(format!("binding {bind}:{}: {e}", o.port)))?;
     let port = listener
@@ -609,5 +624,14 @@ mod tests {
         assert_eq!((o.iters, o.json), (3, true));
         assert!(parse(&args("--bogus")).is_err());
         assert!(parse(&args("--port 70000")).is_err());
+    }
+
+    #[test]
+    fn server_binds_where_told() {
+        let args = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+        let o = parse(&args("--server --once --bind 192.168.101.2")).unwrap();
+        assert_eq!(o.bind.as_deref(), Some("192.168.101.2"));
+        assert!(parse(&args("--server --bind")).is_err());
+        assert_eq!(parse(&args("--server")).unwrap().bind, None);
     }
 }

@@ -20,6 +20,17 @@
  *   close-inflight[=N] N (default 100) times: the receiver posts 32 x 1 MiB receives and closes at
  *                      once; every send of the peer completes, the data arrives intact, and the
  *                      peer's next send fails cleanly ("the peer closed the connection") in bound
+ *   host-death (--listen-port P | --peer A.B.C.D:P)
+ *                      across two VMs (vm/multi.sh): the --listen-port side is the receiver and the
+ *                      victim: after a verified warm-up it streams receives and, 20 messages in, posts 8
+ *                      more (8 MiB the sender then has in flight) and creates $FAULTS_MARKER, on which
+ *                      the host SIGKILLs its whole VM (no FIN, no RDMA close).
+ *                      The --peer side, the sender, streams 1 MiB sends until they fail and must see the
+ *                      error within the bound after its last completed send; later calls fail too. The
+ *                      bound is 2 x the RDMA retry time (4.096 us x 2^NCCL_IB_TIMEOUT x (NCCL_IB_RETRY_CNT+1))
+ *                      + 30 s (TCP keepalive: the side waiting for a clear-to-send has nothing in flight).
+ *                      `link-cut` is the same with the receiver's link NIC ($FAULTS_CUT_IF) taken down
+ *                      by the receiver itself instead of a VM kill; the receiver then fails as well.
  * Each prints PASS/FAIL lines with the time the error took; exit status 0 only if all passed. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -57,6 +68,35 @@ static void wait_peer(int fd) {
   if (read(fd, &c, 1) != 1) h_fail("pipe read (peer gone?)");
 }
 
+/* Listen, hand the handle out on `handle_out` and accept (receiver), or take it from `handle_in`
+ * and connect (sender); then register the transfer buffer. The handle travels over a pipe between
+ * two processes of one host, over a TCP control connection between hosts. */
+static int connect_pair(struct pair* p, int receiver, int handle_out, int handle_in) {
+  char handle[NET_HANDLE_MAXSIZE];
+  if (receiver) {
+    void* listen_comm = NULL;
+    if (h_net->listen(p->ctx, 0, handle, &listen_comm) != NCCL_OK) return 0;
+    if (!h_control_send(handle_out, handle, sizeof handle)) return 0;
+    if (h_accept(listen_comm, &p->comm, 60) != NCCL_OK || !p->comm) {
+      h_fail("accept");
+      return 0;
+    }
+    h_net->close_listen(listen_comm);
+  } else {
+    if (!h_control_recv(handle_in, handle, sizeof handle)) return 0;
+    if (h_connect(p->ctx, handle, &p->comm, 60) != NCCL_OK || !p->comm) {
+      h_fail("connect");
+      return 0;
+    }
+  }
+  p->buf = malloc(MSG);
+  if (!p->buf || h_net->reg_mr(p->comm, p->buf, MSG, PTR_HOST, &p->mh) != NCCL_OK) {
+    h_fail("regMr");
+    return 0;
+  }
+  return 1;
+}
+
 /* Fork into a connected pair. The parent is the receiver when parent_receives, else the sender. */
 static int make_pair(const char* lib, int parent_receives, struct pair* p) {
   int handle_pipe[2], down[2], up[2];
@@ -69,29 +109,7 @@ static int make_pair(const char* lib, int parent_receives, struct pair* p) {
   p->from_peer = is_parent ? up[0] : down[0];
   p->ctx = h_load_and_init(lib);
   if (!p->ctx) return 0;
-  char handle[NET_HANDLE_MAXSIZE];
-  if (receiver) {
-    void* listen_comm = NULL;
-    if (h_net->listen(p->ctx, 0, handle, &listen_comm) != NCCL_OK) return 0;
-    if (write(handle_pipe[1], handle, sizeof handle) != (ssize_t)sizeof handle) return 0;
-    if (h_accept(listen_comm, &p->comm, 60) != NCCL_OK || !p->comm) {
-      h_fail("accept");
-      return 0;
-    }
-    h_net->close_listen(listen_comm);
-  } else {
-    if (read(handle_pipe[0], handle, sizeof handle) != (ssize_t)sizeof handle) return 0;
-    if (h_connect(p->ctx, handle, &p->comm, 60) != NCCL_OK || !p->comm) {
-      h_fail("connect");
-      return 0;
-    }
-  }
-  p->buf = malloc(MSG);
-  if (!p->buf || h_net->reg_mr(p->comm, p->buf, MSG, PTR_HOST, &p->mh) != NCCL_OK) {
-    h_fail("regMr");
-    return 0;
-  }
-  return 1;
+  return connect_pair(p, receiver, handle_pipe[1], handle_pipe[0]);
 }
 
 static void* post_send(struct pair* p, size_t n, unsigned seed, double limit) {
@@ -824,7 +842,135 @@ static int scenario_cycles(const char* lib, int count) {
   return h_net->finalize(ctx) == NCCL_OK ? 0 : 1;
 }
 
+/* The documented bound for a silent peer (see the usage text) from the RDMA settings in force. */
+static double silent_peer_bound(void) {
+  const char* t = getenv("NCCL_IB_TIMEOUT");
+  const char* c = getenv("NCCL_IB_RETRY_CNT");
+  int timeout = t ? atoi(t) : 20, retries = c ? atoi(c) : 7;
+  return 2 * 4.096e-6 * (double)(1L << timeout) * (retries + 1) + 30;
+}
+
+/* Cross-host pair: the receiver (listen_port != 0) hands its handle over a TCP control connection. */
+static int make_cross_pair(const char* lib, const char* peer, int listen_port, struct pair* p) {
+  memset(p, 0, sizeof *p);
+  int receiver = listen_port != 0;
+  h_role = receiver ? "receiver" : "sender";
+  p->ctx = h_load_and_init(lib);
+  if (!p->ctx) return 0;
+  int fd = receiver ? h_control_accept(listen_port) : h_control_dial(peer, 120);
+  if (fd < 0) return 0;
+  p->to_peer = p->from_peer = fd;
+  return connect_pair(p, receiver, fd, fd);
+}
+
+/* One transfer on the pair, posted and waited for until it completes, fails, or `limit` passes. */
+static nccl_result transfer_once(struct pair* p, int receiver, double limit, int* done) {
+  nccl_result r = NCCL_OK;
+  void* req = NULL;
+  int size;
+  double t0 = h_now();
+  *done = 0;
+  while (r == NCCL_OK && !req && h_now() - t0 < limit) {
+    if (receiver) {
+      void* data[1] = {p->buf};
+      size_t sizes[1] = {MSG};
+      int tags[1] = {1};
+      void* mhs[1] = {p->mh};
+      r = h_net->irecv(p->comm, 1, data, sizes, tags, mhs, NULL, &req);
+    } else {
+      r = h_net->isend(p->comm, p->buf, MSG, 1, p->mh, NULL, &req);
+    }
+  }
+  while (r == NCCL_OK && req && !*done && h_now() - t0 < limit) r = h_net->test(req, done, &size);
+  return r;
+}
+
+/* host-death / link-cut across two VMs (see the usage text). */
+static int scenario_silent_peer(const char* lib, const char* peer, int listen_port, int cut) {
+  struct pair p;
+  if (!make_cross_pair(lib, peer, listen_port, &p)) return 1;
+  int receiver = listen_port != 0;
+  if (!warm_up(&p, receiver, 3)) return 1;
+  double bound = silent_peer_bound();
+  const char* what = cut ? "link cut" : "peer host death";
+  int count = 0, done = 0;
+  nccl_result r = NCCL_OK;
+  double last = h_now();
+  while (r == NCCL_OK && h_now() - last < bound + 15) {
+    r = transfer_once(&p, receiver, bound + 15 - (h_now() - last), &done);
+    if (!done) continue;
+    last = h_now();
+    if (receiver && ++count == 20) {
+      if (cut) {
+        char cmd[128];
+        const char* nic = getenv("FAULTS_CUT_IF");
+        snprintf(cmd, sizeof cmd, "ip link set %s down", nic ? nic : "eth1");
+        if (system(cmd) != 0) h_fail("%s", cmd);
+        else h_pass("%s mid-stream, after %d verified messages", cmd, count);
+      } else {
+        /* Eight receives posted ahead: eight clear-to-sends, so the sender has megabytes in flight
+         * (RDMA writes, ~80 ms per MiB under TCG) when this host dies. */
+        for (int i = 0; i < 8 && r == NCCL_OK; i++) {
+          void* req = NULL;
+          void* data[1] = {p.buf};
+          size_t sizes[1] = {MSG};
+          int tags[1] = {1};
+          void* mhs[1] = {p.mh};
+          while (r == NCCL_OK && !req) r = h_net->irecv(p.comm, 1, data, sizes, tags, mhs, NULL, &req);
+        }
+        usleep(300000); /* let the clear-to-sends reach the sender: its writes are then under way */
+        const char* marker = getenv("FAULTS_MARKER");
+        int fd = marker ? open(marker, O_CREAT | O_WRONLY, 0644) : -1;
+        if (fd < 0) {
+          h_fail("cannot create FAULTS_MARKER (%s)", marker ? marker : "unset");
+          return 1;
+        }
+        close(fd);
+        fprintf(stderr, "[receiver] marker created after %d messages, 8 receives posted; waiting to be killed\n",
+                count);
+        sleep((unsigned)(bound + 15));
+        h_fail("the victim was never killed");
+        return 1;
+      }
+    }
+  }
+  double elapsed = h_now() - last;
+  if (receiver && !cut) {
+    h_fail("the victim was never killed (result %d after %.1f s)", r, elapsed);
+    return 1;
+  }
+  if (r != NCCL_OK && elapsed <= bound)
+    h_pass("%s: error %d %.2f s after the last completed transfer (bound %.1f s at NCCL_IB_TIMEOUT=%s, "
+           "NCCL_IB_RETRY_CNT=%s): %s",
+           what, r, elapsed, bound, getenv("NCCL_IB_TIMEOUT") ?: "20", getenv("NCCL_IB_RETRY_CNT") ?: "7",
+           h_last_warn);
+  else if (r != NCCL_OK)
+    h_fail("%s: error %d only %.2f s after the last completed transfer (bound %.1f s)", what, r, elapsed, bound);
+  else
+    h_fail("%s: no error %.2f s after the last completed transfer", what, elapsed);
+  /* Sticky: the next call on the comm fails at once. */
+  double t0 = h_now();
+  done = 0;
+  nccl_result later = transfer_once(&p, receiver, 5, &done);
+  if (later != NCCL_OK) h_pass("%s: a later call fails too (%d) after %.2f s", what, later, h_now() - t0);
+  else h_fail("%s: a later call did not fail (done=%d)", what, done);
+  if (receiver) h_net->close_recv(p.comm);
+  else h_net->close_send(p.comm);
+  if (h_net->finalize(p.ctx) != NCCL_OK) h_fail("finalize");
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 5 && (!strcmp(argv[2], "host-death") || !strcmp(argv[2], "link-cut"))) {
+    alarm(600);
+    int cut = !strcmp(argv[2], "link-cut");
+    int rc;
+    if (!strcmp(argv[3], "--listen-port")) rc = scenario_silent_peer(argv[1], NULL, atoi(argv[4]), cut);
+    else if (!strcmp(argv[3], "--peer")) rc = scenario_silent_peer(argv[1], argv[4], 0, cut);
+    else rc = 2;
+    if (rc == 2) fprintf(stderr, "usage: %s LIB %s --listen-port P | --peer A.B.C.D:P\n", argv[0], argv[2]);
+    return rc || h_failures ? (rc == 2 ? 2 : 1) : 0;
+  }
   if (argc != 3) {
     fprintf(stderr, "usage: %s LIB SCENARIO\n", argv[0]);
     return 2;

@@ -5,12 +5,16 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <arpa/inet.h>
 #include <dlfcn.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 #include "nccl_net_abi.h"
 
 static const char* h_role = "?";
@@ -141,5 +145,75 @@ static inline nccl_result h_wait(void* req, int* done, int* sizes, double limit,
   }
   *elapsed = h_now() - start;
   return r;
+}
+
+/* Cross-host rendezvous (two VMs): the 128-byte handle travels over a TCP control connection on
+ * the link network, where a socketpair or pipe carries it between two processes of one host.
+ * h_control_accept: listen on PORT (any address), accept one connection, return its fd.
+ * h_control_dial: connect to "A.B.C.D:PORT", retrying while the peer is not listening yet (it may
+ * still be booting), up to `limit` seconds. Both return -1 (with a FAIL line) on failure. */
+static inline int h_control_accept(int port) {
+  int one = 1, fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((unsigned short)port)};
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
+      bind(fd, (struct sockaddr*)&sin, sizeof sin) || listen(fd, 1)) {
+    h_fail("control: cannot listen on port %d", port);
+    return -1;
+  }
+  int conn = accept(fd, NULL, NULL);
+  close(fd);
+  if (conn < 0) h_fail("control: accept on port %d", port);
+  return conn;
+}
+
+static inline int h_control_dial(const char* peer, double limit) {
+  char host[64];
+  const char* colon = strrchr(peer, ':');
+  struct sockaddr_in sin = {.sin_family = AF_INET};
+  if (!colon || (size_t)(colon - peer) >= sizeof host) {
+    h_fail("control: bad peer address %s (want A.B.C.D:PORT)", peer);
+    return -1;
+  }
+  memcpy(host, peer, (size_t)(colon - peer));
+  host[colon - peer] = 0;
+  sin.sin_port = htons((unsigned short)atoi(colon + 1));
+  if (inet_pton(AF_INET, host, &sin.sin_addr) != 1) {
+    h_fail("control: bad peer address %s", peer);
+    return -1;
+  }
+  double start = h_now();
+  for (;;) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr*)&sin, sizeof sin) == 0) return fd;
+    if (fd >= 0) close(fd);
+    if (h_now() - start > limit) {
+      h_fail("control: %s not reachable after %.0f s", peer, limit);
+      return -1;
+    }
+    usleep(200000);
+  }
+}
+
+/* Whole-buffer read/write on the control connection; 1 on success. */
+static inline int h_control_send(int fd, const void* buf, size_t n) {
+  const char* p = buf;
+  while (n) {
+    ssize_t w = write(fd, p, n);
+    if (w <= 0) return 0;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 1;
+}
+
+static inline int h_control_recv(int fd, void* buf, size_t n) {
+  char* p = buf;
+  while (n) {
+    ssize_t r = read(fd, p, n);
+    if (r <= 0) return 0;
+    p += r;
+    n -= (size_t)r;
+  }
+  return 1;
 }
 #endif

@@ -1,10 +1,13 @@
 /* Two processes move data through a net plugin exactly as NCCL's proxy would, through the
  * ncclNetPlugin_v12 table (or v9/v10/v11 with --version), and verify every byte.
  *
- * usage: transfer LIB [--version N] [--dev D] [--quick]
+ * usage: transfer LIB [--version N] [--dev D] [--quick] [--listen-port P | --peer A.B.C.D:P]
  *
  * The parent is the receiver (listen/accept/irecv), the forked child the sender
  * (connect/isend); the listen handle travels over a pipe, as NCCL's bootstrap carries it.
+ * Across hosts (two VMs, vm/multi.sh) there is no fork: `--listen-port P` makes this process the
+ * receiver, which hands its listen handle to the sender over a TCP control connection accepted on
+ * port P; `--peer A.B.C.D:P` makes it the sender, which dials that port (retrying up to 120 s).
  * Checks: sizes 0 B … 64 MiB (receive buffers larger than the sends), a grouped receive of
  * n = 8 with tags sent in shuffled order, and 10,000 small messages with a window of 8.
  * Prints "PASS ..."/"FAIL ..." lines (set HARNESS_VERBOSE=1 for the plugin's INFO lines); exits non-zero on any failure or after a 600 s watchdog. */
@@ -289,21 +292,32 @@ static nccl_result do_connect(void* ctx, int dev, void* handle, void** comm) {
 
 int main(int argc, char** argv) {
   const char* lib = NULL;
-  int dev = 0, quick = 0;
+  const char* peer = NULL;
+  int dev = 0, quick = 0, listen_port = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--version") && i + 1 < argc) version = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--dev") && i + 1 < argc) dev = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--quick")) quick = 1;
+    else if (!strcmp(argv[i], "--listen-port") && i + 1 < argc) listen_port = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--peer") && i + 1 < argc) peer = argv[++i];
     else lib = argv[i];
   }
-  if (!lib || version < 9 || version > 12) {
-    fprintf(stderr, "usage: %s LIB [--version 9..12] [--dev D] [--quick]\n", argv[0]);
+  if (!lib || version < 9 || version > 12 || (peer && listen_port)) {
+    fprintf(stderr, "usage: %s LIB [--version 9..12] [--dev D] [--quick] [--listen-port P | --peer A.B.C.D:P]\n",
+            argv[0]);
     return 2;
   }
   alarm(600);
-  int pipefd[2];
-  if (pipe(pipefd)) return 2;
-  pid_t child = fork();
+  int cross_host = peer || listen_port;
+  /* handle_fd: where the receiver writes its handle, or the sender reads it. */
+  int pipefd[2] = {-1, -1};
+  pid_t child;
+  if (cross_host) {
+    child = peer ? 0 : 1;
+  } else {
+    if (pipe(pipefd)) return 2;
+    child = fork();
+  }
   h_role = child == 0 ? "sender" : "receiver";
   void* table = load(lib);
   if (!table) return 1;
@@ -314,11 +328,14 @@ int main(int argc, char** argv) {
   char handle[NET_HANDLE_MAXSIZE];
   double start = h_now();
   if (child == 0) {
-    close(pipefd[1]);
-    if (read(pipefd[0], handle, sizeof handle) != (ssize_t)sizeof handle) {
+    int handle_fd = pipefd[0];
+    if (cross_host) handle_fd = h_control_dial(peer, 120);
+    else close(pipefd[1]);
+    if (handle_fd < 0 || !h_control_recv(handle_fd, handle, sizeof handle)) {
       h_fail("reading the handle from the receiver");
       return 1;
     }
+    start = h_now();
     void* send = NULL;
     while (!send) {
       nccl_result r = do_connect(ctx, dev, handle, &send);
@@ -334,36 +351,42 @@ int main(int argc, char** argv) {
     fprintf(stderr, "PASS [sender] connected in %.3f s\n", h_now() - start);
     int rc = run_sender(send, quick);
     if (version >= 11 && v12->finalize(ctx) != NCCL_OK) h_fail("finalize");
+    if (cross_host) fprintf(stderr, "%s: %d failure(s)\n", h_failures || rc ? "FAILED" : "OK", h_failures);
     return rc || h_failures;
   }
-  close(pipefd[0]);
   void* listen_comm = NULL;
   if (do_listen(ctx, dev, handle, &listen_comm) != NCCL_OK || !listen_comm) {
     h_fail("listen");
-    kill(child, SIGKILL);
+    if (!cross_host) kill(child, SIGKILL);
     return 1;
   }
-  if (write(pipefd[1], handle, sizeof handle) != (ssize_t)sizeof handle) return 1;
+  int handle_fd = pipefd[1];
+  if (cross_host) handle_fd = h_control_accept(listen_port);
+  else close(pipefd[0]);
+  if (handle_fd < 0 || !h_control_send(handle_fd, handle, sizeof handle)) return 1;
+  start = h_now();
   void* recv = NULL;
   while (!recv) {
     nccl_result r = v12->accept(listen_comm, &recv, NULL);
     if (r != NCCL_OK) {
       h_fail("accept returned %d", r);
-      kill(child, SIGKILL);
+      if (!cross_host) kill(child, SIGKILL);
       return 1;
     }
     if (h_now() - start > 60) {
       h_fail("accept not established after 60 s");
-      kill(child, SIGKILL);
+      if (!cross_host) kill(child, SIGKILL);
       return 1;
     }
   }
   if (v12->close_listen(listen_comm) != NCCL_OK) h_fail("closeListen");
   fprintf(stderr, "PASS [receiver] accepted in %.3f s\n", h_now() - start);
   int rc = run_receiver(recv, quick);
-  int status = 0;
-  waitpid(child, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) h_fail("the sender process failed (status %d)", status);
+  if (!cross_host) {
+    int status = 0;
+    waitpid(child, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) h_fail("the sender process failed (status %d)", status);
+  }
   if (version >= 11 && v12->finalize(ctx) != NCCL_OK) h_fail("finalize");
   fprintf(stderr, "%s: %d failure(s)\n", h_failures || rc ? "FAILED" : "OK", h_failures);
   return rc || h_failures ? 1 : 0;
