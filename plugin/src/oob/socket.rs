@@ -184,7 +184,7 @@ mod tests {
 
     #[test]
     fn connect_accept_loopback_from_one_thread() {
-        let listener = listen("127.0.0.1".parse().expect("ip")).expect("listen");
+        let listener = listen("127.0.0.1:0".parse().expect("address")).expect("listen");
         let addr = listener.local_addr().expect("addr");
         let mut client = start_connect(addr).expect("connect");
         let mut server = None;
@@ -215,7 +215,7 @@ mod tests {
 
     #[test]
     fn connect_to_closed_port_fails() {
-        let listener = listen("127.0.0.1".parse().expect("ip")).expect("listen");
+        let listener = listen("127.0.0.1:0".parse().expect("address")).expect("listen");
         let addr = listener.local_addr().expect("addr");
         drop(listener);
         let client = start_connect(addr);
@@ -231,7 +231,7 @@ mod tests {
 
     #[test]
     fn liveness_sees_the_peer_close() {
-        let listener = listen("127.0.0.1".parse().expect("ip")).expect("listen");
+        let listener = listen("127.0.0.1:0".parse().expect("address")).expect("listen");
         let client = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
         let mut server = None;
         for _ in 0..1000 {
