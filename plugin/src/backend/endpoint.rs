@@ -264,12 +264,16 @@ impl Nic for Endpoint {
     }
 
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError> {
-        let mut wcs = [ibv_wc::default(); MAX_POLL];
+        let mut wcs = [MaybeUninit::<ibv_wc>::uninit(); MAX_POLL];
         let want = out.len().min(MAX_POLL);
-        let got = self.cq.poll(&mut wcs[..want]).map_err(|e| NicError::Poll {
-            code: post_errno(&e),
-        })?;
-        for (slot, wc) in out.iter_mut().zip(&wcs[..got]) {
+        let polled = self
+            .cq
+            .poll_into(&mut wcs[..want])
+            .map_err(|e| NicError::Poll {
+                code: post_errno(&e),
+            })?;
+        let got = polled.len();
+        for (slot, wc) in out.iter_mut().zip(polled) {
             let status = WcStatus(wc.status);
             let kind = if status.is_success() {
                 if wc.opcode == wc_opcode::RECV_RDMA_WITH_IMM {
