@@ -506,11 +506,16 @@ mod tests {
                 let mut torn = old;
                 for word in 0..4 {
                     if landed & (1 << word) != 0 {
-                        torn[8 * word..8 * word + 8].copy_from_slice(&fresh[8 * word..8 * word + 8]);
+                        torn[8 * word..8 * word + 8]
+                            .copy_from_slice(&fresh[8 * word..8 * word + 8]);
                     }
                 }
                 if torn != fresh && torn != old {
-                    assert_eq!(CtsEntry::decode(&torn), Err(DecodeError::Checksum), "{landed:#x}");
+                    assert_eq!(
+                        CtsEntry::decode(&torn),
+                        Err(DecodeError::Checksum),
+                        "{landed:#x}"
+                    );
                 }
             }
             // Every prefix or suffix of bytes landed.
@@ -521,7 +526,11 @@ mod tests {
                 ] {
                     let torn: [u8; CTS_ENTRY_LEN] = torn.try_into().unwrap();
                     if torn != fresh && torn != old {
-                        assert_eq!(CtsEntry::decode(&torn), Err(DecodeError::Checksum), "{split}");
+                        assert_eq!(
+                            CtsEntry::decode(&torn),
+                            Err(DecodeError::Checksum),
+                            "{split}"
+                        );
                     }
                 }
             }

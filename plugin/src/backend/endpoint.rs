@@ -16,8 +16,8 @@ use rivet_verbs_ffi::sys::{
     access, ibv_rdma_wr, ibv_recv_wr, ibv_send_wr, ibv_send_wr_wr, ibv_sge, ibv_wc, send_flags,
     wc_opcode, wr_opcode,
 };
-use std::mem::MaybeUninit;
 use rivet_verbs_ffi::{CompletionQueue, QpCaps, QueuePair, RcTransitions, VerbsError};
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 /// Which end of a connection an endpoint serves; it decides region sizes and queue depths.
@@ -240,8 +240,7 @@ impl Nic for Endpoint {
             let posted = &mut wrs[..piece.len()];
             // SAFETY: the loop above wrote every one of the first `piece.len()` entries, and
             // `MaybeUninit<T>` has `T`'s layout.
-            let posted =
-                unsafe { &mut *(core::ptr::from_mut(posted) as *mut [ibv_send_wr]) };
+            let posted = unsafe { &mut *(core::ptr::from_mut(posted) as *mut [ibv_send_wr]) };
             // SAFETY: every SGE points at memory the core vouches for (user buffers registered
             // under their lkey, inline bytes borrowed for this call, staging bounds-checked above);
             // `sges` outlives the post, and inline bytes are copied by the provider during it.
