@@ -37,54 +37,60 @@ static void settle(void) {
   collect(was);
 }
 
-static void* do_isend(void* comm, void* buf, void* mh, int tag) {
-  void* req = NULL;
-  for (int tries = 0; tries < 10000; tries++) {
-    if (h_net->isend(comm, buf, 8, tag, mh, NULL, &req) != NCCL_OK) {
-      h_fail("isend failed");
-      exit(1);
-    }
-    if (req) return req;
-    if (counting) empty_calls++;
-    settle();
+/* One call of a plugin function; returns 1 when it did its work (a request, or done). */
+typedef struct {
+  void *comm, *buf, *mh, *req;
+  int tag;
+} call_args;
+typedef int (*attempt_fn)(call_args*);
+
+static int attempt_isend(call_args* a) {
+  if (h_net->isend(a->comm, a->buf, 8, a->tag, a->mh, NULL, &a->req) != NCCL_OK) {
+    h_fail("isend failed");
+    exit(1);
   }
-  h_fail("isend never accepted");
-  exit(1);
+  return a->req != NULL;
 }
 
-static void* do_irecv(void* comm, void* buf, void* mh, int tag) {
-  void* data[1] = {buf};
+static int attempt_irecv(call_args* a) {
+  void* data[1] = {a->buf};
   size_t sizes[1] = {8};
-  int tags[1] = {tag};
-  void* mhs[1] = {mh};
-  void* req = NULL;
+  int tags[1] = {a->tag};
+  void* mhs[1] = {a->mh};
+  if (h_net->irecv(a->comm, 1, data, sizes, tags, mhs, NULL, &a->req) != NCCL_OK) {
+    h_fail("irecv failed");
+    exit(1);
+  }
+  return a->req != NULL;
+}
+
+static int attempt_test(call_args* a) {
+  int done = 0, size = 0;
+  if (h_net->test(a->req, &done, &size) != NCCL_OK) {
+    h_fail("test failed");
+    exit(1);
+  }
+  return done;
+}
+
+/* Call until it does its work; each call that does not counts as an empty call. */
+static void* until_done(attempt_fn attempt, call_args a, const char* what) {
   for (int tries = 0; tries < 10000; tries++) {
-    if (h_net->irecv(comm, 1, data, sizes, tags, mhs, NULL, &req) != NCCL_OK) {
-      h_fail("irecv failed");
-      exit(1);
-    }
-    if (req) return req;
+    if (attempt(&a)) return a.req;
     if (counting) empty_calls++;
     settle();
   }
-  h_fail("irecv never accepted");
+  h_fail("%s never did its work", what);
   exit(1);
 }
 
-static void do_test(void* req) {
-  int done = 0, size = 0;
-  for (int tries = 0; tries < 10000; tries++) {
-    if (h_net->test(req, &done, &size) != NCCL_OK) {
-      h_fail("test failed");
-      exit(1);
-    }
-    if (done) return;
-    if (counting) empty_calls++;
-    settle();
-  }
-  h_fail("request never completed");
-  exit(1);
+static void* do_isend(void* comm, void* buf, void* mh, int tag) {
+  return until_done(attempt_isend, (call_args){.comm = comm, .buf = buf, .mh = mh, .tag = tag}, "isend");
 }
+static void* do_irecv(void* comm, void* buf, void* mh, int tag) {
+  return until_done(attempt_irecv, (call_args){.comm = comm, .buf = buf, .mh = mh, .tag = tag}, "irecv");
+}
+static void do_test(void* req) { until_done(attempt_test, (call_args){.req = req}, "test"); }
 
 int main(int argc, char** argv) {
   h_role = "pingpong";
