@@ -6,6 +6,7 @@
 #![allow(unsafe_code)]
 
 use core::ffi::c_int;
+use core::mem::MaybeUninit;
 use core::ptr::{self, NonNull};
 use std::sync::Arc;
 
@@ -79,6 +80,29 @@ impl CompletionQueue {
             call: "ibv_poll_cq",
             errno: libc::EIO,
         })
+    }
+
+    /// Like [`Self::poll`], into uninitialised entries (no zeroing of an array that is mostly
+    /// left unused on the data path); returns the completions polled.
+    pub fn poll_into<'a>(
+        &self,
+        wcs: &'a mut [MaybeUninit<ibv_wc>],
+    ) -> Result<&'a [ibv_wc], VerbsError> {
+        let n = c_int::try_from(wcs.len()).unwrap_or(c_int::MAX);
+        if n == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: live CQ of this context's provider; wcs has room for n entries
+        // (`MaybeUninit<ibv_wc>` has `ibv_wc`'s layout).
+        let got = unsafe { (self.poll_cq)(self.ptr.as_ptr(), n, wcs.as_mut_ptr().cast()) };
+        // A negative return means the CQ is broken; providers do not set errno for it.
+        let got = usize::try_from(got).map_err(|_| VerbsError::Call {
+            call: "ibv_poll_cq",
+            errno: libc::EIO,
+        })?;
+        let got = got.min(wcs.len());
+        // SAFETY: ibv_poll_cq wrote the first `got` entries.
+        Ok(unsafe { &*(ptr::from_ref(&wcs[..got]) as *const [ibv_wc]) })
     }
 
     /// The context it belongs to.

@@ -49,21 +49,35 @@ pub struct CtsEntry {
     pub stamp: u32,
 }
 
-/// FNV-1a over an entry's bytes other than the check field itself (26..28), folded to 16 bits.
+/// A 16-bit check of an entry's bytes other than the check field itself (26..28), computed over the
+/// four little-endian 64-bit words of the entry (the check field masked to zero): one multiply and
+/// one shift per word, so every input bit reaches the top 16 bits of the state.
 ///
 /// RDMA orders nothing *within* one write: the peer's NIC may make the stamp at the end of an
 /// entry visible before the fields at its start. A fresh stamp whose entry does not check is
 /// therefore read as "not landed yet", not as a malformed entry. (An all-zero entry does not
-/// check either: the FNV offset basis seeds the hash.)
+/// check either: the state starts from a non-zero seed.)
 pub fn entry_check(bytes: &[u8; CTS_ENTRY_LEN]) -> u16 {
-    let mut h: u32 = 0x811c_9dc5;
-    for (i, byte) in bytes.iter().enumerate() {
-        if i == 26 || i == 27 {
-            continue;
-        }
-        h = (h ^ u32::from(*byte)).wrapping_mul(0x0100_0193);
+    check_words([
+        le_u64(bytes, 0),
+        le_u64(bytes, 8),
+        le_u64(bytes, 16),
+        le_u64(bytes, 24),
+    ])
+}
+
+/// Bits of the last word that hold the check field (bytes 26..28).
+const CHECK_MASK: u64 = 0xffff << 16;
+
+/// [`entry_check`] over the entry as words.
+fn check_words(words: [u64; 4]) -> u16 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (i, word) in words.into_iter().enumerate() {
+        let word = if i == 3 { word & !CHECK_MASK } else { word };
+        h = (h ^ word).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^= h >> 29;
     }
-    ((h >> 16) ^ (h & 0xffff)) as u16
+    (h >> 48) as u16
 }
 
 /// The freshness stamp written into every entry of receive `seq`. A slot still holding an entry of
@@ -75,34 +89,41 @@ pub const fn stamp_for(seq: u32) -> u32 {
 impl CtsEntry {
     /// Encode into the wire layout.
     pub fn encode(&self) -> [u8; CTS_ENTRY_LEN] {
+        let mut words = [
+            self.addr,
+            self.size,
+            u64::from(self.rkey) | u64::from(self.tag) << 32,
+            u64::from(self.n) | u64::from(self.index) << 8 | u64::from(self.stamp) << 32,
+        ];
+        words[3] |= u64::from(check_words(words)) << 16;
         let mut out = [0u8; CTS_ENTRY_LEN];
-        out[0..8].copy_from_slice(&self.addr.to_le_bytes());
-        out[8..16].copy_from_slice(&self.size.to_le_bytes());
-        out[16..20].copy_from_slice(&self.rkey.to_le_bytes());
-        out[20..24].copy_from_slice(&self.tag.to_le_bytes());
-        out[24] = self.n;
-        out[25] = self.index;
-        out[28..32].copy_from_slice(&self.stamp.to_le_bytes());
-        let check = entry_check(&out);
-        out[26..28].copy_from_slice(&check.to_le_bytes());
+        for (chunk, word) in out.chunks_exact_mut(8).zip(words) {
+            chunk.copy_from_slice(&word.to_le_bytes());
+        }
         out
     }
 
     /// Decode and validate one entry. The stamp is returned as read; whether it is fresh is the
     /// caller's question.
     pub fn decode(bytes: &[u8; CTS_ENTRY_LEN]) -> Result<Self, DecodeError> {
-        let entry = Self {
-            addr: le_u64(bytes, 0),
-            size: le_u64(bytes, 8),
-            rkey: le_u32(bytes, 16),
-            tag: le_u32(bytes, 20),
-            n: bytes[24],
-            index: bytes[25],
-            stamp: le_u32(bytes, 28),
-        };
-        if u16::from_le_bytes([bytes[26], bytes[27]]) != entry_check(bytes) {
+        let words = [
+            le_u64(bytes, 0),
+            le_u64(bytes, 8),
+            le_u64(bytes, 16),
+            le_u64(bytes, 24),
+        ];
+        if (words[3] >> 16) as u16 != check_words(words) {
             return Err(DecodeError::Checksum);
         }
+        let entry = Self {
+            addr: words[0],
+            size: words[1],
+            rkey: words[2] as u32,
+            tag: (words[2] >> 32) as u32,
+            n: words[3] as u8,
+            index: (words[3] >> 8) as u8,
+            stamp: (words[3] >> 32) as u32,
+        };
         if entry.n == 0 || usize::from(entry.n) > MAX_RECVS {
             return Err(DecodeError::GroupSize(entry.n));
         }
@@ -386,12 +407,6 @@ fn le_u64(bytes: &[u8; CTS_ENTRY_LEN], at: usize) -> u64 {
     u64::from_le_bytes(raw)
 }
 
-fn le_u32(bytes: &[u8; CTS_ENTRY_LEN], at: usize) -> u32 {
-    let mut raw = [0u8; 4];
-    raw.copy_from_slice(&bytes[at..at + 4]);
-    u32::from_le_bytes(raw)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -469,6 +484,57 @@ mod tests {
             CtsEntry::decode(&e.encode()),
             Err(DecodeError::AddressOverflow)
         );
+    }
+
+    /// A fresh entry torn against what the slot held before (the previous lap's entry, or zeroed
+    /// memory), at byte granularity in any order of words and at every split inside a word, never
+    /// checks: the word-sized check must reject what the byte-wise one did.
+    #[test]
+    fn cts_entry_rejects_every_torn_mix() {
+        let fresh = entry().encode();
+        let mut old_entry = entry();
+        old_entry.addr = 0x5000_0000;
+        old_entry.size = 65536;
+        old_entry.rkey = 0x1234_5678;
+        old_entry.tag = 6;
+        old_entry.n = 1;
+        old_entry.index = 0;
+        old_entry.stamp = 42u32.wrapping_sub(SLOTS as u32);
+        for old in [old_entry.encode(), [0; CTS_ENTRY_LEN]] {
+            // Any subset of whole words landed.
+            for landed in 0u32..15 {
+                let mut torn = old;
+                for word in 0..4 {
+                    if landed & (1 << word) != 0 {
+                        torn[8 * word..8 * word + 8]
+                            .copy_from_slice(&fresh[8 * word..8 * word + 8]);
+                    }
+                }
+                if torn != fresh && torn != old {
+                    assert_eq!(
+                        CtsEntry::decode(&torn),
+                        Err(DecodeError::Checksum),
+                        "{landed:#x}"
+                    );
+                }
+            }
+            // Every prefix or suffix of bytes landed.
+            for split in 1..CTS_ENTRY_LEN {
+                for torn in [
+                    [&fresh[..split], &old[split..]].concat(),
+                    [&old[..split], &fresh[split..]].concat(),
+                ] {
+                    let torn: [u8; CTS_ENTRY_LEN] = torn.try_into().unwrap();
+                    if torn != fresh && torn != old {
+                        assert_eq!(
+                            CtsEntry::decode(&torn),
+                            Err(DecodeError::Checksum),
+                            "{split}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -89,10 +89,23 @@ impl Region {
             return;
         };
         debug_assert!(end <= self.len());
-        for (i, byte) in out.iter_mut().enumerate() {
-            // SAFETY: `offset + i < end <= len`, inside the allocation; volatile because the NIC
-            // writes this memory concurrently.
-            *byte = unsafe { self.ptr.as_ptr().add(offset + i).read_volatile() };
+        // Whole aligned words where it can (a clear-to-send entry is four), bytes for the rest:
+        // byte-wise volatile reads were a visible share of the instructions per message.
+        let base = self.ptr.as_ptr();
+        let mut done = 0;
+        if (base as usize + offset) % 8 == 0 {
+            for chunk in out.chunks_exact_mut(8) {
+                // SAFETY: `offset + done + 8 <= end <= len`, inside the allocation, and 8-aligned
+                // (checked above, `done` steps by 8); volatile because the NIC writes this memory
+                // concurrently.
+                let word = unsafe { base.add(offset + done).cast::<u64>().read_volatile() };
+                chunk.copy_from_slice(&word.to_ne_bytes());
+                done += 8;
+            }
+        }
+        for (i, byte) in out.iter_mut().enumerate().skip(done) {
+            // SAFETY: `offset + i < end <= len`, inside the allocation; volatile as above.
+            *byte = unsafe { base.add(offset + i).read_volatile() };
         }
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
     }

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# benches/callgrind_pingpong.sh: user-space instructions per 8-byte round trip, per side, through
+# the exported ncclNetPlugin_v12 table (benches/callgrind_pingpong.c under callgrind), on Soft-RoCE.
+#
+# On the host it builds the C driver, boots the VM (vm/run.sh) and runs itself inside; on a machine
+# with an RDMA device set RIVET_IN_VM=1. Prints, per round trip and per side (one isend, one irecv,
+# two tests that find their request done): the whole loop (driver + plugin + verbs + libc), the
+# plugin object's share (callgrind's per-object exclusive totals) and the top functions.
+# Goal (issue #14): plugin <= 585, whole loop <= 1,850.
+#
+# usage: benches/callgrind_pingpong.sh
+#   PLUGIN=target/release/libnccl_net_rivet.so   (build it: cargo build --release -p rivet-plugin)
+#   ROUNDS=300 WARMUP=30 SETTLE_US=1000          TOP=25 (functions listed)
+#   OUT=/tmp/rivet-callgrind                       callgrind.out and the driver land here
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+out=${OUT:-/tmp/rivet-callgrind}
+plugin=${PLUGIN:-$repo/target/release/libnccl_net_rivet.so}
+plugin=$(realpath "$plugin")
+
+if [[ ${RIVET_IN_VM:-0} != 1 ]]; then
+    [[ -f $plugin ]] || { echo "callgrind_pingpong: $plugin is missing: cargo build --release -p rivet-plugin" >&2; exit 1; }
+    mkdir -p "$out"
+    cc -std=c11 -O2 -g -Wall -Wextra -Werror -o "$out/pingpong" "$here/callgrind_pingpong.c" -ldl
+    exec bash "$repo/vm/run.sh" --timeout "${RIVET_CALLGRIND_TIMEOUT:-600}" \
+        -e PLUGIN="$plugin" -e OUT="$out" -e ROUNDS="${ROUNDS:-300}" -e WARMUP="${WARMUP:-30}" \
+        -e SETTLE_US="${SETTLE_US:-1000}" -e TOP="${TOP:-25}" \
+        -- bash "$here/callgrind_pingpong.sh"
+fi
+
+rounds=${ROUNDS:-300}
+top=${TOP:-25}
+[[ -x $out/pingpong ]] || cc -std=c11 -O2 -g -o "$out/pingpong" "$here/callgrind_pingpong.c" -ldl
+rm -f "$out/callgrind.out"
+valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file="$out/callgrind.out" \
+    "$out/pingpong" "$plugin" "$rounds" "${WARMUP:-30}" "${SETTLE_US:-1000}" 2>"$out/valgrind.log" \
+    || { cat "$out/valgrind.log" >&2; exit 1; }
+callgrind_annotate --auto=no --threshold=100 "$out/callgrind.out" >"$out/annotate.txt"
+python3 "$here/callgrind_totals.py" "$out/callgrind.out" "$rounds" "$(basename "$plugin")" "$top"
+grep pingpong: "$out/valgrind.log" || true
