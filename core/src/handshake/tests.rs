@@ -329,11 +329,11 @@ fn awaiting_reply_receives_garbage() {
 #[test]
 fn awaiting_reply_receives_newer_wire_version() {
     let mut c = connector_awaiting_reply();
-    let header = header_with_version(MessageKind::AcceptReply, 2);
+    let header = header_with_version(MessageKind::AcceptReply, 3);
     let err = c.handle_input(&header[..6]).unwrap_err();
     let HandshakeError::Wire {
         error: WireError::VersionMismatch {
-            ours: 1, theirs: 2, ..
+            ours: 2, theirs: 3, ..
         },
         ..
     } = &err
@@ -342,7 +342,7 @@ fn awaiting_reply_receives_newer_wire_version() {
     };
     let text = err.to_string();
     assert!(
-        text.contains("version 2 (newer") && text.contains("version 1"),
+        text.contains("version 3 (newer") && text.contains("version 2"),
         "{text}"
     );
     assert_eq!(
@@ -680,7 +680,7 @@ fn awaiting_request_receives_newer_wire_version() {
             stage: "awaiting connect request",
             error: WireError::VersionMismatch {
                 what: "frame header",
-                ours: 1,
+                ours: 2,
                 theirs: 3,
                 their_rivet: None
             },

@@ -164,7 +164,7 @@ fn handle_corruption_is_a_checksum_error() {
 #[test]
 fn handle_newer_version_names_their_rivet_release() {
     let mut bytes = v4_handle().encode();
-    bytes[4..6].copy_from_slice(&2u16.to_le_bytes());
+    bytes[4..6].copy_from_slice(&3u16.to_le_bytes());
     bytes[6] = 5;
     bytes[7..23].copy_from_slice(b"9.8.7\0\0\0\0\0\0\0\0\0\0\0");
     let err = ListenHandle::decode(&reseal(bytes)).unwrap_err();
@@ -172,14 +172,14 @@ fn handle_newer_version_names_their_rivet_release() {
         err,
         WireError::VersionMismatch {
             what: "listen handle",
-            ours: 1,
-            theirs: 2,
+            ours: 2,
+            theirs: 3,
             their_rivet: Some(RivetVersion::new("9.8.7").unwrap()),
         }
     );
     let text = err.to_string();
-    assert!(text.contains("version 2 (newer, Rivet 9.8.7)"), "{text}");
-    assert!(text.contains("we speak version 1"), "{text}");
+    assert!(text.contains("version 3 (newer, Rivet 9.8.7)"), "{text}");
+    assert!(text.contains("we speak version 2"), "{text}");
 }
 
 #[test]
@@ -304,7 +304,7 @@ fn header_prefix_fails_on_version_before_the_rest() {
         err,
         WireError::VersionMismatch {
             what: "frame header",
-            ours: 1,
+            ours: 2,
             theirs: 7,
             their_rivet: None
         }
