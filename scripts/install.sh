@@ -23,8 +23,8 @@ done
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
-cargo build --release --locked -p rivet-plugin -p rivet
-target="${CARGO_TARGET_DIR:-$repo/target}/release"
+cargo build --profile dist --locked -p rivet-plugin -p rivet
+target="${CARGO_TARGET_DIR:-$repo/target}/dist"
 
 install -d "$prefix/lib" "$prefix/bin"
 install -m 0755 "$target/libnccl_net_rivet.so" "$prefix/lib/libnccl-net-rivet.so"

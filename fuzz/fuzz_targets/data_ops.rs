@@ -480,6 +480,9 @@ fuzz_target!(|input: Input| {
             Op::Fault(fault) => h.fault(fault),
             Op::Close => break,
         }
+        // Any call may post work (a `test` of the receiver writes the clear-to-sends it held
+        // back): while the fabric carries some, a clear-to-send may be on its way, not landed.
+        h.idle &= h.p.fabric.pending() == 0;
         h.check_bounds();
     }
     h.close();
