@@ -226,9 +226,9 @@ impl Run<'_, '_> {
                 wait(self.send, s, &what).map_err(|e| e.to_string())?;
             }
             let got = wait_sizes(self.recv, &r, &what).map_err(|e| e.to_string())?;
-            for j in 0..n {
+            for (j, &reported) in got.iter().enumerate().take(n) {
                 let (_, sent) = group_sizes(g, j);
-                let size = size_of(got[j]);
+                let size = size_of(reported);
                 check_receive(
                     &rbuf.bytes_mut()[j * LANE..(j + 1) * LANE],
                     msg(j),
@@ -455,7 +455,9 @@ fn run_child(o: &Options, path: &str, direct: &str) -> Result<PathResult, String
     if let Some(p) = &o.plugin {
         cmd.arg("--plugin").arg(p);
     }
-    let output = cmd.output().map_err(|e| format!("starting the child: {e}"))?;
+    let output = cmd
+        .output()
+        .map_err(|e| format!("starting the child: {e}"))?;
     let text = String::from_utf8_lossy(&output.stdout);
     let mut completions = Vec::new();
     let mut verdict = None;

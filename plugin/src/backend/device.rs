@@ -235,7 +235,10 @@ mod tests {
     #[test]
     fn mlx5_direct_path_is_off_unless_opted_in() {
         // The default on an mlx5 device is libibverbs until the direct path is qualified on hardware.
-        assert!(matches!(choose_path(None, Some(true)), PathChoice::Verbs(_)));
+        assert!(matches!(
+            choose_path(None, Some(true)),
+            PathChoice::Verbs(_)
+        ));
         for off in ["0", "", "yes", "true", "2"] {
             assert!(
                 matches!(choose_path(Some(off), Some(true)), PathChoice::Verbs(_)),
@@ -245,7 +248,10 @@ mod tests {
         assert_eq!(choose_path(Some("1"), Some(true)), PathChoice::Direct);
         assert_eq!(choose_path(Some(" 1\n"), Some(true)), PathChoice::Direct);
         // Opting in never applies to devices libmlx5 does not drive.
-        assert!(matches!(choose_path(Some("1"), Some(false)), PathChoice::Verbs(_)));
+        assert!(matches!(
+            choose_path(Some("1"), Some(false)),
+            PathChoice::Verbs(_)
+        ));
         assert!(matches!(choose_path(Some("1"), None), PathChoice::Verbs(_)));
     }
 
