@@ -369,28 +369,7 @@ impl<'p> Comm<'p> {
         len: usize,
         tag: c_int,
     ) -> Result<Option<Request>, Error> {
-        let mut data = [region.slice_ptr(offset, len)?];
-        let mut sizes = [len];
-        let mut tags = [tag];
-        let mut mhs = [region.mh];
-        let mut phandles: [Ptr; 1] = [core::ptr::null_mut()];
-        let f = self.plugin.table.irecv.ok_or_else(|| missing("no irecv"))?;
-        let mut req: Ptr = core::ptr::null_mut();
-        // SAFETY: our live receive comm; n = 1 and every array has one element; the range lies
-        // inside a buffer registered on this comm.
-        check("irecv", unsafe {
-            f(
-                self.comm,
-                1,
-                data.as_mut_ptr(),
-                sizes.as_mut_ptr(),
-                tags.as_mut_ptr(),
-                mhs.as_mut_ptr(),
-                phandles.as_mut_ptr(),
-                &mut req,
-            )
-        })?;
-        Ok((!req.is_null()).then_some(Request(req)))
+        self.irecv_group(region, &[(offset, len, tag)])
     }
 
     /// `irecv` of up to 8 buffers of `region` in one request: `(offset, len, tag)` each.
