@@ -2,8 +2,10 @@
 //!
 //! - `rivet info`: the RDMA ports the plugin would expose to NCCL, one line each, or why there are none.
 //! - `rivet bench`: bandwidth and latency between two processes through the plugin's C table.
+//! - `rivet selftest`: every data path checked byte by byte over loopback, PASS/FAIL per path.
 
 mod bench;
+mod selftest;
 
 use std::process::ExitCode;
 
@@ -12,6 +14,7 @@ const USAGE: &str = "usage: rivet <command>
 commands:
   info      list the RDMA ports the plugin exposes to NCCL (or say why there are none)
   bench     bandwidth and latency through the plugin (rivet bench --help)
+  selftest  check every data path on this machine's devices, byte by byte (rivet selftest --help)
   version   print the version
   help      print this text
 ";
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
     match args.first().map(String::as_str) {
         Some("info") => info(),
         Some("bench") => bench::main(&args[1..]),
+        Some("selftest") => selftest::main(&args[1..]),
         Some("version" | "--version" | "-V") => {
             println!("rivet {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS

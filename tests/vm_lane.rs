@@ -1,7 +1,8 @@
 //! The Soft-RoCE lane: boots the QEMU VM once (`vm/run.sh`) and, against a real `rxe0` device,
 //! checks discovery (`rivet info`), the C loader with devices present, the verbs-ffi device tests,
 //! two processes moving data through the plugin's C tables for ABI v9 … v12, and the conformance
-//! suite (`tests/c/conformance.c`: NCCL's calling contract through every table v6 … v12).
+//! suite (`tests/c/conformance.c`: NCCL's calling contract through every table v6 … v12), and
+//! `rivet selftest --quick` (the verbs path PASSes, the mlx5 direct path is skipped on rxe).
 //!
 //! Slow (a VM under TCG), so it is `#[ignore]`d; `scripts/vm-lane.sh` (run by `.ci/run`) runs it.
 
@@ -51,6 +52,7 @@ fn script() -> String {
         s += &format!("step transfer-v{v} {transfer} {lib} --version {v} --quick\n");
     }
     s += &format!("step conformance {conformance} {lib}\n");
+    s += &format!("step selftest {rivet} selftest --quick --plugin {lib}\n");
     s
 }
 
@@ -109,6 +111,14 @@ fn soft_roce_lane() {
         step("conformance"),
         0,
         "conformance suite failed: see its FAIL lines above"
+    );
+    assert_eq!(step("selftest"), 0, "rivet selftest failed: see above");
+    assert!(
+        stdout.lines().any(|l| l.starts_with("PASS verbs: rxe0:"))
+            && stdout
+                .lines()
+                .any(|l| l.starts_with("SKIP mlx5-direct: rxe0 is not an mlx5 device")),
+        "rivet selftest: verbs must PASS and mlx5-direct be skipped on rxe0"
     );
     let summary = stdout
         .lines()

@@ -49,7 +49,7 @@ fn stalled(polls: &mut u32, start: Instant, limit: Duration) -> bool {
 }
 
 /// A poll found nothing to do.
-fn idle() {
+pub(crate) fn idle() {
     match POLL_MODE.load(Ordering::Relaxed) {
         x if x == Poll::Yield as u8 => std::thread::yield_now(),
         x if x == Poll::Sleep as u8 => std::thread::sleep(Duration::from_micros(20)),
@@ -182,7 +182,7 @@ pub(crate) fn bandwidth_recv(
 }
 
 /// Post until the plugin takes it (a NULL request means "try later").
-fn post_until(
+pub(crate) fn post_until(
     what: &str,
     mut post: impl FnMut() -> Result<Option<Request>, Error>,
 ) -> Result<Request, Error> {
@@ -202,7 +202,7 @@ fn post_until(
     }
 }
 
-fn wait(comm: &Comm<'_>, req: &Request, what: &str) -> Result<usize, Error> {
+pub(crate) fn wait(comm: &Comm<'_>, req: &Request, what: &str) -> Result<usize, Error> {
     let start = Instant::now();
     let mut polls = 0u32;
     loop {

@@ -8,8 +8,8 @@
 //! (the TCP control connection), [`measure`] (the loops), [`report`] (table and JSON).
 
 mod control;
-mod measure;
-mod plugin;
+pub(crate) mod measure;
+pub(crate) mod plugin;
 mod report;
 
 use control::{Control, GREETING, decode_handle, encode_handle};
@@ -244,7 +244,12 @@ fn parse(args: &[String]) -> Result<Options, Error> {
 
 /// The plugin library to load: `--plugin`, `RIVET_PLUGIN_LIB`, or next to this executable.
 fn plugin_path(o: &Options) -> Result<PathBuf, Error> {
-    if let Some(p) = &o.plugin {
+    find_plugin(o.plugin.as_ref())
+}
+
+/// The plugin library: `explicit` if given, else next to this executable (cargo build or install).
+pub(crate) fn find_plugin(explicit: Option<&PathBuf>) -> Result<PathBuf, Error> {
+    if let Some(p) = explicit {
         return Ok(p.clone());
     }
     let exe = std::env::current_exe()

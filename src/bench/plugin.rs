@@ -299,7 +299,7 @@ pub(crate) struct Region<'c, 'p> {
     comm: &'c Comm<'p>,
     /// The bytes; boxed so their address never moves while registered. Only the plugin touches
     /// them (through `base`) while registered.
-    _buf: Box<[u8]>,
+    buf: Box<[u8]>,
     base: *mut u8,
     len: usize,
     mh: Ptr,
@@ -328,7 +328,7 @@ impl<'p> Comm<'p> {
         })?;
         Ok(Region {
             comm: self,
-            _buf: buf,
+            buf,
             base,
             len,
             mh,
@@ -369,19 +369,40 @@ impl<'p> Comm<'p> {
         len: usize,
         tag: c_int,
     ) -> Result<Option<Request>, Error> {
-        let mut data = [region.slice_ptr(offset, len)?];
-        let mut sizes = [len];
-        let mut tags = [tag];
-        let mut mhs = [region.mh];
-        let mut phandles: [Ptr; 1] = [core::ptr::null_mut()];
+        self.irecv_group(region, &[(offset, len, tag)])
+    }
+
+    /// `irecv` of up to 8 buffers of `region` in one request: `(offset, len, tag)` each.
+    pub(crate) fn irecv_group(
+        &self,
+        region: &Region<'_, '_>,
+        buffers: &[(usize, usize, c_int)],
+    ) -> Result<Option<Request>, Error> {
+        if buffers.is_empty() || buffers.len() > 8 {
+            return Err(Error::Usage(format!(
+                "a grouped receive takes 1 to 8 buffers, not {}",
+                buffers.len()
+            )));
+        }
+        let mut data: [Ptr; 8] = [core::ptr::null_mut(); 8];
+        let mut sizes = [0usize; 8];
+        let mut tags: [c_int; 8] = [0; 8];
+        let mut mhs: [Ptr; 8] = [region.mh; 8];
+        let mut phandles: [Ptr; 8] = [core::ptr::null_mut(); 8];
+        for (j, &(offset, len, tag)) in buffers.iter().enumerate() {
+            data[j] = region.slice_ptr(offset, len)?;
+            sizes[j] = len;
+            tags[j] = tag;
+        }
+        let n = c_int::try_from(buffers.len()).unwrap_or(1);
         let f = self.plugin.table.irecv.ok_or_else(|| missing("no irecv"))?;
         let mut req: Ptr = core::ptr::null_mut();
-        // SAFETY: our live receive comm; n = 1 and every array has one element; the range lies
-        // inside a buffer registered on this comm.
+        // SAFETY: our live receive comm; the arrays hold 8 elements, of which the first n (1..=8)
+        // are filled; every range lies inside a buffer registered on this comm.
         check("irecv", unsafe {
             f(
                 self.comm,
-                1,
+                n,
                 data.as_mut_ptr(),
                 sizes.as_mut_ptr(),
                 tags.as_mut_ptr(),
@@ -391,6 +412,13 @@ impl<'p> Comm<'p> {
             )
         })?;
         Ok((!req.is_null()).then_some(Request(req)))
+    }
+
+    /// `test` returning every buffer's size (a grouped receive reports one per buffer).
+    pub(crate) fn test_sizes(&self, req: &Request) -> Result<Option<[c_int; 8]>, Error> {
+        let mut sizes: [c_int; 8] = [0; 8];
+        let done = self.plugin.call_test(req.0, Some(&mut sizes))?;
+        Ok(done.then_some(sizes))
     }
 
     /// `test`: `Some(bytes)` once the request completed (the request is then gone).
@@ -419,6 +447,12 @@ impl Region<'_, '_> {
     /// Size of the buffer in bytes.
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    /// The buffer's bytes, to fill before a send and check after a receive. Only while no request
+    /// on this range is in flight: the NIC writes receive buffers behind Rust's back.
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.buf
     }
 
     fn slice_ptr(&self, offset: usize, len: usize) -> Result<Ptr, Error> {

@@ -38,20 +38,43 @@ fn decode_event(
     }
 }
 
-/// Whether to use the mlx5 direct path on this device: it is an mlx5 device (libmlx5 says so) and
-/// `RIVET_MLX5_DIRECT` is not `0`. Logged once per opened port.
-fn direct_path_wanted(context: &Context, info: &PortInfo) -> bool {
-    let disabled = std::env::var("RIVET_MLX5_DIRECT").is_ok_and(|v| v.trim() == "0");
-    let (direct, why) = match rivet_verbs_ffi::mlx5::setup::device_supported(context) {
-        Ok(true) if disabled => (
-            false,
-            "mlx5 device, direct path disabled by RIVET_MLX5_DIRECT=0",
+/// The data path a port uses, decided from `RIVET_MLX5_DIRECT` and what libmlx5 says of the device.
+///
+/// The mlx5 direct path is opt-in: it has not yet been qualified on ConnectX hardware (only on the
+/// software model), and a silent defect there would corrupt training data. Only `1` enables it;
+/// `rivet selftest` checks it on a site's own devices before they set that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PathChoice {
+    /// The mlx5 direct path (mlx5 device, `RIVET_MLX5_DIRECT=1`).
+    Direct,
+    /// libibverbs, with the reason for the log line.
+    Verbs(&'static str),
+}
+
+/// Decide the data path: `env` is `RIVET_MLX5_DIRECT` (if set), `mlx5` whether libmlx5 recognises the
+/// device (`None`: libmlx5 not available).
+pub(crate) fn choose_path(env: Option<&str>, mlx5: Option<bool>) -> PathChoice {
+    let opted_in = env.is_some_and(|v| v.trim() == "1");
+    match mlx5 {
+        None => PathChoice::Verbs("libmlx5 not available"),
+        Some(false) => PathChoice::Verbs("not an mlx5 device"),
+        Some(true) if opted_in => PathChoice::Direct,
+        Some(true) => PathChoice::Verbs(
+            "mlx5 device; the mlx5 direct path is not yet qualified on hardware: \
+             set RIVET_MLX5_DIRECT=1 after `rivet selftest` passes",
         ),
-        Ok(true) => (true, "mlx5 device"),
-        Ok(false) => (false, "not an mlx5 device"),
-        Err(_) => (false, "libmlx5 not available"),
+    }
+}
+
+/// Whether to use the mlx5 direct path on this device (see [`choose_path`]). Logged once per opened
+/// port.
+fn direct_path_wanted(context: &Context, info: &PortInfo) -> bool {
+    let env = std::env::var("RIVET_MLX5_DIRECT").ok();
+    let mlx5 = rivet_verbs_ffi::mlx5::setup::device_supported(context).ok();
+    let (direct, path, why) = match choose_path(env.as_deref(), mlx5) {
+        PathChoice::Direct => (true, "mlx5 direct", "mlx5 device, RIVET_MLX5_DIRECT=1"),
+        PathChoice::Verbs(why) => (false, "libibverbs", why),
     };
-    let path = if direct { "mlx5 direct" } else { "libibverbs" };
     info!(
         INIT_NET,
         "{} port {}: data path {path} ({why})", info.name, info.port
@@ -69,8 +92,8 @@ pub(crate) struct OpenPort {
     /// The device context.
     pub(crate) context: Arc<Context>,
     events: Mutex<AsyncState>,
-    /// Whether new connections use the mlx5 direct data path (mlx5 device, not disabled by
-    /// `RIVET_MLX5_DIRECT=0`, and no set-up failure so far).
+    /// Whether new connections use the mlx5 direct data path (mlx5 device, opted in with
+    /// `RIVET_MLX5_DIRECT=1`, and no set-up failure so far).
     direct: AtomicBool,
 }
 
@@ -208,6 +231,39 @@ impl OpenPort {
 mod tests {
     use super::*;
     use rivet_core::event::Scope;
+
+    #[test]
+    fn mlx5_direct_path_is_off_unless_opted_in() {
+        // The default on an mlx5 device is libibverbs until the direct path is qualified on hardware.
+        assert!(matches!(
+            choose_path(None, Some(true)),
+            PathChoice::Verbs(_)
+        ));
+        for off in ["0", "", "yes", "true", "2"] {
+            assert!(
+                matches!(choose_path(Some(off), Some(true)), PathChoice::Verbs(_)),
+                "RIVET_MLX5_DIRECT={off:?} must not enable the direct path"
+            );
+        }
+        assert_eq!(choose_path(Some("1"), Some(true)), PathChoice::Direct);
+        assert_eq!(choose_path(Some(" 1\n"), Some(true)), PathChoice::Direct);
+        // Opting in never applies to devices libmlx5 does not drive.
+        assert!(matches!(
+            choose_path(Some("1"), Some(false)),
+            PathChoice::Verbs(_)
+        ));
+        assert!(matches!(choose_path(Some("1"), None), PathChoice::Verbs(_)));
+    }
+
+    #[test]
+    fn the_default_says_why_and_how_to_opt_in() {
+        let PathChoice::Verbs(why) = choose_path(None, Some(true)) else {
+            panic!("the direct path must be opt-in");
+        };
+        assert!(why.contains("not yet qualified"), "{why}");
+        assert!(why.contains("RIVET_MLX5_DIRECT=1"), "{why}");
+        assert!(why.contains("rivet selftest"), "{why}");
+    }
 
     #[test]
     fn verbs_events_decode_to_the_policy_the_core_applies() {
