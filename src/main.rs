@@ -1,9 +1,11 @@
 //! `rivet`: the command-line companion of the Rivet NCCL net plugin.
 //!
 //! - `rivet info`: the RDMA ports the plugin would expose to NCCL, one line each, or why there are none.
+//! - `rivet doctor`: the machine configuration RDMA jobs usually fail on, one verdict per check.
 //! - `rivet bench`: bandwidth and latency between two processes through the plugin's C table.
 
 mod bench;
+mod doctor;
 
 use std::process::ExitCode;
 
@@ -11,6 +13,7 @@ const USAGE: &str = "usage: rivet <command>
 
 commands:
   info      list the RDMA ports the plugin exposes to NCCL (or say why there are none)
+  doctor    check the machine's RDMA/GPU configuration (rivet doctor --help)
   bench     bandwidth and latency through the plugin (rivet bench --help)
   version   print the version
   help      print this text
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
     match args.first().map(String::as_str) {
         Some("info") => info(),
         Some("bench") => bench::main(&args[1..]),
+        Some("doctor") => doctor::main(&args[1..]),
         Some("version" | "--version" | "-V") => {
             println!("rivet {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS

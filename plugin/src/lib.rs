@@ -10,6 +10,7 @@ mod clock;
 mod comm;
 mod config;
 pub mod devices;
+pub mod diag;
 mod error;
 mod guard;
 mod log;
