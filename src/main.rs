@@ -6,6 +6,7 @@
 
 mod bench;
 mod doctor;
+mod stats;
 
 use std::process::ExitCode;
 
@@ -13,6 +14,7 @@ const USAGE: &str = "usage: rivet <command>
 
 commands:
   info      list the RDMA ports the plugin exposes to NCCL (or say why there are none)
+            --stats: per-port counters (bytes, packets, errors, retries) instead
   doctor    check the machine's RDMA/GPU configuration (rivet doctor --help)
   bench     bandwidth and latency through the plugin (rivet bench --help)
   version   print the version
@@ -38,6 +40,10 @@ fn info() -> ExitCode {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
+        Some("info") if args.get(1).is_some_and(|a| a == "--stats") => {
+            print!("{}", stats::format(&stats::read(std::path::Path::new("/"))));
+            ExitCode::SUCCESS
+        }
         Some("info") => info(),
         Some("bench") => bench::main(&args[1..]),
         Some("doctor") => doctor::main(&args[1..]),

@@ -52,6 +52,7 @@ fn script() -> String {
         s += &format!("step transfer-v{v} {transfer} {lib} --version {v} --quick\n");
     }
     s += &format!("step conformance {conformance} {lib}\n");
+    s += &format!("step stats {rivet} info --stats\n");
     s
 }
 
@@ -92,6 +93,16 @@ fn soft_roce_lane() {
     );
     assert_eq!(step("info"), 0);
     check_doctor(&stdout, step("doctor"));
+    // After the transfers: rxe0's driver counters show the packets they sent.
+    assert_eq!(step("stats"), 0);
+    let sent = stdout
+        .lines()
+        .find(|l| l.starts_with("  hw_counters: "))
+        .unwrap_or_else(|| panic!("rivet info --stats printed no hw_counters line"));
+    assert!(
+        sent.contains("sent_pkts="),
+        "no sent packets counted: {sent}"
+    );
     assert_eq!(step("loader"), 0, "C loader with devices present failed");
     if std::env::var("RIVET_VERBS_DEVICE_TEST").is_ok_and(|v| !v.is_empty()) {
         assert_eq!(
