@@ -16,6 +16,7 @@ mod guard;
 mod log;
 mod net;
 mod oob;
+mod profiler;
 pub mod props;
 mod random;
 mod registry;
