@@ -6,6 +6,8 @@
 use std::fs;
 use std::path::Path;
 
+use crate::doctor::dir_names;
+
 /// The counters of one port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PortCounters {
@@ -30,21 +32,9 @@ impl PortCounters {
     }
 }
 
-fn sorted_names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = fs::read_dir(dir)
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
-}
-
 /// Every readable numeric counter file in `dir` (unreadable ones, e.g. root-only, are skipped).
 fn read_counters(dir: &Path) -> Vec<(String, u64)> {
-    sorted_names(dir)
+    dir_names(dir)
         .into_iter()
         .filter_map(|name| {
             let value = fs::read_to_string(dir.join(&name))
@@ -61,9 +51,9 @@ fn read_counters(dir: &Path) -> Vec<(String, u64)> {
 pub(crate) fn read(root: &Path) -> Vec<PortCounters> {
     let class = root.join("sys/class/infiniband");
     let mut out = Vec::new();
-    for device in sorted_names(&class) {
+    for device in dir_names(&class) {
         let ports = class.join(&device).join("ports");
-        for port in sorted_names(&ports) {
+        for port in dir_names(&ports) {
             out.push(PortCounters {
                 port: format!("{device}:{port}"),
                 counters: read_counters(&ports.join(&port).join("counters")),

@@ -29,7 +29,8 @@ fn read(path: &Path) -> Option<String> {
     fs::read_to_string(path).ok()
 }
 
-fn dir_names(path: &Path) -> Vec<String> {
+/// The sorted names in a directory (none when it cannot be read).
+pub(crate) fn dir_names(path: &Path) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(path)
         .map(|d| {
             d.filter_map(Result::ok)
