@@ -43,6 +43,7 @@ fn script() -> String {
     let mut s =
         String::from("set -u\nstep() { name=$1; shift; \"$@\"; echo \"STEP $name rc=$?\"; }\n");
     s += &format!("step info {rivet} info\n");
+    s += &format!("step doctor {rivet} doctor\n");
     s += &format!("step loader {loader} {lib} devices\n");
     if !device_tests.is_empty() {
         s += &format!("step verbs-device-tests {device_tests} --ignored --test-threads=1\n");
@@ -53,6 +54,7 @@ fn script() -> String {
     }
     s += &format!("step conformance {conformance} {lib}\n");
     s += &format!("step selftest {rivet} selftest --quick --plugin {lib}\n");
+    s += &format!("step stats {rivet} info --stats\n");
     s
 }
 
@@ -92,6 +94,17 @@ fn soft_roce_lane() {
         "rxe0 without its RoCE v2 IPv4 GID: {info}"
     );
     assert_eq!(step("info"), 0);
+    check_doctor(&stdout, step("doctor"));
+    // After the transfers: rxe0's driver counters show the packets they sent.
+    assert_eq!(step("stats"), 0);
+    let sent = stdout
+        .lines()
+        .find(|l| l.starts_with("  hw_counters: "))
+        .unwrap_or_else(|| panic!("rivet info --stats printed no hw_counters line"));
+    assert!(
+        sent.contains("sent_pkts="),
+        "no sent packets counted: {sent}"
+    );
     assert_eq!(step("loader"), 0, "C loader with devices present failed");
     if std::env::var("RIVET_VERBS_DEVICE_TEST").is_ok_and(|v| !v.is_empty()) {
         assert_eq!(
@@ -149,4 +162,41 @@ fn soft_roce_lane() {
     ] {
         assert!(stderr.contains(needle), "missing {needle:?}");
     }
+}
+
+/// `rivet doctor` on rxe0: every check answers; rxe0's port is ACTIVE, it has a RoCE v2 GID and
+/// the GID Rivet picks is the IPv4 one; the exit status is 1 exactly when a line says FAIL.
+fn check_doctor(stdout: &str, rc: i32) {
+    let line = |prefix: &str| {
+        stdout
+            .lines()
+            .find(|l| l.get(5..).is_some_and(|rest| rest.starts_with(prefix)))
+            .unwrap_or_else(|| panic!("rivet doctor printed no {prefix:?} line"))
+    };
+    for check in [
+        "memlock:",
+        "devices:",
+        "port rxe0:1:",
+        "mtu rxe0:1:",
+        "roce-v2 rxe0:1:",
+        "gid rxe0:1:",
+        "gpu-memory:",
+        "acs:",
+        "iommu:",
+        "relaxed-ordering:",
+        "env:",
+        "socket-if:",
+    ] {
+        line(check);
+    }
+    assert!(line("devices:").starts_with("OK"), "{}", line("devices:"));
+    assert!(line("port rxe0:1:").contains("ACTIVE"));
+    assert!(line("roce-v2 rxe0:1:").starts_with("OK"));
+    assert!(line("gid rxe0:1:").contains("::ffff:10.0.2.15 RoCE v2"));
+    assert!(line("mtu rxe0:1:").contains("active MTU"));
+    let fails = stdout
+        .lines()
+        .filter(|l| l.starts_with("FAIL ") && l.contains(": "))
+        .count();
+    assert_eq!(rc, i32::from(fails > 0), "rivet doctor exit status {rc}");
 }

@@ -10,7 +10,7 @@
 mod control;
 pub(crate) mod measure;
 pub(crate) mod plugin;
-mod report;
+pub(crate) mod report;
 
 use control::{Control, GREETING, decode_handle, encode_handle};
 use plugin::Plugin;

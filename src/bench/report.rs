@@ -112,7 +112,7 @@ pub(crate) fn human_size(n: usize) -> String {
     format!("{n} B")
 }
 
-fn json_str(s: &str) -> String {
+pub(crate) fn json_str(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {

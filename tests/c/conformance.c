@@ -212,6 +212,58 @@ static int dev;
 
 #define T(v) ((net_v##v*)table)
 
+/* -- profiler (v10+): the suite attaches its own profiler callback and passes a pHandle with every
+ * isend/irecv; each event must be an IB QP event, and each completed request must have started
+ * and stopped its events with the sizes posted. */
+#define PROF_MAGIC 0x70726f66u
+struct prof_event { unsigned magic; size_t length; };
+static struct { long starts, stops, bad; size_t start_bytes, stop_bytes; } prof;
+static int prof_phandle;
+static nccl_result profiler_cb(void** eh, int type, void* ph, int64_t id, void* ext) {
+  if (type == PROFILER_NET_EVENT_START) {
+    const profiler_net_ib_descr_v1* d = ext;
+    if (!eh || ph != &prof_phandle || id != (PROFILER_NET_TYPE_IB | PROFILER_NET_IB_VER) || !d ||
+        d->type != PROFILE_QP || d->qp.device != 0 || d->qp.qp_num <= 0) {
+      prof.bad++;
+      if (eh) *eh = NULL;
+      return NCCL_OK;
+    }
+    struct prof_event* e = malloc(sizeof *e);
+    if (!e) return NCCL_SYSTEM_ERROR;
+    e->magic = PROF_MAGIC;
+    e->length = d->qp.length;
+    *eh = e;
+    prof.starts++;
+    prof.start_bytes += d->qp.length;
+  } else if (type == PROFILER_NET_EVENT_STOP) {
+    struct prof_event* e = eh ? *eh : NULL;
+    if (!e || e->magic != PROF_MAGIC) {
+      prof.bad++;
+      return NCCL_OK;
+    }
+    prof.stops++;
+    prof.stop_bytes += e->length;
+    e->magic = 0;
+    free(e);
+  } else {
+    prof.bad++;
+  }
+  return NCCL_OK;
+}
+/* Events since `before` must be n started and stopped, `bytes` in all, none malformed. */
+static int prof_check(int ck, const char* what, long before_starts, long before_stops, size_t before_bytes,
+                      size_t before_stop_bytes, long n, size_t bytes) {
+  if (version < 10) return 1;
+  long starts = prof.starts - before_starts, stops = prof.stops - before_stops;
+  size_t sb = prof.start_bytes - before_bytes, pb = prof.stop_bytes - before_stop_bytes;
+  if (prof.bad || starts != n || stops != n || sb != bytes || pb != bytes) {
+    check_fail(ck, "profiler events of the %s: %ld started, %ld stopped (want %ld), %zu/%zu bytes (want %zu), %ld malformed",
+               what, starts, stops, n, sb, pb, bytes, prof.bad);
+    return 0;
+  }
+  return 1;
+}
+
 static nccl_result p_init(void** out_ctx, uint64_t comm_id) {
   comm_config cfg = {.traffic_class = -1};
   switch (version) {
@@ -219,8 +271,8 @@ static nccl_result p_init(void** out_ctx, uint64_t comm_id) {
     case 7: return T(7)->init(logger);
     case 8: return T(8)->init(logger);
     case 9: return T(9)->init(logger);
-    case 10: return T(10)->init(logger, NULL);
-    default: return T(12)->init(out_ctx, comm_id, &cfg, logger, NULL);
+    case 10: return T(10)->init(logger, profiler_cb);
+    default: return T(12)->init(out_ctx, comm_id, &cfg, logger, profiler_cb);
   }
 }
 static nccl_result p_finalize(void* c) { return version >= 11 ? T(12)->finalize(c) : NCCL_OK; }
@@ -266,7 +318,7 @@ static nccl_result p_dereg_mr(void* comm, void* mh) { return T(6)->dereg_mr(comm
 static nccl_result p_isend(void* comm, void* data, size_t size, int tag, void* mh, void** req) {
   if (version <= 8) return T(6)->isend(comm, data, (int)size, tag, mh, req);
   if (version == 9) return T(9)->isend(comm, data, size, tag, mh, req);
-  return T(10)->isend(comm, data, size, tag, mh, NULL, req);
+  return T(10)->isend(comm, data, size, tag, mh, &prof_phandle, req);
 }
 static nccl_result p_irecv(void* comm, int n, void** data, size_t* sizes, int* tags, void** mhs, void** req) {
   if (version <= 8) {
@@ -275,7 +327,8 @@ static nccl_result p_irecv(void* comm, int n, void** data, size_t* sizes, int* t
     return T(6)->irecv(comm, n, data, isz, tags, mhs, req);
   }
   if (version == 9) return T(9)->irecv(comm, n, data, sizes, tags, mhs, req);
-  void* ph[8] = {0};
+  void* ph[8] = {&prof_phandle, &prof_phandle, &prof_phandle, &prof_phandle,
+                 &prof_phandle, &prof_phandle, &prof_phandle, &prof_phandle};
   return T(10)->irecv(comm, n, data, sizes, tags, mhs, ph, req);
 }
 static nccl_result p_iflush(void* comm, int n, void** data, int* sizes, void** mhs, void** req) {
@@ -542,12 +595,16 @@ static int sweep_send(int ck, void* comm) {
   regbuf b;
   if (!buf_alloc(ck, &b, comm, 4 * MIB)) return 0;
   int ok = 1;
+  long s0 = prof.starts, p0 = prof.stops;
+  size_t b0 = prof.start_bytes, q0 = prof.stop_bytes, bytes = 0;
   for (size_t k = 0; k < NSWEEP && ok; k++) {
     fill(b.p, sweep[k], 10 + (unsigned)k);
     void* req = post_send(ck, comm, b.p, sweep[k], 1, b.mh, "size sweep");
     int got = -1;
     ok = req && wait_req(ck, req, &got, "size sweep send");
+    bytes += sweep[k];
   }
+  ok = ok && prof_check(ck, "sends", s0, p0, b0, q0, (long)NSWEEP, bytes);
   buf_free(ck, &b);
   return ok;
 }
@@ -555,7 +612,10 @@ static int sweep_recv(int ck, void* comm) {
   regbuf b;
   if (!buf_alloc(ck, &b, comm, 4 * MIB + SLACK)) return 0;
   int ok = 1;
+  long s0 = prof.starts, p0 = prof.stops;
+  size_t b0 = prof.start_bytes, q0 = prof.stop_bytes, bytes = 0;
   for (size_t k = 0; k < NSWEEP && ok; k++) {
+    bytes += sweep[k] + SLACK;
     memset(b.p, 0xee, sweep[k] + SLACK);
     void* data[1] = {b.p};
     size_t sz[1] = {sweep[k] + SLACK};
@@ -575,6 +635,8 @@ static int sweep_recv(int ck, void* comm) {
       ok = 0;
     }
   }
+  /* receive events carry the posted buffer size (as NCCL's IB transport posts them) */
+  ok = ok && prof_check(ck, "receives", s0, p0, b0, q0, (long)NSWEEP, bytes);
   buf_free(ck, &b);
   return ok;
 }

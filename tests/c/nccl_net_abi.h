@@ -18,6 +18,24 @@ enum { LOG_NONE = 0, LOG_VERSION = 1, LOG_WARN = 2, LOG_INFO = 3, LOG_ABORT = 4,
 typedef void (*nccl_logger)(int level, unsigned long flags, const char* file, int line, const char* fmt, ...);
 typedef nccl_result (*nccl_profiler_cb)(void** ehandle, int type, void* phandle, int64_t plugin_id, void* ext);
 
+/* Profiler events for network work (v10+): the plugin id and descriptor NCCL's IB transport uses
+ * (NCCL_PROFILER_NET_TYPE_IB | NCCL_PROFILER_NET_IB_VER, ncclProfilerNetIbDescr_v1_t). */
+#define PROFILER_NET_TYPE_IB (1 << 16)
+#define PROFILER_NET_IB_VER 1
+enum { PROFILER_NET_EVENT_START = 0, PROFILER_NET_EVENT_STOP = 1 };
+enum { PROFILE_QP = 1 };
+typedef struct {
+  uint8_t type;
+  union {
+    struct { int device; uint64_t wr_id; int opcode; int qp_num; size_t length; } qp;
+  };
+} profiler_net_ib_descr_v1;
+_Static_assert(sizeof(profiler_net_ib_descr_v1) == 40, "ib descr size");
+_Static_assert(offsetof(profiler_net_ib_descr_v1, qp.wr_id) == 16, "ib descr wr_id");
+_Static_assert(offsetof(profiler_net_ib_descr_v1, qp.opcode) == 24, "ib descr opcode");
+_Static_assert(offsetof(profiler_net_ib_descr_v1, qp.qp_num) == 28, "ib descr qp_num");
+_Static_assert(offsetof(profiler_net_ib_descr_v1, qp.length) == 32, "ib descr length");
+
 typedef struct { int type; int version; void* handle; size_t size; int needs_proxy_progress; } net_device_handle;
 typedef struct { int ndevs; int devs[4]; } vdevice_props_v9;
 typedef struct { int ndevs; int devs[8]; } vdevice_props_v12;

@@ -68,9 +68,10 @@ pub(super) unsafe extern "C" fn init_v6(logger: NcclDebugLogger) -> NcclResult {
 
 pub(super) unsafe extern "C" fn init_v10(
     logger: NcclDebugLogger,
-    _profiler: NcclProfilerCallback,
+    profiler: NcclProfilerCallback,
 ) -> NcclResult {
     log::set_logger(logger);
+    crate::profiler::set(profiler);
     ffi_call("init", net::init)
 }
 
@@ -79,9 +80,10 @@ pub(super) unsafe extern "C" fn init_v11(
     comm_id: u64,
     config: *mut NcclNetCommConfig,
     logger: NcclDebugLogger,
-    _profiler: NcclProfilerCallback,
+    profiler: NcclProfilerCallback,
 ) -> NcclResult {
     log::set_logger(logger);
+    crate::profiler::set(profiler);
     ffi_call("init", || {
         if ctx.is_null() {
             return Err(NetError::misuse("init: ctx out-pointer is NULL"));
@@ -365,11 +367,16 @@ pub(super) unsafe extern "C" fn isend_v10(
     size: usize,
     tag: c_int,
     mh: Ptr,
-    _phandle: Ptr,
+    phandle: Ptr,
     request: *mut Ptr,
 ) -> NcclResult {
     // SAFETY: forwarded unchanged.
-    unsafe { isend_common(comm, data, Ok(size), tag, mh, request) }
+    let rc = unsafe { isend_common(comm, data, Ok(size), tag, mh, request) };
+    if let Some(profiler) = crate::profiler::callback() {
+        // SAFETY: `request` was written by a successful isend_common.
+        unsafe { crate::profiler::on_isend(profiler, rc, comm, phandle, request, size) };
+    }
+    rc
 }
 
 /// Copy NCCL's `n`-element arrays into fixed arrays (no allocation), validating `n` first.
@@ -480,11 +487,16 @@ pub(super) unsafe extern "C" fn irecv_v10(
     sizes: *mut usize,
     tags: *mut c_int,
     mhs: *mut Ptr,
-    _phandles: *mut Ptr,
+    phandles: *mut Ptr,
     request: *mut Ptr,
 ) -> NcclResult {
     // SAFETY: forwarded unchanged.
-    unsafe { irecv_common(comm, n, data, sizes, tags, mhs, request, Ok) }
+    let rc = unsafe { irecv_common(comm, n, data, sizes, tags, mhs, request, Ok) };
+    if let Some(profiler) = crate::profiler::callback() {
+        // SAFETY: NCCL's arrays hold `n` elements; `request` was written by irecv_common.
+        unsafe { crate::profiler::on_irecv(profiler, rc, comm, n, phandles, sizes, request) };
+    }
+    rc
 }
 
 pub(super) unsafe extern "C" fn iflush(
@@ -528,6 +540,9 @@ pub(super) unsafe extern "C" fn test(
             }
             // SAFETY: non-null (checked above).
             unsafe { done.write(1) };
+            if let Some(profiler) = crate::profiler::callback() {
+                crate::profiler::stop(profiler, request);
+            }
         }
         Ok(())
     })

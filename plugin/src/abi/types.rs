@@ -45,7 +45,7 @@ pub type NcclDebugLogger = Option<
     ),
 >;
 
-/// `ncclProfilerCallback_t` (v10+). Rivet does not emit profiler events yet; it only stores it.
+/// `ncclProfilerCallback_t` (v10+): Rivet emits IB QP events through it (`crate::profiler`).
 pub type NcclProfilerCallback = Option<
     unsafe extern "C" fn(
         e_handle: *mut *mut c_void,

@@ -446,6 +446,15 @@ pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Option<Ptr>> {
     }
 }
 
+/// The local QP number of a data comm, for profiler events (asked only with a profiler attached).
+pub(crate) fn local_qp(comm: Ptr) -> Option<u32> {
+    let (_, entry) = lookup("profiler", "comm", comm).ok()?;
+    match entry {
+        DataComm::Send(side) => Some(side.lock("profiler").ok()?.endpoint.qp_num()),
+        DataComm::Recv(side) => Some(side.lock("profiler").ok()?.endpoint.qp_num()),
+    }
+}
+
 pub(crate) fn iflush(comm: Ptr, n: c_int) -> NetResult<()> {
     let (_, entry) = lookup("iflush", "recvComm", comm)?;
     if !matches!(entry, DataComm::Recv(_)) {

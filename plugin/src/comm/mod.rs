@@ -16,6 +16,7 @@ use crate::registry::Handle;
 use core::ffi::{c_int, c_void};
 
 pub(crate) use connect::connect;
+pub(crate) use data::local_qp;
 pub(crate) use data::{close_recv, close_send, iflush, irecv, isend, test};
 pub(crate) use listen::{accept, close_listen, listen};
 pub(crate) use mr::{dereg_mr, reg_mr};
