@@ -3,10 +3,10 @@
 
 use crate::oob::iface;
 
-/// The interface and address the handshake sockets would listen on (`NCCL_SOCKET_IFNAME`
-/// honoured), or `None` when no interface that is up has a matching address.
+/// The interface and address the handshake sockets would listen on (`NCCL_SOCKET_IFNAME`,
+/// `NCCL_SOCKET_FAMILY` and `NCCL_COMM_ID` honoured), or `None` when no interface qualifies.
 pub fn socket_address() -> std::io::Result<Option<(String, std::net::IpAddr)>> {
-    let filter = crate::config::Config::from_env().socket_ifname;
+    let rules = crate::config::Config::from_env().interface;
     let candidates = iface::local_addresses()?;
-    Ok(iface::choose(&candidates, filter.as_ref()).map(|a| (a.name, a.addr)))
+    Ok(iface::choose(&candidates, &rules).map(|a| (a.name, a.addr.ip())))
 }
