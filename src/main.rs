@@ -7,8 +7,8 @@
 
 mod bench;
 mod doctor;
-mod stats;
 mod selftest;
+mod stats;
 
 use std::process::ExitCode;
 

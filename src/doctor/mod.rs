@@ -7,6 +7,7 @@
 mod checks;
 mod pci;
 
+use rivet_core::name_list::NameList;
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::fs;
@@ -147,26 +148,31 @@ fn gpus(root: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Names in a NCCL-style list (`^`/`=` prefixes, `name[:port…]` entries) that match nothing in
-/// `existing` (by prefix, or exactly after `=`).
+/// Names in a NCCL list (`rivet_core::name_list`, the parser the plugin uses) that match nothing
+/// in `existing` (by prefix, or exactly after `=`). A value the parser rejects is reported whole.
 fn missing_names(variable: &str, spec: &str, existing: &[String]) -> Vec<EnvName> {
-    let mut rest = spec.trim();
-    let excluded = rest.starts_with('^');
-    rest = rest.trim_start_matches('^');
-    let exact = rest.starts_with('=');
-    rest = rest.trim_start_matches('=');
-    rest.split(',')
-        .map(|e| e.split(':').next().unwrap_or("").trim())
-        .filter(|n| !n.is_empty())
-        .filter(|n| {
-            !existing
-                .iter()
-                .any(|e| if exact { e == n } else { e.starts_with(n) })
-        })
-        .map(|n| EnvName {
+    let Ok(list) = NameList::parse(spec) else {
+        return vec![EnvName {
             variable: variable.to_owned(),
-            name: n.to_owned(),
-            excluded,
+            name: spec.to_owned(),
+            excluded: false,
+        }];
+    };
+    list.entries
+        .iter()
+        .filter(|entry| {
+            !existing.iter().any(|e| {
+                if list.exact {
+                    *e == entry.name
+                } else {
+                    e.starts_with(entry.name.as_str())
+                }
+            })
+        })
+        .map(|entry| EnvName {
+            variable: variable.to_owned(),
+            name: entry.name.clone(),
+            excluded: list.exclude,
         })
         .collect()
 }
