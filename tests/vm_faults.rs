@@ -73,19 +73,10 @@ fn faults_end_in_errors_not_hangs() {
         };
         script += &format!("{run}; echo \"SCENARIO {s} rc=$?\"\n");
     }
-    let output = Command::new(repo.join("vm/run.sh"))
-        .current_dir(&repo)
-        .args(["--timeout", "1200", "--", "bash", "-c", &script])
-        .output()
-        .expect("run vm/run.sh");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
-    assert!(
-        output.status.success(),
-        "vm/run.sh failed with {:?}",
-        output.status
+    let (stdout, stderr) = common::run_lane(
+        Command::new(repo.join("vm/run.sh"))
+            .current_dir(&repo)
+            .args(["--timeout", "1200", "--", "bash", "-c", &script]),
     );
     for s in SCENARIOS {
         let prefix = format!("SCENARIO {s} rc=");

@@ -6,29 +6,14 @@
 //!
 //! Slow (a VM under TCG), so it is `#[ignore]`d; `scripts/vm-lane.sh` (run by `.ci/run`) runs it.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
+
+mod common;
+use common::plugin_library;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn plugin_library() -> PathBuf {
-    if let Some(path) = std::env::var_os("RIVET_PLUGIN_LIB") {
-        return PathBuf::from(path);
-    }
-    let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>");
-    let lib = profile_dir.join("libnccl_net_rivet.so");
-    assert!(
-        lib.exists(),
-        "{} is missing: cargo build --workspace first",
-        lib.display()
-    );
-    lib
 }
 
 /// One shell script run inside the VM; each step prints a `STEP <name> rc=<code>` line.
@@ -62,20 +47,14 @@ fn script() -> String {
 #[ignore = "boots a QEMU VM (minutes under TCG); run by scripts/vm-lane.sh"]
 fn soft_roce_lane() {
     let run = repo().join("vm/run.sh");
-    let output = Command::new(&run)
-        .current_dir(repo())
-        .args(["--timeout", "1200", "--", "bash", "-c", &script()])
-        .output()
-        .expect("run vm/run.sh");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
-    assert!(
-        output.status.success(),
-        "vm/run.sh failed with {:?}",
-        output.status
-    );
+    let (stdout, stderr) = common::run_lane(Command::new(&run).current_dir(repo()).args([
+        "--timeout",
+        "1200",
+        "--",
+        "bash",
+        "-c",
+        &script(),
+    ]));
 
     let step = |name: &str| -> i32 {
         let prefix = format!("STEP {name} rc=");

@@ -63,30 +63,21 @@ fi
 #[ignore = "boots two QEMU VMs (minutes under TCG); run by scripts/vm-rig.sh"]
 fn pair2_across_hosts() {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let output = Command::new(repo.join("vm/multi.sh"))
-        .current_dir(&repo)
-        .args([
-            "--topology",
-            "pair2",
-            "--timeout",
-            "1200",
-            "--kill-on",
-            "B=B.mid-stream",
-            "--",
-            "bash",
-            "-c",
-            &script(),
-        ])
-        .output()
-        .expect("run vm/multi.sh");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
-    assert!(
-        output.status.success(),
-        "vm/multi.sh failed with {:?}",
-        output.status
+    let (stdout, stderr) = common::run_lane(
+        Command::new(repo.join("vm/multi.sh"))
+            .current_dir(&repo)
+            .args([
+                "--topology",
+                "pair2",
+                "--timeout",
+                "1200",
+                "--kill-on",
+                "B=B.mid-stream",
+                "--",
+                "bash",
+                "-c",
+                &script(),
+            ]),
     );
     assert!(
         stderr.contains("rivet-vm: B killed"),

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// The plugin library built next to the running test (`target/<profile>/libnccl_net_rivet.so`),
 /// or `RIVET_PLUGIN_LIB`.
@@ -21,4 +22,27 @@ pub(crate) fn plugin_library() -> PathBuf {
         lib.display()
     );
     lib
+}
+
+/// Run a VM lane command (`vm/run.sh …`, `vm/multi.sh …`), echo its stdout and stderr into the
+/// test's output, and fail unless it exited 0. Returns (stdout, stderr).
+#[allow(
+    dead_code,
+    reason = "the VM lanes use it; the loader test, which shares this module, does not"
+)]
+pub(crate) fn run_lane(command: &mut Command) -> (String, String) {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("run {command:?}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    assert!(
+        output.status.success(),
+        "{:?} failed with {:?}",
+        command.get_program(),
+        output.status
+    );
+    (stdout, stderr)
 }
