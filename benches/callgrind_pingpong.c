@@ -44,8 +44,24 @@ typedef struct {
 } call_args;
 typedef int (*attempt_fn)(call_args*);
 
+/* With PROFILER=1 in the environment, init gets a profiler callback and every isend/irecv a
+ * non-NULL pHandle, as NCCL passes them with a profiler plugin attached: the plugin's events are
+ * counted too. The callback does what a minimal profiler does: hand out an event handle. */
+static int profiling;
+static int profiler_events;
+static nccl_result bench_profiler(void** eh, int type, void* ph, int64_t id, void* ext) {
+  (void)ph;
+  (void)id;
+  (void)ext;
+  if (type == PROFILER_NET_EVENT_START && eh) *eh = &profiler_events;
+  profiler_events++;
+  return NCCL_OK;
+}
+static int phandle_target;
+
 static int attempt_isend(call_args* a) {
-  if (h_net->isend(a->comm, a->buf, 8, a->tag, a->mh, NULL, &a->req) != NCCL_OK) {
+  void* phandle = profiling ? &phandle_target : NULL;
+  if (h_net->isend(a->comm, a->buf, 8, a->tag, a->mh, phandle, &a->req) != NCCL_OK) {
     h_fail("isend failed");
     exit(1);
   }
@@ -57,7 +73,8 @@ static int attempt_irecv(call_args* a) {
   size_t sizes[1] = {8};
   int tags[1] = {a->tag};
   void* mhs[1] = {a->mh};
-  if (h_net->irecv(a->comm, 1, data, sizes, tags, mhs, NULL, &a->req) != NCCL_OK) {
+  void* phandles[1] = {&phandle_target};
+  if (h_net->irecv(a->comm, 1, data, sizes, tags, mhs, profiling ? phandles : NULL, &a->req) != NCCL_OK) {
     h_fail("irecv failed");
     exit(1);
   }
@@ -101,8 +118,18 @@ int main(int argc, char** argv) {
   int rounds = argc > 2 ? atoi(argv[2]) : 2000;
   int warmup = argc > 3 ? atoi(argv[3]) : 50;
   if (argc > 4) settle_us = (unsigned)atoi(argv[4]);
+  profiling = getenv("PROFILER") && !strcmp(getenv("PROFILER"), "1");
   void* ctx = h_load_and_init(argv[1]);
   if (!ctx) return 1;
+  if (profiling) {
+    /* Re-initialise with the callback (finalize the plain context first). */
+    h_net->finalize(ctx);
+    comm_config cfg = {.traffic_class = -1};
+    if (h_net->init(&ctx, 7, &cfg, h_logger, bench_profiler) != NCCL_OK) {
+      h_fail("init with a profiler callback failed");
+      return 1;
+    }
+  }
   void *a_send, *b_recv, *b_send, *a_recv;
   if (!h_self_connect(ctx, &a_send, &b_recv, 30) || !h_self_connect(ctx, &b_send, &a_recv, 30)) {
     h_fail("connections not made within 30 s");
@@ -141,7 +168,8 @@ int main(int argc, char** argv) {
     }
   }
   collect(0);
-  printf("pingpong: rounds=%d empty_calls=%ld\n", rounds, empty_calls);
+  printf("pingpong: rounds=%d empty_calls=%ld profiler=%d profiler_events=%d\n", rounds, empty_calls,
+         profiling, profiler_events);
   h_net->dereg_mr(a_send, mh_as);
   h_net->dereg_mr(a_recv, mh_ar);
   h_net->dereg_mr(b_send, mh_bs);

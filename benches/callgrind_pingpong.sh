@@ -12,6 +12,7 @@
 #   PLUGIN=target/release/libnccl_net_rivet.so   (build it: cargo build --release -p rivet-plugin)
 #   ROUNDS=300 WARMUP=30 SETTLE_US=1000          TOP=25 (functions listed)
 #   OUT=/tmp/rivet-callgrind                       callgrind.out and the driver land here
+#   PROFILER=1                                     attach a profiler callback (init) and pass pHandles
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -26,7 +27,7 @@ if [[ ${RIVET_IN_VM:-0} != 1 ]]; then
     cc -std=c11 -O2 -g -Wall -Wextra -Werror -o "$out/pingpong" "$here/callgrind_pingpong.c" -ldl
     exec bash "$repo/vm/run.sh" --timeout "${RIVET_CALLGRIND_TIMEOUT:-600}" \
         -e PLUGIN="$plugin" -e OUT="$out" -e ROUNDS="${ROUNDS:-300}" -e WARMUP="${WARMUP:-30}" \
-        -e SETTLE_US="${SETTLE_US:-1000}" -e TOP="${TOP:-25}" \
+        -e SETTLE_US="${SETTLE_US:-1000}" -e TOP="${TOP:-25}" -e PROFILER="${PROFILER:-0}" \
         -- bash "$here/callgrind_pingpong.sh"
 fi
 
