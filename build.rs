@@ -17,6 +17,9 @@ fn main() {
     ];
     for (name, source, env) in programs {
         println!("cargo:rerun-if-changed={source}");
+        // The programs include the shared headers beside them.
+        println!("cargo:rerun-if-changed=tests/c/harness.h");
+        println!("cargo:rerun-if-changed=tests/c/nccl_net_abi.h");
         let exe = out.join(name);
         let compiler = cc::Build::new().cargo_metadata(false).get_compiler();
         let status = compiler

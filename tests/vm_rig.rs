@@ -24,6 +24,7 @@ fn script() -> String {
     let lib = lib.display();
     let transfer = env!("RIVET_C_TRANSFER");
     let faults = env!("RIVET_C_FAULTS");
+    let conformance = env!("RIVET_C_CONFORMANCE");
     format!(
         r#"set -u
 step() {{ name=$1; shift; "$@"; echo "STEP $name rc=$?"; }}
@@ -42,6 +43,13 @@ for k in 1 2; do
   fi
   step traffic-link$k carried eth$k $before
 done
+# Conformance across hosts on link 1: B runs the receiver side of every two-process check of every
+# table, A the sender side, a TCP control connection per check instead of the socketpair.
+if [ "$RIVET_VM_INDEX" = 1 ]; then
+  step conformance env NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=eth1 {conformance} {lib} --across receiver:18630
+else
+  step conformance env NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=eth1 {conformance} {lib} --across sender:${{peers[0]}}:18630
+fi
 export NCCL_IB_TIMEOUT=14
 # Link cut on link 2: B takes its eth2 down mid-stream; both ends must fail within the bound.
 if [ "$RIVET_VM_INDEX" = 1 ]; then
@@ -115,6 +123,30 @@ fn pair2_across_hosts() {
             stderr.matches(needle).count(),
             2,
             "{needle:?} not seen once per link"
+        );
+    }
+    for vm in ["A", "B"] {
+        assert_eq!(
+            step(vm, "conformance"),
+            0,
+            "{vm}: a conformance check across hosts failed"
+        );
+        let summary = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("[{vm}] conformance: ")))
+            .unwrap_or_else(|| panic!("{vm}: no conformance summary"));
+        let passed: u32 = summary
+            .split(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        assert!(
+            passed >= 20 && summary.ends_with(" 0 failed"),
+            "{vm}: conformance across hosts: {summary}"
+        );
+        assert!(
+            stdout.contains(&format!("[{vm}] PASS v12 16 channels x 8 in flight")),
+            "{vm}: the full suite's pair checks did not run across hosts"
         );
     }
     for vm in ["A", "B"] {

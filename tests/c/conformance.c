@@ -3,6 +3,13 @@
  * of shared/reference/nccl-net-api.md §1.5.
  *
  * usage: conformance LIB [--dev D] [--versions 6,7,...] [--quick] [--verbose]
+ *                        [--across receiver:PORT | --across sender:A.B.C.D:PORT]
+ *
+ * --across runs the two-process checks with the two sides on different hosts: this process runs
+ * one side of each (the receiver listens for a TCP control connection on PORT for every check,
+ * the sender dials it), the other host runs the same command with the other role, and the
+ * one-process checks are left to a single-host run. The control connection carries exactly what
+ * the socketpair carries in a single-host run.
  *
  * The newest exported version gets the full suite; every older one gets the API checks (bogus
  * handles), the one-thread loopback probe and a connect + transfer + close subset. v11 and newer
@@ -15,7 +22,9 @@
  * then a summary. Exit status: 0 all passed, 1 any failure, 2 usage. CONFORMANCE_TIMEOUT_S (default
  * 60) bounds every single wait; a 1800 s watchdog bounds the run. */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
@@ -1125,7 +1134,73 @@ static void pair_side(int ck, const pair_check* pc, int is_sender) {
   _exit(ok ? 0 : 1);
 }
 
+/* --across: -1 both sides here (socketpair), 0 this host is the receiver, 1 the sender. */
+static int across_role = -1;
+static int across_port;
+static struct sockaddr_in across_peer;
+
+/* The control connection of one check across hosts: the receiver accepts one on across_port,
+ * the sender dials the receiver (retrying while it does not listen yet). -1 after timeout_s. */
+static int across_connect(int ck) {
+  double start = now_s();
+  if (across_role == 0) {
+    int one = 1, fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((unsigned short)across_port)};
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
+        bind(fd, (struct sockaddr*)&sin, sizeof sin) || listen(fd, 1)) {
+      check_fail(ck, "control: cannot listen on port %d: %s", across_port, strerror(errno));
+      if (fd >= 0) close(fd);
+      return -1;
+    }
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    int conn = poll(&pfd, 1, (int)(timeout_s * 4 * 1000)) == 1 ? accept(fd, NULL, NULL) : -1;
+    close(fd);
+    if (conn < 0) check_fail(ck, "control: no sender connected to port %d", across_port);
+    return conn;
+  }
+  for (;;) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr*)&across_peer, sizeof across_peer) == 0) return fd;
+    if (fd >= 0) close(fd);
+    if (now_s() - start > timeout_s * 4) {
+      check_fail(ck, "control: the receiver host is not reachable");
+      return -1;
+    }
+    usleep(100000);
+  }
+}
+
+/* One side of a two-process check, the other side on another host (--across). */
+static void run_pair_across(const pair_check* pc) {
+  int ck = check_new(1, "v%d %s (across hosts, %s)", version, pc->name, across_role ? "sender" : "receiver");
+  int fd = across_connect(ck);
+  if (fd < 0) {
+    check_settle(ck);
+    return;
+  }
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    peer_fd = fd;
+    pair_side(ck, pc, across_role);
+  }
+  close(fd);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    check_fail(ck, "the %s process was killed by signal %d (%s)%s", across_role ? "sender" : "receiver", sig,
+               strsignal(sig), sig == SIGALRM ? ": watchdog, the check hung" : "");
+  }
+  check_settle(ck);
+}
+
 static void run_pair(const pair_check* pc) {
+  if (across_role >= 0) {
+    run_pair_across(pc);
+    return;
+  }
   int ck = check_new(2, "v%d %s", version, pc->name);
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) {
@@ -1547,10 +1622,13 @@ static int run_version(int v, int full) {
   check_settle(ck);
   if (!usable) return 0; /* no device: the reason is in the line above */
 
-  run_solo("NULL, bogus and stale handles give errors, not crashes", bogus_calls, 1);
-  run_solo("listen -> connect -> accept to itself from one thread, regMr on both, a message", loopback_one_thread, 1);
-  run_solo("16 receives posted back to back reach the sender with no further receiver call", posted_receives_reach_the_sender, 1);
-  if (v >= 11) run_solo("init/finalize per communicator x100, 100 live contexts, dlclose + dlopen + init", lifecycle, 0);
+  if (across_role < 0) { /* one-process checks: a single-host run has them */
+    run_solo("NULL, bogus and stale handles give errors, not crashes", bogus_calls, 1);
+    run_solo("listen -> connect -> accept to itself from one thread, regMr on both, a message", loopback_one_thread, 1);
+    run_solo("16 receives posted back to back reach the sender with no further receiver call",
+             posted_receives_reach_the_sender, 1);
+    if (v >= 11) run_solo("init/finalize per communicator x100, 100 live contexts, dlclose + dlopen + init", lifecycle, 0);
+  }
   run_pair(&connect_only);
   for (size_t i = 0; i < sizeof pair_checks_subset / sizeof pair_checks_subset[0]; i++)
     run_pair(&pair_checks_subset[i]);
@@ -1578,6 +1656,25 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--versions") && i + 1 < argc) {
       char* s = argv[++i];
       for (char* tok = strtok(s, ","); tok && nversions < 16; tok = strtok(NULL, ",")) versions[nversions++] = atoi(tok);
+    } else if (!strcmp(argv[i], "--across") && i + 1 < argc) {
+      const char* spec = argv[++i];
+      const char* colon = strrchr(spec, ':');
+      char host[64] = {0};
+      if (!strncmp(spec, "receiver:", 9)) {
+        across_role = 0;
+        across_port = atoi(spec + 9);
+      } else if (!strncmp(spec, "sender:", 7) && colon && colon > spec + 7 && (size_t)(colon - spec - 7) < sizeof host) {
+        across_role = 1;
+        memcpy(host, spec + 7, (size_t)(colon - spec - 7));
+        across_peer.sin_family = AF_INET;
+        across_peer.sin_port = htons((unsigned short)atoi(colon + 1));
+        if (inet_pton(AF_INET, host, &across_peer.sin_addr) != 1) across_role = -2;
+      } else across_role = -2;
+      if (across_role == -2 || (across_role == 0 && across_port <= 0)) {
+        fprintf(stderr, "conformance: --across wants receiver:PORT or sender:A.B.C.D:PORT, not %s\n", spec);
+        lib_path = NULL;
+        break;
+      }
     } else if (argv[i][0] != '-' && !lib_path) lib_path = argv[i];
     else {
       fprintf(stderr, "conformance: unknown argument %s\n", argv[i]);
@@ -1586,7 +1683,10 @@ int main(int argc, char** argv) {
     }
   }
   if (!lib_path) {
-    fprintf(stderr, "usage: %s LIB [--dev D] [--versions 12,11,...] [--quick] [--verbose]\n", argv[0]);
+    fprintf(stderr,
+            "usage: %s LIB [--dev D] [--versions 12,11,...] [--quick] [--verbose]"
+            " [--across receiver:PORT | --across sender:A.B.C.D:PORT]\n",
+            argv[0]);
     return 2;
   }
   if (getenv("CONFORMANCE_TIMEOUT_S")) timeout_s = atof(getenv("CONFORMANCE_TIMEOUT_S"));
