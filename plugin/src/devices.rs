@@ -1,8 +1,8 @@
 //! The RDMA ports Rivet exposes to NCCL: discovered on the first `init`, opened on first use.
 
-use crate::abi::types::{NCCL_NET_ID_UNDEF, NCCL_PTR_HOST};
+use crate::sys::{NCCL_NET_ID_UNDEF, NCCL_PTR_HOST};
 use crate::backend::device::OpenPort;
-use crate::props::DeviceProps;
+use crate::abi::props::DeviceProps;
 use rivet_verbs_ffi::discover::{AddrFamily, GidPolicy, NameList};
 use rivet_verbs_ffi::{DiscoverError, DiscoverOptions, PortInfo, VerbsError};
 use std::ffi::CString;
@@ -69,7 +69,7 @@ impl Port {
             port: i32::try_from(info.nccl_port).unwrap_or(i32::MAX),
             // What both the device and Rivet's connection table hold (NCCL reads it as a cap on
             // the channels it runs over the NIC).
-            max_comms: i32::try_from(info.max_qp.min(crate::registry::MAX_ENTRIES as u32))
+            max_comms: i32::try_from(info.max_qp.min(crate::handle::MAX_ENTRIES as u32))
                 .unwrap_or(i32::MAX),
             members,
             member_count: 1,

@@ -4,7 +4,7 @@
 //! failures, `ncclInternalError` for NCCL misusing the API, `ncclInvalidUsage` for user or
 //! configuration errors, `ncclRemoteError` for failures of the peer or the fabric.
 
-use crate::abi::types::{
+use crate::sys::{
     NCCL_INTERNAL_ERROR, NCCL_INVALID_ARGUMENT, NCCL_INVALID_USAGE, NCCL_REMOTE_ERROR,
     NCCL_SYSTEM_ERROR, NcclResult,
 };

@@ -12,13 +12,12 @@ mod config;
 pub mod devices;
 pub mod diag;
 mod error;
-mod guard;
+mod handle;
 mod log;
 mod net;
 mod oob;
 mod profiler;
-pub mod props;
 mod random;
-mod registry;
+pub mod sys;
 
 pub use error::{ErrorClass, NetError};

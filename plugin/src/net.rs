@@ -6,8 +6,8 @@ use crate::config::Config;
 use crate::devices::{self, NoDevice, Port};
 use crate::error::{NetError, NetResult};
 use crate::log::{INIT_NET, info, warn};
-use crate::props::DeviceProps;
-use crate::registry::{Handle, Registry};
+use crate::abi::props::DeviceProps;
+use crate::handle::{Handle, Registry};
 use core::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard};
 

@@ -19,7 +19,7 @@ use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use crate::abi::types::{NcclProfilerCallback, NcclResult};
+use crate::sys::{NcclProfilerCallback, NcclResult};
 
 /// `NCCL_PROFILER_NET_TYPE_IB` (`1 << NCCL_PROFILER_NET_VER_BITS`, 16 bits of version).
 pub(crate) const NET_TYPE_IB: i64 = 1 << 16;

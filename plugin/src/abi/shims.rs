@@ -5,13 +5,13 @@
 //! use; buffers NCCL passes (`handle`, arrays of `n` elements) are trusted to have the sizes the
 //! ABI documents, as NCCL's own transports do.
 
-use super::types::*;
+use crate::sys::*;
 use crate::comm;
 use crate::error::{NetError, NetResult};
-use crate::guard::ffi_call;
+use super::guard::ffi_call;
 use crate::log;
 use crate::net;
-use crate::props::{MAX_MESSAGE_BYTES, MAX_RECVS, VersionedProps};
+use crate::abi::props::{MAX_MESSAGE_BYTES, MAX_RECVS, VersionedProps};
 use core::ffi::{c_int, c_void};
 
 type Ptr = *mut c_void;

@@ -5,7 +5,7 @@
 //! pointers, so they need a manual `Sync` (they are immutable and point at `'static` data).
 
 use super::shims as s;
-use super::types::*;
+use crate::sys::*;
 use core::ffi::{c_char, c_int, c_void};
 use core::mem::{offset_of, size_of};
 

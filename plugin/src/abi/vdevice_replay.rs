@@ -16,7 +16,7 @@
 //! Each replay is bounded, so a loop that would never end shows up as a failure, not a hang.
 
 use super::tables::{ncclNetPlugin_v9, ncclNetPlugin_v10, ncclNetPlugin_v11, ncclNetPlugin_v12};
-use super::types::{
+use crate::sys::{
     NCCL_INVALID_USAGE, NCCL_SUCCESS, NcclNetVDevicePropsV9, NcclNetVDevicePropsV12, NcclResult,
 };
 use core::ffi::c_int;

@@ -15,7 +15,7 @@ use crate::error::{NetError, NetResult};
 use crate::log::{INIT_NET, info};
 use crate::net::{self, NetContext};
 use crate::oob::{pump, socket};
-use crate::registry::{Handle, Registry};
+use crate::handle::{Handle, Registry};
 use core::ffi::c_int;
 use rivet_core::data::SendConn;
 use rivet_core::handshake::{Connector, ConnectorEvent};

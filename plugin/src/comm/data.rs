@@ -18,7 +18,7 @@ use crate::clock;
 use crate::error::{NetError, NetResult};
 use crate::log::{INIT_NET, info, warn};
 use crate::oob::socket::{self, Liveness};
-use crate::registry::{Handle, Registry};
+use crate::handle::{Handle, Registry};
 use core::ffi::c_int;
 use rivet_core::data::{Completed, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn};
 use rivet_core::event::WatchId;

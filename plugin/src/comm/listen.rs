@@ -17,7 +17,7 @@ use crate::error::{NetError, NetResult};
 use crate::log::{INIT_NET, info, warn};
 use crate::net::{self, NetContext};
 use crate::oob::{iface, pump, socket};
-use crate::registry::{Handle, Registry};
+use crate::handle::{Handle, Registry};
 use core::ffi::c_int;
 use rivet_core::data::RecvConn;
 use rivet_core::handshake::{Acceptor, AcceptorEvent};

@@ -12,7 +12,7 @@ mod listen;
 mod mr;
 
 use crate::error::{NetError, NetResult};
-use crate::registry::Handle;
+use crate::handle::Handle;
 use core::ffi::{c_int, c_void};
 
 pub(crate) use connect::connect;

@@ -2,10 +2,10 @@
 
 use super::data::{COMMS, DataComm};
 use super::{Ptr, decode, unknown};
-use crate::abi::types::NCCL_PTR_HOST;
+use crate::sys::NCCL_PTR_HOST;
 use crate::backend::device::OpenPort;
 use crate::error::{NetError, NetResult};
-use crate::registry::{Handle, Registry};
+use crate::handle::{Handle, Registry};
 use core::ffi::c_int;
 use rivet_verbs_ffi::sys::access;
 use rivet_verbs_ffi::{MemoryRegion, VerbsError};

@@ -4,7 +4,7 @@
 //! (turning them into `ncclInternalError` plus one WARN line) and maps [`NetError`] onto
 //! `ncclResult_t`, logging it once.
 
-use crate::abi::types::{NCCL_INTERNAL_ERROR, NCCL_SUCCESS, NcclResult};
+use crate::sys::{NCCL_INTERNAL_ERROR, NCCL_SUCCESS, NcclResult};
 use crate::error::NetResult;
 use crate::log::warn;
 use std::panic::{AssertUnwindSafe, catch_unwind};

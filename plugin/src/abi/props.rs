@@ -1,6 +1,6 @@
 //! Version-independent device properties and their translation into each ABI version's struct.
 
-use crate::abi::types::*;
+use crate::sys::*;
 use core::ffi::{c_char, c_int};
 
 /// Largest message Rivet moves in one request: NCCL's `MAX_NET_SIZE` (1 GiB), which also fits the
