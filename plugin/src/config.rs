@@ -1,11 +1,23 @@
 //! Settings read from the environment once per `init`, with NCCL's names where the meaning is
 //! the same. Invalid values are reported with one WARN line and replaced by the default.
 
-use crate::backend::endpoint::QpSettings;
 use crate::log::warn;
 use crate::oob::iface::{self, Family, IfRules};
 use rivet_core::name_list::NameList;
 use rivet_core::time::Duration;
+
+/// Queue-pair settings from the environment (NCCL's `NCCL_IB_*` knobs).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QpSettings {
+    /// `NCCL_IB_TIMEOUT`.
+    pub(crate) timeout: u8,
+    /// `NCCL_IB_RETRY_CNT`.
+    pub(crate) retry_cnt: u8,
+    /// Traffic class for the GRH.
+    pub(crate) traffic_class: u8,
+    /// Service level.
+    pub(crate) service_level: u8,
+}
 
 /// Everything the comm layer needs from the environment.
 #[derive(Clone, Debug)]

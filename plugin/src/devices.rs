@@ -1,13 +1,40 @@
 //! The RDMA ports Rivet exposes to NCCL: discovered on the first `init`, opened on first use.
 
-use crate::sys::{NCCL_NET_ID_UNDEF, NCCL_PTR_HOST};
 use crate::backend::device::OpenPort;
-use crate::abi::props::DeviceProps;
+use crate::sys::{NCCL_NET_ID_UNDEF, NCCL_PTR_HOST};
+use core::ffi::{c_char, c_int};
 use rivet_verbs_ffi::discover::{AddrFamily, GidPolicy, NameList};
 use rivet_verbs_ffi::{DiscoverError, DiscoverOptions, PortInfo, VerbsError};
 use std::ffi::CString;
 use std::fmt;
 use std::sync::{Arc, Mutex};
+
+/// What `getProperties` reports for one device, before it is cast into a versioned struct.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceProps {
+    /// NUL-terminated device name with process lifetime.
+    pub name: *const c_char,
+    /// NUL-terminated PCI path with process lifetime.
+    pub pci_path: *const c_char,
+    /// NIC guid.
+    pub guid: u64,
+    /// `NCCL_PTR_*` bits.
+    pub ptr_support: c_int,
+    /// Mb/s.
+    pub speed_mbps: c_int,
+    /// Port number as NCCL sees it.
+    pub port: c_int,
+    /// Maximum number of comms.
+    pub max_comms: c_int,
+    /// Physical members (a physical device lists itself).
+    pub members: [c_int; 8],
+    /// Number of valid entries in `members`.
+    pub member_count: c_int,
+    /// Rail id or -1.
+    pub rail_id: i16,
+    /// Plane id or -1.
+    pub plane_id: i16,
+}
 
 /// Why Rivet has no device to offer. Its text is the one line NCCL's log shows.
 #[derive(Debug, Clone, PartialEq, Eq)]

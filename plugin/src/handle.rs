@@ -1,9 +1,20 @@
-//! Tables of live objects handed to NCCL as opaque handles.
+//! The one typed handle layer: tables of live objects handed to NCCL as opaque handles.
 //!
-//! NCCL stores our comm, memory-region and request handles as `void*` and passes them back. A
-//! handle here is not a pointer: it packs a table index, a generation and a kind tag into the
-//! pointer-sized value, so a NULL, stale (closed) or bogus handle is recognised and answered with
-//! an error instead of being dereferenced.
+//! NCCL stores our comm, memory-region, context and request handles as `void*` and passes them
+//! back. A handle here is not a pointer: it packs a table index, a generation and a kind tag into
+//! the pointer-sized value, so a NULL, stale (closed) or bogus handle is recognised and answered
+//! with an error instead of being dereferenced. Each kind of object has its own
+//! [`Registry<T>`], so a lookup is typed the way rustls-ffi's `Castable` types each pointer: the
+//! table checks the kind tag and the generation and hands back a `&T` or the error naming the
+//! call and argument ([`Registry::lookup`]), in one decode. Request handles reuse their comm's
+//! index and generation and carry the request id in place of the kind tag
+//! ([`Handle::request_ptr`], [`Registry::lookup_request`]).
+//!
+//! Unsafe (this module opts in): the tables hold raw pointers from `Box::into_raw`, and a lookup
+//! turns one into a reference without a lock. The reference stays valid until the object is
+//! removed; [`Registry::remove`] is therefore `unsafe`, and its callers (the close entry points)
+//! promise that no reference to the object is in use, which NCCL's contract gives them: a close
+//! is the last call on an object, after every other call on it returned.
 //!
 //! Each table grows on the control path, in chunks of [`CHUNK`] slots allocated when the slots so
 //! far are all in use, up to [`MAX_ENTRIES`] (the most a 16-bit index addresses). The static part
@@ -18,9 +29,16 @@
 //! an unreachable allocation, which frees nothing twice and leaves no thread or destructor that
 //! could run into unmapped code.
 
+#![allow(unsafe_code)]
+
+use crate::error::{NetError, NetResult};
+use core::ffi::c_void;
 use std::fmt;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+
+/// A handle as NCCL holds it: an opaque pointer-sized value.
+pub(crate) type Ptr = *mut c_void;
 
 /// Slots per chunk (a 4 KiB allocation for 16-byte slots).
 pub(crate) const CHUNK: usize = 256;
@@ -41,15 +59,21 @@ pub(crate) struct Handle {
 
 impl Handle {
     /// Pack into the pointer-sized value NCCL stores. Never NULL: generations start at 1.
-    pub(crate) fn to_ptr(self) -> *mut core::ffi::c_void {
+    pub(crate) fn to_ptr(self) -> Ptr {
         let bits = (u64::from(self.generation) << 48)
             | (u64::from(self.index) << 32)
             | u64::from(self.low);
-        bits as usize as *mut core::ffi::c_void
+        bits as usize as Ptr
+    }
+
+    /// A request handle of this object handle's object: its index and generation, and request
+    /// `id` (non-zero) in place of the kind tag; [`Registry::lookup_request`] resolves it.
+    pub(crate) fn request_ptr(self, id: u32) -> Ptr {
+        Self { low: id, ..self }.to_ptr()
     }
 
     /// Unpack; `None` for NULL.
-    pub(crate) fn from_ptr(ptr: *mut core::ffi::c_void) -> Option<Self> {
+    pub(crate) fn from_ptr(ptr: Ptr) -> Option<Self> {
         let bits = ptr as usize as u64;
         if bits == 0 {
             return None;
@@ -59,6 +83,17 @@ impl Handle {
             generation: (bits >> 48) as u16,
             low: bits as u32,
         })
+    }
+}
+
+/// The error for a handle that is NULL or not a live object of the expected kind.
+pub(crate) fn unknown(call: &str, what: &str, ptr: Ptr) -> NetError {
+    if ptr.is_null() {
+        NetError::misuse(format!("{call}: {what} is NULL"))
+    } else {
+        NetError::misuse(format!(
+            "{call}: {what} {ptr:p} is not a live Rivet object (closed, or never created)"
+        ))
     }
 }
 
@@ -190,30 +225,55 @@ impl<T> Registry<T> {
         })
     }
 
-    /// The object behind `handle`, if the handle is live and belongs to this table.
-    ///
-    /// # Safety
-    /// The returned reference is valid until [`Registry::remove`] is called for the same handle.
-    /// The caller must guarantee that does not happen while the reference is in use: NCCL's
-    /// contract makes a close the last call on a comm, so entry points may rely on it.
-    pub(crate) unsafe fn get(&self, handle: Handle) -> Option<&T> {
+    /// The object in `handle`'s slot if the generation matches, whatever the low bits.
+    fn live(&self, handle: Handle) -> Option<&T> {
         let slot = self.slot(usize::from(handle.index))?;
         if slot.generation.load(Ordering::Acquire) as u16 != handle.generation {
             return None;
         }
         let ptr = slot.value.load(Ordering::Acquire);
         // SAFETY: a non-null pointer in a slot came from `Box::into_raw` in `insert` and stays
-        // valid until `remove`, which the caller promises does not run concurrently.
+        // valid until `remove`, whose callers promise no reference from here is still in use.
         unsafe { ptr.as_ref() }
     }
 
-    /// Whether `handle` is an object handle of this table (kind tag matches).
-    pub(crate) fn is_own_kind(&self, handle: Handle) -> bool {
-        handle.low == self.kind
+    /// Decode `ptr` as a handle of this table: `None` for NULL or another kind of handle.
+    pub(crate) fn decode(&self, ptr: Ptr) -> Option<Handle> {
+        Handle::from_ptr(ptr).filter(|h| h.low == self.kind)
+    }
+
+    /// The object behind a handle of this table, if it is still live (generation check).
+    pub(crate) fn find(&self, handle: Handle) -> Option<&T> {
+        if handle.low != self.kind {
+            return None;
+        }
+        self.live(handle)
+    }
+
+    /// The live object behind the handle NCCL passed to `call` as argument `what`, or the
+    /// error naming both: one decode, kind check, generation check.
+    #[inline]
+    pub(crate) fn lookup(&self, call: &str, what: &str, ptr: Ptr) -> NetResult<(Handle, &T)> {
+        self.decode(ptr)
+            .and_then(|handle| Some((handle, self.live(handle)?)))
+            .ok_or_else(|| unknown(call, what, ptr))
+    }
+
+    /// The live object a request handle belongs to, and the request id it carries.
+    #[inline]
+    pub(crate) fn lookup_request(&self, call: &str, what: &str, ptr: Ptr) -> NetResult<(&T, u32)> {
+        Handle::from_ptr(ptr)
+            .and_then(|handle| Some((self.live(handle)?, handle.low)))
+            .ok_or_else(|| unknown(call, what, ptr))
     }
 
     /// Take the object out; the handle (and any copy of it) becomes stale.
-    pub(crate) fn remove(&self, handle: Handle) -> Option<Box<T>> {
+    ///
+    /// # Safety
+    /// No reference to the object obtained from [`Registry::find`], [`Registry::lookup`] or
+    /// [`Registry::lookup_request`] may be in use, on any thread, from this call on. NCCL's
+    /// contract gives that to the close entry points: a close is the last call on an object.
+    pub(crate) unsafe fn remove(&self, handle: Handle) -> Option<Box<T>> {
         let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let slot = self.slot(usize::from(handle.index))?;
         if slot.generation.load(Ordering::Relaxed) as u16 != handle.generation {
@@ -262,6 +322,12 @@ impl<T> Drop for Registry<T> {
 mod tests {
     use super::*;
 
+    /// Remove in a test that holds no reference into the table.
+    fn remove<T>(table: &Registry<T>, handle: Handle) -> Option<Box<T>> {
+        // SAFETY: the tests keep no reference from `find` across a removal.
+        unsafe { table.remove(handle) }
+    }
+
     #[test]
     fn insert_get_remove_round_trip() {
         let table: Registry<u32> = Registry::with_capacity(7, "numbers", 4);
@@ -269,14 +335,12 @@ mod tests {
         let p = h.to_ptr();
         let back = Handle::from_ptr(p).expect("non-null");
         assert_eq!(back, h);
-        // SAFETY: nothing removes the entry while the reference is used.
-        assert_eq!(unsafe { table.get(back) }.copied(), Some(42));
-        assert_eq!(table.remove(back).map(|b| *b), Some(42));
-        // SAFETY: as above.
-        let stale = unsafe { table.get(back) };
+        assert_eq!(table.find(back).copied(), Some(42));
+        assert_eq!(remove(&table, back).map(|b| *b), Some(42));
+        let stale = table.find(back);
         assert!(stale.is_none(), "stale handle must not resolve");
         assert!(
-            table.remove(back).is_none(),
+            remove(&table, back).is_none(),
             "double close must be rejected"
         );
     }
@@ -286,14 +350,12 @@ mod tests {
         let table: Registry<u32> = Registry::with_capacity(1, "numbers", 1);
         let first = table.insert(Box::new(1)).expect("room");
         assert!(table.insert(Box::new(2)).is_err(), "full table refuses");
-        drop(table.remove(first));
+        drop(remove(&table, first));
         let second = table.insert(Box::new(3)).expect("room again");
         assert_eq!(first.index, second.index);
         assert_ne!(first.generation, second.generation);
-        // SAFETY: nothing removes entries concurrently in this test.
-        assert!(unsafe { table.get(first) }.is_none());
-        // SAFETY: as above.
-        assert_eq!(unsafe { table.get(second) }.copied(), Some(3));
+        assert!(table.find(first).is_none());
+        assert_eq!(table.find(second).copied(), Some(3));
     }
 
     #[test]
@@ -301,15 +363,13 @@ mod tests {
         let table: Registry<u32> = Registry::with_capacity(3, "numbers", 8);
         assert!(Handle::from_ptr(core::ptr::null_mut()).is_none());
         let bogus = Handle::from_ptr(0xdead_beef_usize as *mut _).expect("non-null");
-        // SAFETY: nothing is removed concurrently.
-        assert!(unsafe { table.get(bogus) }.is_none());
+        assert!(table.find(bogus).is_none());
         let out_of_range = Handle {
             index: 9999,
             generation: 1,
             low: 3,
         };
-        // SAFETY: as above.
-        assert!(unsafe { table.get(out_of_range) }.is_none());
+        assert!(table.find(out_of_range).is_none());
     }
 
     /// The table grows past its first chunks on demand, every object stays reachable, and the
@@ -331,8 +391,7 @@ mod tests {
             "chunks are allocated only as needed"
         );
         for (i, h) in handles.iter().enumerate() {
-            // SAFETY: nothing removes entries concurrently in this test.
-            assert_eq!(unsafe { table.get(*h) }.copied(), Some(i));
+            assert_eq!(table.find(*h).copied(), Some(i));
         }
         let full = table.insert(Box::new(0)).expect_err("at the capacity");
         assert_eq!(full.capacity, capacity);
@@ -340,12 +399,11 @@ mod tests {
         assert!(text.contains("515 live things"), "{text}");
         // A freed slot in the middle is found again, with a new generation.
         let middle = handles[CHUNK + 7];
-        assert_eq!(table.remove(middle).map(|b| *b), Some(CHUNK + 7));
+        assert_eq!(remove(&table, middle).map(|b| *b), Some(CHUNK + 7));
         let again = table.insert(Box::new(77)).expect("a slot was freed");
         assert_eq!(again.index, middle.index);
         assert_ne!(again.generation, middle.generation);
-        // SAFETY: as above.
-        assert!(unsafe { table.get(middle) }.is_none(), "stale after reuse");
+        assert!(table.find(middle).is_none(), "stale after reuse");
     }
 
     /// The production tables hold every index a handle can carry (the fixed connection table
@@ -359,8 +417,57 @@ mod tests {
             generation: 1,
             low: 9,
         };
-        // SAFETY: nothing is removed concurrently.
-        let found = unsafe { table.get(last) };
+        let found = table.find(last);
         assert!(found.is_none(), "no chunk yet: no object");
+    }
+
+    /// The typed lookup answers NULL, another table's handle, a stale handle and a request
+    /// handle with the error naming call and argument, and resolves request handles to their
+    /// object with the id they carry.
+    #[test]
+    fn typed_lookup_checks_kind_and_generation() {
+        let comms: Registry<u32> = Registry::with_capacity(0xda7a, "comms", 4);
+        let others: Registry<u32> = Registry::with_capacity(0x3e3e, "others", 4);
+        let h = comms.insert(Box::new(5)).expect("room");
+        let other = others.insert(Box::new(6)).expect("room");
+        let (found, value) = comms.lookup("isend", "sendComm", h.to_ptr()).expect("live");
+        assert_eq!((found, *value), (h, 5));
+
+        let null = comms.lookup("isend", "sendComm", core::ptr::null_mut());
+        assert!(
+            null.expect_err("NULL")
+                .message()
+                .contains("isend: sendComm is NULL")
+        );
+        let wrong_kind = comms.lookup("isend", "sendComm", other.to_ptr());
+        assert!(
+            wrong_kind
+                .expect_err("another table's")
+                .message()
+                .contains("not a live Rivet object")
+        );
+
+        let request = h.request_ptr(77);
+        assert!(
+            comms.lookup("isend", "sendComm", request).is_err(),
+            "a request is no comm"
+        );
+        let (owner, id) = comms
+            .lookup_request("test", "request", request)
+            .expect("live comm");
+        assert_eq!((*owner, id), (5, 77));
+
+        assert_eq!(remove(&comms, h).map(|b| *b), Some(5));
+        assert!(
+            comms.lookup("isend", "sendComm", h.to_ptr()).is_err(),
+            "stale comm"
+        );
+        let stale = comms.lookup_request("test", "request", request);
+        assert!(
+            stale
+                .expect_err("stale request")
+                .message()
+                .contains("test: request")
+        );
     }
 }

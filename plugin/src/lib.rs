@@ -1,8 +1,26 @@
 //! The Rivet NCCL net plugin: the C tables `ncclNetPlugin_v6` … `ncclNetPlugin_v12` over one
 //! implementation that drives `rivet-core` with the libibverbs backend.
 //!
-//! Module map: [`abi`] (C types, tables, per-version shims) → `net` (lifecycle, devices) and
-//! `comm` (listen/connect/accept, registrations, data path) → `rivet-core` machines.
+//! ## Layers
+//!
+//! The modules form layers, bottom first. A module imports only from its own layer or a lower
+//! one, and no modules import each other, directly or round a circle; the crate root only
+//! declares modules and re-exports. `plugin/tests/module_graph.rs` reads this table and every
+//! source file and fails on an upward import or a cycle.
+//!
+//! | layer | modules | what |
+//! |---|---|---|
+//! | 0 | `sys` | C mirrors of NCCL's ABI: result codes, property structs, logger and profiler types |
+//! | 1 | `error`, `clock`, `random`, `log` | typed errors with their `ncclResult_t`, time, randomness, NCCL's logger |
+//! | 2 | `handle` | the one typed handle layer: every object NCCL holds as `void*` is looked up here |
+//! | 3 | `oob` | the out-of-band TCP socket of the handshake |
+//! | 4 | `config`, `diag` | settings from the environment; the CLI's view of them |
+//! | 5 | `backend` | devices, queue pairs and the `Nic` the core drives (verbs and mlx5 paths) |
+//! | 6 | `devices` | discovery: the ports NCCL sees and their properties |
+//! | 7 | `net` | lifecycle (`init`, contexts, `finalize`), opened ports |
+//! | 8 | `comm` | listen/connect/accept, registrations and the data path |
+//! | 9 | `profiler` | NCCL profiler events around the data path |
+//! | 10 | `abi` | the exported tables, per-version shims, the panic guard, per-version properties |
 
 pub mod abi;
 mod backend;

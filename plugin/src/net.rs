@@ -1,13 +1,12 @@
 //! The one implementation behind every ABI version: version-independent entry points that the
 //! per-version shims in [`crate::abi::shims`] call after converting their arguments.
 
-use crate::backend::device::OpenPort;
+use crate::backend::device::{self, OpenPort};
 use crate::config::Config;
-use crate::devices::{self, NoDevice, Port};
+use crate::devices::{self, DeviceProps, NoDevice, Port};
 use crate::error::{NetError, NetResult};
+use crate::handle::Registry;
 use crate::log::{INIT_NET, info, warn};
-use crate::abi::props::DeviceProps;
-use crate::handle::{Handle, Registry};
 use core::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -56,9 +55,11 @@ fn acquire(counted: bool) -> NetResult<()> {
             // Before any memory is registered (only comms register).
             fork_policy();
             info!(INIT_NET, "initialized with {} port(s)", ports.len());
+            let config = Config::from_env();
+            device::set_retry_settings(Some((config.ib_timeout, config.ib_retry_cnt)));
             *global = Some(Global {
                 ports: Arc::new(ports),
-                config: Config::from_env(),
+                config,
                 users: usize::from(counted),
             });
             Ok(())
@@ -127,11 +128,12 @@ pub(crate) fn init_context(comm_id: u64, traffic_class: Option<i32>) -> NetResul
 
 /// `finalize(ctx)`: drop the context; the last one closes the devices.
 pub(crate) fn finalize(ctx: *mut c_void) -> NetResult<()> {
-    let handle = Handle::from_ptr(ctx)
-        .filter(|h| CONTEXTS.is_own_kind(*h))
+    let handle = CONTEXTS
+        .decode(ctx)
         .ok_or_else(|| NetError::misuse("finalize: NULL or unknown context"))?;
-    let ctx = CONTEXTS
-        .remove(handle)
+    // SAFETY: NCCL finalizes a context only after closing every comm created under it, and no
+    // other call uses it concurrently; no reference from `context` outlives those calls.
+    let ctx = unsafe { CONTEXTS.remove(handle) }
         .ok_or_else(|| NetError::misuse("finalize: context already finalized"))?;
     info!(INIT_NET, "finalize for communicator {:#x}", ctx.comm_id);
     release();
@@ -144,6 +146,7 @@ fn release() {
         g.users = g.users.saturating_sub(1);
         if g.users == 0 {
             *global = None;
+            device::set_retry_settings(None);
         }
     }
 }
@@ -153,12 +156,11 @@ pub(crate) fn context(ctx: *mut c_void) -> NetResult<Option<&'static NetContext>
     if ctx.is_null() {
         return Ok(None);
     }
-    let handle = Handle::from_ptr(ctx)
-        .filter(|h| CONTEXTS.is_own_kind(*h))
+    let handle = CONTEXTS
+        .decode(ctx)
         .ok_or_else(|| NetError::misuse("unknown plugin context"))?;
-    // SAFETY: NCCL finalizes a context only after closing every comm created under it, so no
-    // call using it runs concurrently with its removal.
-    let ctx = unsafe { CONTEXTS.get(handle) }
+    let ctx = CONTEXTS
+        .find(handle)
         .ok_or_else(|| NetError::misuse("plugin context already finalized"))?;
     Ok(Some(ctx))
 }

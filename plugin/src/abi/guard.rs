@@ -4,9 +4,9 @@
 //! (turning them into `ncclInternalError` plus one WARN line) and maps [`NetError`] onto
 //! `ncclResult_t`, logging it once.
 
-use crate::sys::{NCCL_INTERNAL_ERROR, NCCL_SUCCESS, NcclResult};
 use crate::error::NetResult;
 use crate::log::warn;
+use crate::sys::{NCCL_INTERNAL_ERROR, NCCL_SUCCESS, NcclResult};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// Run `body` for the exported function `name` and convert the outcome to `ncclResult_t`.

@@ -1,7 +1,9 @@
-//! Version-independent device properties and their translation into each ABI version's struct.
+//! Per-version device properties: [`DeviceProps`] translated into each ABI version's struct,
+//! and the limits every version advertises.
 
+use crate::devices::DeviceProps;
 use crate::sys::*;
-use core::ffi::{c_char, c_int};
+use core::ffi::c_int;
 
 /// Largest message Rivet moves in one request: NCCL's `MAX_NET_SIZE` (1 GiB), which also fits the
 /// `int` sizes of the v6–v8 ABIs and `test`'s `int* sizes` in every version.
@@ -9,33 +11,6 @@ pub const MAX_MESSAGE_BYTES: usize = 1 << 30;
 
 /// Most buffers one grouped receive may carry (`maxRecvs`).
 pub const MAX_RECVS: c_int = 8;
-
-/// What `getProperties` reports for one device, before it is cast into a versioned struct.
-#[derive(Clone, Copy, Debug)]
-pub struct DeviceProps {
-    /// NUL-terminated device name with process lifetime.
-    pub name: *const c_char,
-    /// NUL-terminated PCI path with process lifetime.
-    pub pci_path: *const c_char,
-    /// NIC guid.
-    pub guid: u64,
-    /// `NCCL_PTR_*` bits.
-    pub ptr_support: c_int,
-    /// Mb/s.
-    pub speed_mbps: c_int,
-    /// Port number as NCCL sees it.
-    pub port: c_int,
-    /// Maximum number of comms.
-    pub max_comms: c_int,
-    /// Physical members (a physical device lists itself).
-    pub members: [c_int; 8],
-    /// Number of valid entries in `members`.
-    pub member_count: c_int,
-    /// Rail id or -1.
-    pub rail_id: i16,
-    /// Plane id or -1.
-    pub plane_id: i16,
-}
 
 /// A versioned `ncclNetProperties_vN_t` that can be filled from [`DeviceProps`].
 pub trait VersionedProps {

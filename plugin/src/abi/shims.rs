@@ -5,13 +5,13 @@
 //! use; buffers NCCL passes (`handle`, arrays of `n` elements) are trusted to have the sizes the
 //! ABI documents, as NCCL's own transports do.
 
-use crate::sys::*;
+use super::guard::ffi_call;
+use crate::abi::props::{MAX_MESSAGE_BYTES, MAX_RECVS, VersionedProps};
 use crate::comm;
 use crate::error::{NetError, NetResult};
-use super::guard::ffi_call;
 use crate::log;
 use crate::net;
-use crate::abi::props::{MAX_MESSAGE_BYTES, MAX_RECVS, VersionedProps};
+use crate::sys::*;
 use core::ffi::{c_int, c_void};
 
 type Ptr = *mut c_void;

@@ -2,8 +2,9 @@
 //! libibverbs everywhere else, chosen per port when it is opened.
 
 use super::device::OpenPort;
-use super::endpoint::{Endpoint, QpSettings, Role};
+use super::endpoint::{Endpoint, Role};
 use super::mlx5::endpoint::Mlx5Endpoint;
+use crate::config::QpSettings;
 use crate::log::{INIT_NET, info};
 use rivet_core::nic::{Completion, Nic, NicError, SendWr};
 use rivet_core::wire::EndpointInfo;

@@ -6,7 +6,7 @@ use rivet_core::event::{DeviceEvent, EventBook, WatchId, rc_retry_budget};
 use rivet_verbs_ffi::discover::PortInfo;
 use rivet_verbs_ffi::sys::event_type;
 use rivet_verbs_ffi::{Context, DeviceList, ProtectionDomain, VerbsError};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The device events that fail connections, by connection (policy in `rivet_core::event`).
@@ -80,6 +80,28 @@ fn direct_path_wanted(context: &Context, info: &PortInfo) -> bool {
         "{} port {}: data path {path} ({why})", info.name, info.port
     );
     direct
+}
+
+/// `NCCL_IB_TIMEOUT` and `NCCL_IB_RETRY_CNT` (low and high byte) of the `init` in force, for
+/// the link-down log line; 0 while the plugin is not initialized (the defaults 20 and 7 apply).
+/// Set by `net`, which owns the settings, so the backend need not reach up for them.
+static RETRY_SETTINGS: AtomicU16 = AtomicU16::new(0);
+
+/// Record the retry settings of the `init` now in force (`None`: none is).
+pub(crate) fn set_retry_settings(settings: Option<(u8, u8)>) {
+    let bits = settings.map_or(0, |(timeout, retries)| {
+        u16::from_le_bytes([timeout, retries])
+    });
+    RETRY_SETTINGS.store(bits, Ordering::Relaxed);
+}
+
+/// (`NCCL_IB_TIMEOUT`, `NCCL_IB_RETRY_CNT`) in force.
+fn retry_settings() -> (u8, u8) {
+    match RETRY_SETTINGS.load(Ordering::Relaxed).to_le_bytes() {
+        // NCCL_IB_TIMEOUT is 1..=31 once set, so 0 means "not initialized".
+        [0, _] => (20, 7),
+        [timeout, retries] => (timeout, retries),
+    }
 }
 
 /// A port opened for use: created on the first comm that needs it, dropped with the last one.
@@ -206,8 +228,7 @@ impl OpenPort {
             }
             DeviceEvent::PortError { port: p } if p == u32::from(port) => {
                 // Not fatal: RC retransmission rides out a flap shorter than the retry budget.
-                let (timeout, retries) =
-                    crate::net::config().map_or((20, 7), |c| (c.ib_timeout, c.ib_retry_cnt));
+                let (timeout, retries) = retry_settings();
                 let budget = rc_retry_budget(timeout, retries)
                     .map_or_else(|| "indefinitely".to_string(), |d| format!("for up to {d}"));
                 warn!(

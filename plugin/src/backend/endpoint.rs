@@ -7,6 +7,7 @@
 use super::device::OpenPort;
 use super::qp_params;
 use super::region::Region;
+use crate::config::QpSettings;
 use rivet_core::data::codec::{WrId, WrKind};
 use rivet_core::nic::{
     Completion, CompletionKind, Nic, NicError, Payload, SendOp, SendWr, WcStatus,
@@ -27,19 +28,6 @@ pub(crate) enum Role {
     Sender,
     /// `accept` side: inbound completion records, one receive per outstanding slot.
     Receiver,
-}
-
-/// Queue-pair settings from the environment (NCCL's `NCCL_IB_*` knobs).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct QpSettings {
-    /// `NCCL_IB_TIMEOUT`.
-    pub(crate) timeout: u8,
-    /// `NCCL_IB_RETRY_CNT`.
-    pub(crate) retry_cnt: u8,
-    /// Traffic class for the GRH.
-    pub(crate) traffic_class: u8,
-    /// Service level.
-    pub(crate) service_level: u8,
 }
 
 /// Largest chain posted with one `ibv_post_send` (the core's chains are shorter; longer ones are

@@ -3,8 +3,8 @@
 //! choices: min_rnr_timer 12, hop limit 255, one outstanding read, the local port in the address
 //! vector, the smaller of the two MTUs).
 
-use super::endpoint::QpSettings;
 use super::region::Region;
+use crate::config::QpSettings;
 use crate::log::warn;
 use rivet_core::nic::RemoteRegion;
 use rivet_core::route::{self, GrhReason, LocalPort};

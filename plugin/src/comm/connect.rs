@@ -6,16 +6,16 @@
 //! token is a registry handle, not a pointer: a corrupt or stale token is simply not found, and
 //! the connect starts afresh.
 
-use super::Ptr;
 use super::data::{self, DataComm, Side};
 use crate::backend::any::AnyEndpoint as Endpoint;
-use crate::backend::endpoint::{QpSettings, Role};
+use crate::backend::endpoint::Role;
 use crate::clock;
+use crate::config::QpSettings;
 use crate::error::{NetError, NetResult};
+use crate::handle::{Handle, Ptr, Registry};
 use crate::log::{INIT_NET, info};
 use crate::net::{self, NetContext};
 use crate::oob::{pump, socket};
-use crate::handle::{Handle, Registry};
 use core::ffi::c_int;
 use rivet_core::data::SendConn;
 use rivet_core::handshake::{Connector, ConnectorEvent};
@@ -45,7 +45,7 @@ fn read_token(handle: &[u8; 128]) -> Option<Handle> {
     }
     let mut bits = [0u8; 8];
     bits.copy_from_slice(&token[8..16]);
-    Handle::from_ptr(u64::from_le_bytes(bits) as usize as Ptr).filter(|h| CONNECTS.is_own_kind(*h))
+    CONNECTS.decode(u64::from_le_bytes(bits) as usize as Ptr)
 }
 
 fn write_token(handle: &mut [u8; 128], token: Option<Handle>) {
@@ -167,9 +167,7 @@ pub(crate) fn connect(
     handle: &mut [u8; 128],
 ) -> NetResult<Option<Ptr>> {
     let token = read_token(handle);
-    // SAFETY: a pending connect is only touched by the thread calling `connect` with its handle;
-    // NCCL polls one handle from one thread.
-    let resumed = token.filter(|t| unsafe { CONNECTS.get(*t) }.is_some());
+    let resumed = token.filter(|t| CONNECTS.find(*t).is_some());
     let token = match resumed {
         Some(t) => t,
         None => {
@@ -181,8 +179,9 @@ pub(crate) fn connect(
             t
         }
     };
-    let mut pending = CONNECTS
-        .remove(token)
+    // SAFETY: a pending connect is only touched by the thread calling `connect` with its handle
+    // (NCCL polls one handle from one thread), and this one holds no reference into it.
+    let mut pending = unsafe { CONNECTS.remove(token) }
         .ok_or_else(|| NetError::misuse("connect: pending connect vanished"))?;
     match progress(&mut pending) {
         Ok(Step::Waiting) => {

@@ -11,14 +11,13 @@
 //! misuse.
 
 use super::mr;
-use super::{Finished, Ptr, RecvArgs, decode, unknown};
 use crate::backend::any::AnyEndpoint as Endpoint;
 use crate::backend::device::OpenPort;
 use crate::clock;
 use crate::error::{NetError, NetResult};
+use crate::handle::{Handle, Ptr, Registry, unknown};
 use crate::log::{INIT_NET, info, warn};
 use crate::oob::socket::{self, Liveness};
-use crate::handle::{Handle, Registry};
 use core::ffi::c_int;
 use rivet_core::data::{Completed, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn};
 use rivet_core::event::WatchId;
@@ -26,6 +25,30 @@ use rivet_core::time::{Duration, Instant};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+
+/// The arguments of one `irecv`, copied out of NCCL's arrays.
+#[derive(Debug)]
+pub(crate) struct RecvArgs {
+    /// Number of buffers (1..=8).
+    pub(crate) n: usize,
+    /// Buffer addresses.
+    pub(crate) data: [Ptr; 8],
+    /// Buffer sizes.
+    pub(crate) sizes: [usize; 8],
+    /// Tags.
+    pub(crate) tags: [c_int; 8],
+    /// Memory handles from `regMr`.
+    pub(crate) mhandles: [Ptr; 8],
+}
+
+/// What `test` reports for a finished request.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    /// Number of buffers.
+    pub(crate) n: usize,
+    /// Bytes per buffer.
+    pub(crate) sizes: [u64; 8],
+}
 
 /// A send or receive comm. Each lives in its own heap box inside the registry, so the size
 /// difference between the variants costs nothing.
@@ -340,20 +363,14 @@ pub(crate) fn insert(comm: DataComm) -> NetResult<Ptr> {
         .map_err(|full| NetError::system(full.to_string()))
 }
 
-fn lookup(call: &str, what: &str, ptr: Ptr) -> NetResult<(Handle, &'static DataComm)> {
-    let handle = decode(call, what, ptr)?;
-    // SAFETY: NCCL closes a comm only after its last call on it returned.
-    let comm = unsafe { COMMS.get(handle) }.ok_or_else(|| unknown(call, what, ptr))?;
-    Ok((handle, comm))
-}
-
-fn request_ptr(comm: Handle, req: RequestId) -> Ptr {
-    Handle {
-        index: comm.index,
-        generation: comm.generation,
-        low: req.to_bits(),
-    }
-    .to_ptr()
+/// The port of data comm `comm`, for `regMr`/`deregMr`.
+pub(crate) fn port_of(call: &str, comm: Ptr) -> NetResult<Arc<OpenPort>> {
+    // The memory layer's errors name the argument "comm" (it may be either direction).
+    let (_, entry) = COMMS.lookup(call, "comm", comm)?;
+    Ok(match entry {
+        DataComm::Send(side) => Arc::clone(side.port()),
+        DataComm::Recv(side) => Arc::clone(side.port()),
+    })
 }
 
 pub(crate) fn isend(
@@ -363,10 +380,7 @@ pub(crate) fn isend(
     tag: c_int,
     mh: Ptr,
 ) -> NetResult<Option<Ptr>> {
-    let (handle, entry) = lookup("isend", "sendComm", comm)?;
-    if !COMMS.is_own_kind(handle) {
-        return Err(unknown("isend", "sendComm", comm));
-    }
+    let (handle, entry) = COMMS.lookup("isend", "sendComm", comm)?;
     let DataComm::Send(side) = entry else {
         return Err(NetError::misuse("isend on a receive comm"));
     };
@@ -391,7 +405,7 @@ pub(crate) fn isend(
         },
         tag as u32,
     ) {
-        Ok(Some(req)) => Ok(Some(request_ptr(handle, req))),
+        Ok(Some(req)) => Ok(Some(handle.request_ptr(req.to_bits()))),
         Ok(None) => match watch.check(&side.port) {
             None => Ok(None),
             Some(err) => {
@@ -404,10 +418,7 @@ pub(crate) fn isend(
 }
 
 pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Option<Ptr>> {
-    let (handle, entry) = lookup("irecv", "recvComm", comm)?;
-    if !COMMS.is_own_kind(handle) {
-        return Err(unknown("irecv", "recvComm", comm));
-    }
+    let (handle, entry) = COMMS.lookup("irecv", "recvComm", comm)?;
     let DataComm::Recv(side) = entry else {
         return Err(NetError::misuse("irecv on a send comm"));
     };
@@ -434,7 +445,7 @@ pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Option<Ptr>> {
         watch,
     } = &mut *state;
     match conn.irecv(endpoint, &bufs[..args.n], &tags[..args.n]) {
-        Ok(Some(req)) => Ok(Some(request_ptr(handle, req))),
+        Ok(Some(req)) => Ok(Some(handle.request_ptr(req.to_bits()))),
         Ok(None) => match watch.check(&side.port) {
             None => Ok(None),
             Some(err) => {
@@ -448,7 +459,7 @@ pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Option<Ptr>> {
 
 /// The local QP number of a data comm, for profiler events (asked only with a profiler attached).
 pub(crate) fn local_qp(comm: Ptr) -> Option<u32> {
-    let (_, entry) = lookup("profiler", "comm", comm).ok()?;
+    let (_, entry) = COMMS.lookup("profiler", "comm", comm).ok()?;
     match entry {
         DataComm::Send(side) => Some(side.lock("profiler").ok()?.endpoint.qp_num()),
         DataComm::Recv(side) => Some(side.lock("profiler").ok()?.endpoint.qp_num()),
@@ -456,7 +467,7 @@ pub(crate) fn local_qp(comm: Ptr) -> Option<u32> {
 }
 
 pub(crate) fn iflush(comm: Ptr, n: c_int) -> NetResult<()> {
-    let (_, entry) = lookup("iflush", "recvComm", comm)?;
+    let (_, entry) = COMMS.lookup("iflush", "recvComm", comm)?;
     if !matches!(entry, DataComm::Recv(_)) {
         return Err(NetError::misuse("iflush on a send comm"));
     }
@@ -476,9 +487,8 @@ fn finished(done: Completed) -> Option<Finished> {
 }
 
 pub(crate) fn test(request: Ptr) -> NetResult<Option<Finished>> {
-    let (handle, entry) = lookup("test", "request", request)?;
-    let req =
-        RequestId::from_bits(handle.low).ok_or_else(|| unknown("test", "request", request))?;
+    let (entry, id) = COMMS.lookup_request("test", "request", request)?;
+    let req = RequestId::from_bits(id).ok_or_else(|| unknown("test", "request", request))?;
     match entry {
         DataComm::Send(side) => side.test(req),
         DataComm::Recv(side) => side.test(req),
@@ -486,17 +496,14 @@ pub(crate) fn test(request: Ptr) -> NetResult<Option<Finished>> {
 }
 
 fn close(call: &str, comm: Ptr, want_send: bool) -> NetResult<()> {
-    let (handle, entry) = lookup(call, "comm", comm)?;
-    if !COMMS.is_own_kind(handle) || matches!(entry, DataComm::Send(_)) != want_send {
-        return Err(unknown(
-            call,
-            if want_send { "sendComm" } else { "recvComm" },
-            comm,
-        ));
+    let what = if want_send { "sendComm" } else { "recvComm" };
+    let (handle, entry) = COMMS.lookup(call, what, comm)?;
+    if matches!(entry, DataComm::Send(_)) != want_send {
+        return Err(unknown(call, what, comm));
     }
-    let comm = COMMS
-        .remove(handle)
-        .ok_or_else(|| unknown(call, "comm", comm))?;
+    // SAFETY: a close is NCCL's last call on a comm, after every other call on it returned; this
+    // thread's `entry` is not used past here.
+    let comm = unsafe { COMMS.remove(handle) }.ok_or_else(|| unknown(call, what, comm))?;
     match &*comm {
         DataComm::Send(side) => side.drain_before_close(call),
         DataComm::Recv(side) => side.drain_before_close(call),

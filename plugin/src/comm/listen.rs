@@ -7,17 +7,17 @@
 //! one receive comm per listen comm and closes the listen comm right after).
 
 use super::data::{self, DataComm, Side};
-use super::{Ptr, decode, unknown};
 use crate::backend::any::AnyEndpoint as Endpoint;
 use crate::backend::device::OpenPort;
-use crate::backend::endpoint::{QpSettings, Role};
+use crate::backend::endpoint::Role;
 use crate::clock;
 use crate::config::Config;
+use crate::config::QpSettings;
 use crate::error::{NetError, NetResult};
+use crate::handle::{Handle, Ptr, Registry, unknown};
 use crate::log::{INIT_NET, info, warn};
 use crate::net::{self, NetContext};
 use crate::oob::{iface, pump, socket};
-use crate::handle::{Handle, Registry};
 use core::ffi::c_int;
 use rivet_core::data::RecvConn;
 use rivet_core::handshake::{Acceptor, AcceptorEvent};
@@ -105,13 +105,7 @@ pub(crate) fn listen(
 }
 
 fn lookup(call: &str, ptr: Ptr) -> NetResult<(Handle, &'static ListenComm)> {
-    let handle = decode(call, "listenComm", ptr)?;
-    if !LISTENS.is_own_kind(handle) {
-        return Err(unknown(call, "listenComm", ptr));
-    }
-    // SAFETY: NCCL closes a listen comm only after its last `accept` returned.
-    let comm = unsafe { LISTENS.get(handle) }.ok_or_else(|| unknown(call, "listenComm", ptr))?;
-    Ok((handle, comm))
+    LISTENS.lookup(call, "listenComm", ptr)
 }
 
 /// What became of one pending connection after a round of progress.
@@ -260,8 +254,9 @@ pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
 
 pub(crate) fn close_listen(listen: Ptr) -> NetResult<()> {
     let (handle, _) = lookup("closeListen", listen)?;
-    LISTENS
-        .remove(handle)
+    // SAFETY: NCCL closes a listen comm only after its last `accept` returned, and `accept` keeps
+    // no reference past its return.
+    unsafe { LISTENS.remove(handle) }
         .map(drop)
         .ok_or_else(|| unknown("closeListen", "listenComm", listen))
 }

@@ -1,64 +1,41 @@
-//! Comms and memory registrations as NCCL sees them: opaque handles resolved through registries,
-//! and the entry points the ABI shims call.
+//! Comms and memory registrations as NCCL sees them: objects behind typed handles
+//! ([`crate::handle`]), and the entry points the ABI shims call.
 //!
+//! Bottom to top (each file imports only the ones before it):
+//! - [`mr`]: memory registrations and their table.
+//! - [`data`]: established send/receive comms and the data path (isend/irecv/test).
 //! - [`listen`]: listen comms and `accept` (one handshake machine per incoming TCP connection).
 //! - [`connect`]: `connect`, resumable across NCCL's polling calls.
-//! - [`data`]: established send/receive comms and the data path (isend/irecv/test).
-//! - [`mr`]: memory registrations.
+//!
+//! This file only re-exports them, and joins `regMr`/`deregMr` (a registration) to the comm
+//! whose port they use (a data comm), so neither of `mr` and `data` imports the other both ways.
 
 mod connect;
 mod data;
 mod listen;
 mod mr;
 
-use crate::error::{NetError, NetResult};
-use crate::handle::Handle;
-use core::ffi::{c_int, c_void};
+use crate::error::NetResult;
+use crate::handle::Ptr;
+use core::ffi::c_int;
 
 pub(crate) use connect::connect;
-pub(crate) use data::local_qp;
+pub(crate) use data::{RecvArgs, local_qp};
 pub(crate) use data::{close_recv, close_send, iflush, irecv, isend, test};
 pub(crate) use listen::{accept, close_listen, listen};
-pub(crate) use mr::{dereg_mr, reg_mr};
 
-type Ptr = *mut c_void;
-
-/// The arguments of one `irecv`, copied out of NCCL's arrays.
-#[derive(Debug)]
-pub(crate) struct RecvArgs {
-    /// Number of buffers (1..=8).
-    pub(crate) n: usize,
-    /// Buffer addresses.
-    pub(crate) data: [Ptr; 8],
-    /// Buffer sizes.
-    pub(crate) sizes: [usize; 8],
-    /// Tags.
-    pub(crate) tags: [c_int; 8],
-    /// Memory handles from `regMr`.
-    pub(crate) mhandles: [Ptr; 8],
+/// `regMr`/`regMrDmaBuf` on the port of data comm `comm`.
+pub(crate) fn reg_mr(
+    comm: Ptr,
+    data: Ptr,
+    size: usize,
+    kind: c_int,
+    dmabuf: Option<(u64, c_int)>,
+) -> NetResult<Ptr> {
+    mr::reg_mr(data::port_of("regMr", comm)?, data, size, kind, dmabuf)
 }
 
-/// What `test` reports for a finished request.
-#[derive(Debug)]
-pub(crate) struct Finished {
-    /// Number of buffers.
-    pub(crate) n: usize,
-    /// Bytes per buffer.
-    pub(crate) sizes: [u64; 8],
-}
-
-/// The error for a handle that is NULL or not a live object of the expected kind.
-fn unknown(call: &str, what: &str, ptr: Ptr) -> NetError {
-    if ptr.is_null() {
-        NetError::misuse(format!("{call}: {what} is NULL"))
-    } else {
-        NetError::misuse(format!(
-            "{call}: {what} {ptr:p} is not a live Rivet object (closed, or never created)"
-        ))
-    }
-}
-
-/// Decode a handle NCCL passed back, or fail naming the call and argument.
-fn decode(call: &str, what: &str, ptr: Ptr) -> NetResult<Handle> {
-    Handle::from_ptr(ptr).ok_or_else(|| unknown(call, what, ptr))
+/// `deregMr` of a registration on the port of data comm `comm`.
+pub(crate) fn dereg_mr(comm: Ptr, mh: Ptr) -> NetResult<()> {
+    mr::dereg_mr(&data::port_of("deregMr", comm)?, mh)
 }

@@ -1,11 +1,9 @@
 //! Memory registration: `regMr`, `regMrDmaBuf`, `deregMr`.
 
-use super::data::{COMMS, DataComm};
-use super::{Ptr, decode, unknown};
-use crate::sys::NCCL_PTR_HOST;
 use crate::backend::device::OpenPort;
 use crate::error::{NetError, NetResult};
-use crate::handle::{Handle, Registry};
+use crate::handle::{Handle, Ptr, Registry, unknown};
+use crate::sys::NCCL_PTR_HOST;
 use core::ffi::c_int;
 use rivet_verbs_ffi::sys::access;
 use rivet_verbs_ffi::{MemoryRegion, VerbsError};
@@ -62,34 +60,19 @@ impl UserMr {
 pub(crate) static MRS: Registry<UserMr> = Registry::new(0x3e3e, "live memory registrations");
 
 /// Look up a memory handle passed to isend/irecv.
+#[inline]
 pub(crate) fn lookup(call: &str, mh: Ptr) -> NetResult<&'static UserMr> {
-    let handle = decode(call, "mhandle", mh)?;
-    if !MRS.is_own_kind(handle) {
-        return Err(unknown(call, "mhandle", mh));
-    }
-    // SAFETY: NCCL deregisters a buffer only after the transfers using it completed.
-    unsafe { MRS.get(handle) }.ok_or_else(|| unknown(call, "mhandle", mh))
+    MRS.lookup(call, "mhandle", mh).map(|(_, mr)| mr)
 }
 
-fn comm_port(call: &str, comm: Ptr) -> NetResult<Arc<OpenPort>> {
-    let handle = decode(call, "comm", comm)?;
-    // SAFETY: NCCL does not close a comm while registering memory on it.
-    let entry = unsafe { COMMS.get(handle) }.filter(|_| COMMS.is_own_kind(handle));
-    match entry {
-        Some(DataComm::Send(s)) => Ok(Arc::clone(s.port())),
-        Some(DataComm::Recv(r)) => Ok(Arc::clone(r.port())),
-        None => Err(unknown(call, "comm", comm)),
-    }
-}
-
+/// Register `size` bytes at `data` in `port`'s protection domain.
 pub(crate) fn reg_mr(
-    comm: Ptr,
+    port: Arc<OpenPort>,
     data: Ptr,
     size: usize,
     kind: c_int,
     dmabuf: Option<(u64, c_int)>,
 ) -> NetResult<Ptr> {
-    let port = comm_port("regMr", comm)?;
     if data.is_null() && size > 0 {
         return Err(NetError::invalid_argument("regMr: NULL buffer"));
     }
@@ -146,18 +129,15 @@ fn reg_error(err: &VerbsError, data: Ptr, size: usize) -> NetError {
     ))
 }
 
-pub(crate) fn dereg_mr(comm: Ptr, mh: Ptr) -> NetResult<()> {
-    let port = comm_port("deregMr", comm)?;
-    let handle = decode("deregMr", "mhandle", mh)?;
-    if !MRS.is_own_kind(handle) {
+/// Deregister `mh`, which must belong to `port` (the port of the comm NCCL named).
+pub(crate) fn dereg_mr(port: &Arc<OpenPort>, mh: Ptr) -> NetResult<()> {
+    let (handle, mr) = MRS.lookup("deregMr", "mhandle", mh)?;
+    if !mr.is_on(port) {
         return Err(unknown("deregMr", "mhandle", mh));
     }
-    // SAFETY: only read to check ownership; removal below is serialised by the registry.
-    let owned = unsafe { MRS.get(handle) }.is_some_and(|m| m.is_on(&port));
-    if !owned {
-        return Err(unknown("deregMr", "mhandle", mh));
-    }
-    MRS.remove(handle)
+    // SAFETY: NCCL deregisters a buffer only after the transfers using it completed and never
+    // concurrently with a call using it; `mr` is not used past here.
+    unsafe { MRS.remove(handle) }
         .map(drop)
         .ok_or_else(|| unknown("deregMr", "mhandle", mh))
 }

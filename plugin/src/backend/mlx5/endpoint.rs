@@ -23,9 +23,10 @@ use rivet_verbs_ffi::{CompletionQueue, QpCaps, RcTransitions, VerbsError};
 use super::model::{ModelRegions, model_nic};
 use super::nic::{ControlRegions, DirectNic};
 use crate::backend::device::OpenPort;
-use crate::backend::endpoint::{QpSettings, Role};
+use crate::backend::endpoint::Role;
 use crate::backend::qp_params;
 use crate::backend::region::Region;
+use crate::config::QpSettings;
 
 /// Inline sizes tried when creating the QP, largest first. 220 is the most an RDMA WRITE WQE
 /// carries inline in one 256-byte BlueFlame burst (reference §2.11).
