@@ -1,4 +1,9 @@
 //! The RDMA ports Rivet exposes to NCCL: discovered on the first `init`, opened on first use.
+//!
+//! Unsafe (opted in): `Port` holds C strings NCCL reads through raw pointers in its properties, so
+//! it is marked `Send`/`Sync` by hand; the strings are owned by the port and never change.
+
+#![allow(unsafe_code)]
 
 use crate::backend::device::OpenPort;
 use crate::sys::{NCCL_NET_ID_UNDEF, NCCL_PTR_HOST};

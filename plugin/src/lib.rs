@@ -22,6 +22,8 @@
 //! | 9 | `profiler` | NCCL profiler events around the data path |
 //! | 10 | `abi` | the exported tables, per-version shims, the panic guard, per-version properties |
 
+#![deny(unsafe_code)]
+
 pub mod abi;
 mod backend;
 mod clock;

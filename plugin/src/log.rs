@@ -6,6 +6,8 @@
 //! every line is formatted in Rust and passed as a single `"%s"` argument, so no user-controlled
 //! text is ever interpreted as a format string.
 
+#![allow(unsafe_code)]
+
 use crate::sys::{NCCL_INIT, NCCL_LOG_INFO, NCCL_LOG_WARN, NCCL_NET, NcclDebugLogger};
 use core::ffi::{c_char, c_int, c_ulong};
 use std::ffi::CString;

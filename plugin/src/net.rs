@@ -1,5 +1,10 @@
 //! The one implementation behind every ABI version: version-independent entry points that the
 //! per-version shims in [`crate::abi::shims`] call after converting their arguments.
+//!
+//! Unsafe (opted in): `finalize` removes a context from its handle table, which [`crate::handle`]
+//! makes `unsafe`: no reference to it may be in use, which NCCL's contract guarantees.
+
+#![allow(unsafe_code)]
 
 use crate::backend::device::{self, OpenPort};
 use crate::config::Config;

@@ -15,6 +15,8 @@
 //! and branch on it; nothing else runs. With a profiler the open events of live requests are kept
 //! in a table behind a mutex (the profiler itself allocates and locks per event too).
 
+#![allow(unsafe_code)]
+
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -216,6 +218,11 @@ mod tests {
     static STOPPED: AtomicI64 = AtomicI64::new(0);
     static HANDLE: u8 = 0;
 
+    /// A profiler callback that records what the plugin reports.
+    ///
+    /// # Safety
+    /// `ext` points to a `NetIbDescr` for a start event; `e_handle` is valid for a read and a
+    /// write of a pointer, as the plugin's own `start`/`stop` pass them.
     unsafe extern "C" fn recorder(
         e_handle: *mut *mut c_void,
         kind: c_int,

@@ -2,6 +2,8 @@
 //!
 //! Unsafe: one `libc::getrandom` call into a caller-provided buffer.
 
+#![allow(unsafe_code)]
+
 /// Fill `buf` with random bytes; falls back to time and address entropy if `getrandom` fails
 /// (the values need to be unpredictable enough to tell connections apart, not secret).
 pub(crate) fn fill(buf: &mut [u8]) {

@@ -99,9 +99,8 @@ fn parse_tree(s: &[u8], i: &mut usize, mut prefix: Vec<String>, out: &mut Vec<Ve
                 let before = *i;
                 parse_tree(s, i, prefix.clone(), out);
                 skip_ws(s, i);
-                if *i < s.len() && s[*i] == b',' {
-                    *i += 1;
-                } else if *i == before {
+                // Step over the comma, or over a byte the parser could not use (no endless loop).
+                if *i < s.len() && (s[*i] == b',' || *i == before) {
                     *i += 1;
                 }
             }

@@ -5,6 +5,8 @@
 //! use; buffers NCCL passes (`handle`, arrays of `n` elements) are trusted to have the sizes the
 //! ABI documents, as NCCL's own transports do.
 
+#![allow(unsafe_code)]
+
 use super::guard::ffi_call;
 use crate::abi::props::{MAX_MESSAGE_BYTES, MAX_RECVS, VersionedProps};
 use crate::comm;
@@ -61,11 +63,22 @@ fn traffic_class(config: *const NcclNetCommConfig) -> Option<i32> {
 
 // ---- lifecycle ----
 
+/// `init` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents.
+/// - `logger` is NULL or a function that stays callable while the plugin is loaded.
 pub(super) unsafe extern "C" fn init_v6(logger: NcclDebugLogger) -> NcclResult {
     log::set_logger(logger);
     ffi_call("init", net::init)
 }
 
+/// `init` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents.
+/// - `logger` is NULL or a function that stays callable while the plugin is loaded.
+/// - `profiler` is NULL or a function that stays callable while the plugin is loaded.
 pub(super) unsafe extern "C" fn init_v10(
     logger: NcclDebugLogger,
     profiler: NcclProfilerCallback,
@@ -75,6 +88,14 @@ pub(super) unsafe extern "C" fn init_v10(
     ffi_call("init", net::init)
 }
 
+/// `init` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents.
+/// - `ctx` is NULL or valid for a write of a pointer.
+/// - `config` is NULL or points to an `ncclNetCommConfig_t` readable for the call.
+/// - `logger` is NULL or a function that stays callable while the plugin is loaded.
+/// - `profiler` is NULL or a function that stays callable while the plugin is loaded.
 pub(super) unsafe extern "C" fn init_v11(
     ctx: *mut Ptr,
     comm_id: u64,
@@ -94,10 +115,20 @@ pub(super) unsafe extern "C" fn init_v11(
     })
 }
 
+/// `finalize` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`ctx`) may be any value: the handle layer checks
+/// them and never dereferences them.
 pub(super) unsafe extern "C" fn finalize(ctx: Ptr) -> NcclResult {
     ffi_call("finalize", || net::finalize(ctx))
 }
 
+/// `setNetAttr` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`ctx`) may be any value: the handle layer checks
+/// them and never dereferences them. Never read: `_attr`.
 pub(super) unsafe extern "C" fn set_net_attr(ctx: Ptr, _attr: *mut NcclNetAttr) -> NcclResult {
     // The hints describe NCCL's traffic pattern; Rivet's protocol does not use them yet.
     ffi_call("setNetAttr", || net::context(ctx).map(drop))
@@ -105,6 +136,11 @@ pub(super) unsafe extern "C" fn set_net_attr(ctx: Ptr, _attr: *mut NcclNetAttr) 
 
 // ---- devices ----
 
+/// `devices` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents.
+/// - `ndev` is NULL or valid for a write of an `int`.
 pub(super) unsafe extern "C" fn devices(ndev: *mut c_int) -> NcclResult {
     // SAFETY: NCCL passes a valid `int*` (NULL is rejected by `put`).
     ffi_call("devices", || unsafe {
@@ -112,6 +148,11 @@ pub(super) unsafe extern "C" fn devices(ndev: *mut c_int) -> NcclResult {
     })
 }
 
+/// `getProperties` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents.
+/// - `props` is NULL or valid for a write of the version's `ncclNetProperties_vN_t`.
 pub(super) unsafe extern "C" fn get_properties<P: VersionedProps>(
     dev: c_int,
     props: *mut P,
@@ -125,6 +166,11 @@ pub(super) unsafe extern "C" fn get_properties<P: VersionedProps>(
 
 // ---- connection setup ----
 
+/// `listen` of every version (`ctx` NULL before v11).
+///
+/// # Safety
+/// As the `listen` entries: `handle` is NULL or points to `NCCL_NET_HANDLE_MAXSIZE` writable
+/// bytes, `listen_comm` is NULL or valid for a write of a pointer; `ctx` is a handle (checked).
 unsafe fn listen_common(ctx: Ptr, dev: c_int, handle: Ptr, listen_comm: *mut Ptr) -> NcclResult {
     ffi_call("listen", || {
         let ctx = net::context(ctx)?;
@@ -136,6 +182,13 @@ unsafe fn listen_common(ctx: Ptr, dev: c_int, handle: Ptr, listen_comm: *mut Ptr
     })
 }
 
+/// `listen` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents.
+/// - `handle` is NULL or points to `NCCL_NET_HANDLE_MAXSIZE` bytes, readable and writable for the
+///   call.
+/// - `listen_comm` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn listen_v6(
     dev: c_int,
     handle: Ptr,
@@ -145,6 +198,14 @@ pub(super) unsafe extern "C" fn listen_v6(
     unsafe { listen_common(core::ptr::null_mut(), dev, handle, listen_comm) }
 }
 
+/// `listen` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`ctx`) may be any value: the handle layer checks
+/// them and never dereferences them.
+/// - `handle` is NULL or points to `NCCL_NET_HANDLE_MAXSIZE` bytes, readable and writable for the
+///   call.
+/// - `listen_comm` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn listen_v11(
     ctx: Ptr,
     dev: c_int,
@@ -155,6 +216,12 @@ pub(super) unsafe extern "C" fn listen_v11(
     unsafe { listen_common(ctx, dev, handle, listen_comm) }
 }
 
+/// `connect` of every version (`ctx` NULL before v11).
+///
+/// # Safety
+/// As the `connect` entries: `handle` is NULL or points to `NCCL_NET_HANDLE_MAXSIZE` readable
+/// and writable bytes, `send_comm` is NULL or valid for a write of a pointer; `ctx` is a handle
+/// (checked).
 unsafe fn connect_common(
     ctx: Ptr,
     dev: c_int,
@@ -180,6 +247,13 @@ unsafe fn connect_common(
     })
 }
 
+/// `connect` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents.
+/// - `handle` is NULL or points to `NCCL_NET_HANDLE_MAXSIZE` bytes, readable and writable for the
+///   call.
+/// - `send_comm` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn connect_v6(
     dev: c_int,
     handle: Ptr,
@@ -190,6 +264,12 @@ pub(super) unsafe extern "C" fn connect_v6(
 }
 
 /// v7–v9: the device-handle out-parameter is left untouched (a host plugin has none).
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Never read: `_dev_comm`.
+/// - `handle` is NULL or points to `NCCL_NET_HANDLE_MAXSIZE` bytes, readable and writable for the
+///   call.
+/// - `send_comm` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn connect_v7(
     dev: c_int,
     handle: Ptr,
@@ -200,6 +280,14 @@ pub(super) unsafe extern "C" fn connect_v7(
     unsafe { connect_common(core::ptr::null_mut(), dev, None, handle, send_comm) }
 }
 
+/// `connect` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Never read: `_dev_comm`.
+/// - `config` is NULL or points to an `ncclNetCommConfig_t` readable for the call.
+/// - `handle` is NULL or points to `NCCL_NET_HANDLE_MAXSIZE` bytes, readable and writable for the
+///   call.
+/// - `send_comm` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn connect_v10(
     dev: c_int,
     config: *mut NcclNetCommConfig,
@@ -219,6 +307,14 @@ pub(super) unsafe extern "C" fn connect_v10(
     }
 }
 
+/// `connect` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`ctx`) may be any value: the handle layer checks
+/// them and never dereferences them. Never read: `_dev_comm`.
+/// - `handle` is NULL or points to `NCCL_NET_HANDLE_MAXSIZE` bytes, readable and writable for the
+///   call.
+/// - `send_comm` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn connect_v11(
     ctx: Ptr,
     dev: c_int,
@@ -230,6 +326,12 @@ pub(super) unsafe extern "C" fn connect_v11(
     unsafe { connect_common(ctx, dev, None, handle, send_comm) }
 }
 
+/// `accept` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`listen_comm`) may be any value: the handle layer
+/// checks them and never dereferences them.
+/// - `recv_comm` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn accept_v6(listen_comm: Ptr, recv_comm: *mut Ptr) -> NcclResult {
     ffi_call("accept", || {
         let comm = comm::accept(listen_comm)?;
@@ -244,6 +346,12 @@ pub(super) unsafe extern "C" fn accept_v6(listen_comm: Ptr, recv_comm: *mut Ptr)
     })
 }
 
+/// `accept` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`listen_comm`) may be any value: the handle layer
+/// checks them and never dereferences them. Never read: `_dev_comm`.
+/// - `recv_comm` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn accept_v7(
     listen_comm: Ptr,
     recv_comm: *mut Ptr,
@@ -255,6 +363,11 @@ pub(super) unsafe extern "C" fn accept_v7(
 
 // ---- memory registration ----
 
+/// `regMr`/`regMrDmaBuf` of every version.
+///
+/// # Safety
+/// As the `regMr` entries: `mh` is NULL or valid for a write of a pointer; `data` .. `data +
+/// size` is NCCL's memory (or the DMA-BUF's), which the kernel checks; `comm` is a handle.
 unsafe fn reg_common(
     comm: Ptr,
     data: Ptr,
@@ -270,6 +383,14 @@ unsafe fn reg_common(
     })
 }
 
+/// `regMr` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`comm`) may be any value: the handle layer checks
+/// them and never dereferences them.
+/// - `data` .. `data + size` is memory of this process that stays mapped until `deregMr` (the
+///   kernel refuses what is not mapped; the CPU never reads or writes it).
+/// - `mh` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn reg_mr_int(
     comm: Ptr,
     data: Ptr,
@@ -284,6 +405,14 @@ pub(super) unsafe extern "C" fn reg_mr_int(
     }
 }
 
+/// `regMr` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`comm`) may be any value: the handle layer checks
+/// them and never dereferences them.
+/// - `data` .. `data + size` is memory of this process that stays mapped until `deregMr` (the
+///   kernel refuses what is not mapped; the CPU never reads or writes it).
+/// - `mh` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn reg_mr(
     comm: Ptr,
     data: Ptr,
@@ -295,6 +424,14 @@ pub(super) unsafe extern "C" fn reg_mr(
     unsafe { reg_common(comm, data, size, kind, None, mh) }
 }
 
+/// `regMrDmaBuf` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`comm`) may be any value: the handle layer checks
+/// them and never dereferences them.
+/// - `data` is the address the DMA-BUF `fd` maps at `offset` (the kernel checks the fd and the
+///   range; the CPU never touches `data`).
+/// - `mh` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn reg_mr_dma_buf(
     comm: Ptr,
     data: Ptr,
@@ -309,12 +446,22 @@ pub(super) unsafe extern "C" fn reg_mr_dma_buf(
     unsafe { reg_common(comm, data, size, kind, dmabuf, mh) }
 }
 
+/// `deregMr` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`comm`, `mh`) may be any value: the handle layer
+/// checks them and never dereferences them.
 pub(super) unsafe extern "C" fn dereg_mr(comm: Ptr, mh: Ptr) -> NcclResult {
     ffi_call("deregMr", || comm::dereg_mr(comm, mh))
 }
 
 // ---- data path ----
 
+/// `isend` of every version, after the size was converted.
+///
+/// # Safety
+/// As the `isend` entries: `request` is NULL or valid for a write of a pointer; `comm` and `mh`
+/// are handles (checked); `data` is only handed to the NIC, inside the checked registration.
 unsafe fn isend_common(
     comm: Ptr,
     data: Ptr,
@@ -337,6 +484,14 @@ unsafe fn isend_common(
     })
 }
 
+/// `isend` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`comm`, `mh`) may be any value: the handle layer
+/// checks them and never dereferences them.
+/// - `data` .. `data + size` lies inside the registration `mh` (checked; the CPU never reads or
+///   writes it).
+/// - `request` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn isend_int(
     comm: Ptr,
     data: Ptr,
@@ -349,6 +504,14 @@ pub(super) unsafe extern "C" fn isend_int(
     unsafe { isend_common(comm, data, size_from_int(size, "isend"), tag, mh, request) }
 }
 
+/// `isend` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`comm`, `mh`) may be any value: the handle layer
+/// checks them and never dereferences them.
+/// - `data` .. `data + size` lies inside the registration `mh` (checked; the CPU never reads or
+///   writes it).
+/// - `request` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn isend_v9(
     comm: Ptr,
     data: Ptr,
@@ -361,6 +524,15 @@ pub(super) unsafe extern "C" fn isend_v9(
     unsafe { isend_common(comm, data, Ok(size), tag, mh, request) }
 }
 
+/// `isend` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`comm`, `mh`) may be any value: the handle layer
+/// checks them and never dereferences them.
+/// - `data` .. `data + size` lies inside the registration `mh` (checked; the CPU never reads or
+///   writes it).
+/// - `phandle` is NCCL's profiler handle, passed back to its callback unread.
+/// - `request` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn isend_v10(
     comm: Ptr,
     data: Ptr,
@@ -421,6 +593,11 @@ unsafe fn recv_arrays<S: Copy>(
     Ok(args)
 }
 
+/// `irecv` of every version, with the sizes' C type converted by `size_of`.
+///
+/// # Safety
+/// As the `irecv` entries: `data`, `sizes`, `tags` and `mhs` are NULL or arrays of `n` elements
+/// readable for the call; `request` is NULL or valid for a write of a pointer; `comm` is a handle.
 #[allow(clippy::too_many_arguments)] // mirrors the C signature plus a size converter
 unsafe fn irecv_common<S: Copy>(
     comm: Ptr,
@@ -449,6 +626,16 @@ unsafe fn irecv_common<S: Copy>(
     })
 }
 
+/// `irecv` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`comm`) may be any value: the handle layer checks
+/// them and never dereferences them.
+/// - `data` is NULL or an array of `n` pointers readable for the call.
+/// - `sizes` is NULL or an array of `n` elements readable for the call.
+/// - `tags` is NULL or an array of `n` elements readable for the call.
+/// - `mhs` is NULL or an array of `n` pointers readable for the call.
+/// - `request` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn irecv_int(
     comm: Ptr,
     n: c_int,
@@ -466,6 +653,16 @@ pub(super) unsafe extern "C" fn irecv_int(
     }
 }
 
+/// `irecv` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`comm`) may be any value: the handle layer checks
+/// them and never dereferences them.
+/// - `data` is NULL or an array of `n` pointers readable for the call.
+/// - `sizes` is NULL or an array of `n` elements readable for the call.
+/// - `tags` is NULL or an array of `n` elements readable for the call.
+/// - `mhs` is NULL or an array of `n` pointers readable for the call.
+/// - `request` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn irecv_v9(
     comm: Ptr,
     n: c_int,
@@ -480,6 +677,17 @@ pub(super) unsafe extern "C" fn irecv_v9(
 }
 
 #[allow(clippy::too_many_arguments)] // the C signature
+/// `irecv` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`comm`) may be any value: the handle layer checks
+/// them and never dereferences them.
+/// - `data` is NULL or an array of `n` pointers readable for the call.
+/// - `sizes` is NULL or an array of `n` elements readable for the call.
+/// - `tags` is NULL or an array of `n` elements readable for the call.
+/// - `mhs` is NULL or an array of `n` pointers readable for the call.
+/// - `phandles` is NULL or an array of `n` pointers readable for the call.
+/// - `request` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn irecv_v10(
     comm: Ptr,
     n: c_int,
@@ -499,6 +707,12 @@ pub(super) unsafe extern "C" fn irecv_v10(
     rc
 }
 
+/// `iflush` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`comm`) may be any value: the handle layer checks
+/// them and never dereferences them. Never read: `_data`, `_sizes`, `_mhs`.
+/// - `request` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn iflush(
     comm: Ptr,
     n: c_int,
@@ -516,6 +730,13 @@ pub(super) unsafe extern "C" fn iflush(
     })
 }
 
+/// `test` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`request`) may be any value: the handle layer
+/// checks them and never dereferences them.
+/// - `done` is NULL or valid for a write of an `int`.
+/// - `sizes` is NULL or valid for writes of as many `int`s as the request has buffers (at most 8).
 pub(super) unsafe extern "C" fn test(
     request: Ptr,
     done: *mut c_int,
@@ -548,14 +769,29 @@ pub(super) unsafe extern "C" fn test(
     })
 }
 
+/// `closeSend` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`comm`) may be any value: the handle layer checks
+/// them and never dereferences them.
 pub(super) unsafe extern "C" fn close_send(comm: Ptr) -> NcclResult {
     ffi_call("closeSend", || comm::close_send(comm))
 }
 
+/// `closeRecv` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`comm`) may be any value: the handle layer checks
+/// them and never dereferences them.
 pub(super) unsafe extern "C" fn close_recv(comm: Ptr) -> NcclResult {
     ffi_call("closeRecv", || comm::close_recv(comm))
 }
 
+/// `closeListen` as NCCL's table calls it.
+///
+/// # Safety
+/// NCCL calls it as its ABI documents. Handles (`comm`) may be any value: the handle layer checks
+/// them and never dereferences them.
 pub(super) unsafe extern "C" fn close_listen(comm: Ptr) -> NcclResult {
     ffi_call("closeListen", || comm::close_listen(comm))
 }

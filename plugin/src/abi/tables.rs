@@ -4,6 +4,8 @@
 //! Unsafe: `#[no_mangle]` statics are the ABI NCCL looks up with `dlsym`, and the tables hold raw
 //! pointers, so they need a manual `Sync` (they are immutable and point at `'static` data).
 
+#![allow(unsafe_code)]
+
 use super::shims as s;
 use crate::sys::*;
 use core::ffi::{c_char, c_int, c_void};

@@ -14,6 +14,11 @@
 //!   `PATH_DIS`) and placement restarts, which terminates.
 //!
 //! Each replay is bounded, so a loop that would never end shows up as a failure, not a hang.
+//!
+//! Unsafe (opted in): the replay calls the exported `extern "C"` entries as NCCL does, and one test
+//! entry is itself an `extern "C"` function.
+
+#![allow(unsafe_code)]
 
 use super::tables::{ncclNetPlugin_v9, ncclNetPlugin_v10, ncclNetPlugin_v11, ncclNetPlugin_v12};
 use crate::sys::{
@@ -239,6 +244,9 @@ fn every_nccl_version_finishes_topology_setup_with_every_table() {
 }
 
 /// An entry that refuses every request (what Rivet exported before).
+///
+/// # Safety
+/// None needed: it reads neither pointer.
 unsafe extern "C" fn refuse_all(_d: *mut c_int, _props: *mut NcclNetVDevicePropsV9) -> NcclResult {
     NCCL_INVALID_USAGE
 }

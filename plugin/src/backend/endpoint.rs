@@ -4,6 +4,8 @@
 //! Unsafe: posting work requests hands raw addresses (control regions, user buffers, inline
 //! bytes) to the NIC; each is checked against the region it must lie in first.
 
+#![allow(unsafe_code)]
+
 use super::device::OpenPort;
 use super::qp_params;
 use super::region::Region;

@@ -3,6 +3,8 @@
 //! Unsafe: the memory is allocated with `std::alloc` and handed to the NIC by address; the NIC
 //! (or the peer's NIC) writes it behind the compiler's back, so reads go through volatile loads.
 
+#![allow(unsafe_code)]
+
 use rivet_verbs_ffi::{MemoryRegion, ProtectionDomain, VerbsError};
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;

@@ -5,6 +5,11 @@
 //! in bytes 64..80 naming the pending connection in a registry, and later calls resume it. The
 //! token is a registry handle, not a pointer: a corrupt or stale token is simply not found, and
 //! the connect starts afresh.
+//!
+//! Unsafe (opted in): taking a pending connect out of its handle table, which [`crate::handle`]
+//! makes `unsafe` (no reference to it may be in use).
+
+#![allow(unsafe_code)]
 
 use super::data::{self, DataComm, Side};
 use crate::backend::any::AnyEndpoint as Endpoint;

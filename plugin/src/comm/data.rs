@@ -9,6 +9,12 @@
 //! whole 8-byte round trip of the core alone through the simulator (`benches/core_sim.rs`) and
 //! microseconds for a verbs post plus completion: a few percent at most, for memory safety under
 //! misuse.
+//!
+//! Unsafe (opted in): `closeSend`/`closeRecv` remove the comm from its handle table, which
+//! [`crate::handle`] makes `unsafe` (no reference to it may be in use; NCCL's contract guarantees
+//! it).
+
+#![allow(unsafe_code)]
 
 use super::mr;
 use crate::backend::any::AnyEndpoint as Endpoint;

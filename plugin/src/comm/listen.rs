@@ -5,6 +5,12 @@
 //! another listen comm is dropped with one WARN line and never blocks the others, so the real
 //! peer still connects. The first handshake to complete becomes the receive comm (NCCL takes
 //! one receive comm per listen comm and closes the listen comm right after).
+//!
+//! Unsafe (opted in): `closeListen` removes the listen comm from its handle table, which
+//! [`crate::handle`] makes `unsafe` (no reference to it may be in use; NCCL's contract guarantees
+//! it).
+
+#![allow(unsafe_code)]
 
 use super::data::{self, DataComm, Side};
 use crate::backend::any::AnyEndpoint as Endpoint;

@@ -1,4 +1,10 @@
 //! Memory registration: `regMr`, `regMrDmaBuf`, `deregMr`.
+//!
+//! Unsafe (opted in): registering NCCL's buffer with the NIC (the kernel checks the range), and
+//! `deregMr` removing the registration from its handle table, which [`crate::handle`] makes
+//! `unsafe`.
+
+#![allow(unsafe_code)]
 
 use crate::backend::device::OpenPort;
 use crate::error::{NetError, NetResult};

@@ -16,6 +16,8 @@
 //!
 //! IPv6 addresses keep their scope id, so a link-local address can be listened on and reached.
 
+#![allow(unsafe_code)]
+
 use rivet_core::name_list::NameList;
 use std::ffi::CStr;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};

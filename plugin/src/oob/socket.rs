@@ -3,6 +3,8 @@
 //! Unsafe: `std` has no non-blocking `connect`, so the connect path creates the socket and starts
 //! the connection with `libc` calls, then hands the descriptor to `std::net::TcpStream`.
 
+#![allow(unsafe_code)]
+
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd};

@@ -8,6 +8,8 @@
 //! Unsafe: taking the queues over from libmlx5 (`mlx5dv_init_obj`) hands their raw memory to the
 //! direct path, which must outlive neither the QP nor the CQ.
 
+#![allow(unsafe_code)]
+
 use std::sync::Arc;
 
 use rivet_core::nic::{Completion, Nic, NicError, SendWr};
