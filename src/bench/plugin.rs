@@ -8,7 +8,7 @@
 
 use super::Error;
 use core::ffi::{c_int, c_void};
-use nccl_net_rivet::abi::tables::NcclNetV11;
+use nccl_net_rivet::sys::NcclNetV11;
 use nccl_net_rivet::sys::{
     NCCL_NET_HANDLE_MAXSIZE, NCCL_NET_TRAFFIC_CLASS_UNDEF, NCCL_PTR_HOST, NCCL_SUCCESS,
     NcclNetCommConfig, NcclNetPropertiesV12, NcclNetVDevicePropsV12, NcclResult,
