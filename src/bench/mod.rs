@@ -4,7 +4,7 @@
 //! - `rivet bench`: loopback on this host (spawns `rivet bench --server --once` as a child).
 //! - `rivet bench --server [--port P]` on one host, `rivet bench --client HOST[:P]` on the other.
 //!
-//! Module map: [`plugin`] (dlopen and the C table; the only `unsafe` in the binary), [`control`]
+//! Module map: [`plugin`] (dlopen and the C table; all of the binary's unsafe FFI into the plugin), [`control`]
 //! (the TCP control connection), [`measure`] (the loops), [`report`] (table and JSON).
 
 mod control;
