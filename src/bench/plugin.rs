@@ -5,13 +5,13 @@
 //! measures and checks the library NCCL would load, through the same C table NCCL calls (the
 //! per-version shims, the panic guard and the handle checks included), and `--plugin PATH` may
 //! name any build of it. An in-process Rust call would skip that boundary and run the linked copy,
-//! not the file under test. The rest of the `rivet` command (`info`, `doctor`, `selftest`) uses the
-//! library's safe Rust API (`nccl_net_rivet::devices`, `nccl_net_rivet::diag`) and no `unsafe`.
+//! not the file under test. The rest of the `rivet` command (`info`, `doctor`, `selftest`) reaches
+//! the plugin through the library's safe Rust API (`nccl_net_rivet::devices`,
+//! `nccl_net_rivet::diag`).
 //!
 //! Unsafe: `dlopen`/`dlsym` and calls through C function pointers cannot be checked by the
 //! compiler. This module is the only place in the `rivet` binary that calls the plugin unsafely
-//! (the other `unsafe` is one `getrlimit` in `doctor`); everything
-//! outside it sees [`Plugin`], [`Comm`] and [`Region`], which keep the pointers NCCL's contract
+//! (the binary's other `unsafe` is one `getrlimit` in `doctor`); everything outside it sees [`Plugin`], [`Comm`] and [`Region`], which keep the pointers NCCL's contract
 //! requires (comms, memory handles, requests) paired with what they belong to.
 
 use super::Error;
