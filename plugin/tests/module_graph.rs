@@ -15,7 +15,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{rust_files, src_dir};
+use std::path::Path;
 
 type ModPath = Vec<String>;
 
@@ -24,17 +27,6 @@ fn name(m: &[String]) -> String {
         "crate".to_owned()
     } else {
         m.join("::")
-    }
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("read plugin/src") {
-        let path = entry.expect("dir entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
     }
 }
 
@@ -253,8 +245,7 @@ struct Graph {
 }
 
 fn graph(src: &Path) -> Graph {
-    let mut files = Vec::new();
-    rust_files(src, &mut files);
+    let files = rust_files(src);
     let modules: BTreeSet<ModPath> = files.iter().map(|f| module_path(src, f)).collect();
     let mut edges = BTreeMap::new();
     for file in &files {
@@ -335,10 +326,6 @@ fn cycles(g: &Graph) -> Vec<Vec<ModPath>> {
         }
     }
     st.out
-}
-
-fn src_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
 #[test]

@@ -3,18 +3,9 @@
 //! every `unsafe fn` has a `# Safety` section. (Every `unsafe {}` having a `// SAFETY:` comment
 //! is clippy's `undocumented_unsafe_blocks`, denied for the workspace.)
 
-use std::path::{Path, PathBuf};
+mod common;
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("read plugin/src") {
-        let path = entry.expect("dir entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
+use common::{rust_files, src_dir};
 
 /// Whether a line (comments cut off) defines an `unsafe fn` (not a fn-pointer type).
 fn defines_unsafe_fn(code: &str) -> bool {
@@ -82,14 +73,13 @@ fn check(file: &str, text: &str) -> Vec<String> {
 
 #[test]
 fn unsafe_is_opted_into_and_documented() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let src = src_dir();
     let lib = std::fs::read_to_string(src.join("lib.rs")).expect("read lib.rs");
     let mut problems = Vec::new();
     if !lib.contains("#![deny(unsafe_code)]") {
         problems.push("lib.rs: no `#![deny(unsafe_code)]`".to_owned());
     }
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    let files = rust_files(&src);
     let mut unsafe_fns = 0;
     for file in &files {
         let text = std::fs::read_to_string(file).expect("read source");
