@@ -6,11 +6,20 @@
 //! The modules form layers, bottom first. A module imports only from its own layer or a lower
 //! one, and no modules import each other, directly or round a circle; the crate root only
 //! declares modules and re-exports. `plugin/tests/module_graph.rs` reads this table and every
-//! source file and fails on an upward import or a cycle.
+//! source file and fails on an upward import or a cycle. A row names a module with everything
+//! under it; inside one (e.g. `comm`: `mr` → `data` → `listen`, `connect`) the same two rules
+//! hold file by file.
+//!
+//! `#![deny(unsafe_code)]` holds for the crate; the modules that need `unsafe` opt in with
+//! `#![allow(unsafe_code)]` and say why at the top (`plugin/tests/unsafe_docs.rs` checks that,
+//! and that every `unsafe fn` has a `# Safety` section).
+//!
+//! Public for the `rivet` command: [`devices`] and [`diag`] (a safe Rust API), [`sys`] and
+//! [`abi`] (the C view, for what must go through the exported tables).
 //!
 //! | layer | modules | what |
 //! |---|---|---|
-//! | 0 | `sys` | C mirrors of NCCL's ABI: result codes, property structs, logger and profiler types |
+//! | 0 | `sys` | C mirrors of NCCL's ABI: result codes, property structs, callbacks, function-table layouts |
 //! | 1 | `error`, `clock`, `random`, `log` | typed errors with their `ncclResult_t`, time, randomness, NCCL's logger |
 //! | 2 | `handle` | the one typed handle layer: every object NCCL holds as `void*` is looked up here |
 //! | 3 | `oob` | the out-of-band TCP socket of the handshake |

@@ -1,4 +1,7 @@
-//! NCCL's net plugin ABI: C types, function tables and the per-version shims.
+//! The top layer, what NCCL sees: the exported tables ([`tables`]), the per-version
+//! `extern "C"` entry points they point at (`shims`), the boundary every entry runs its body
+//! through (`guard`: no panic and no Rust error crosses into C) and the per-version device
+//! properties ([`props`]). The C layouts they fill are in [`crate::sys`], at the bottom.
 
 mod guard;
 pub mod props;
