@@ -50,11 +50,11 @@ const MAX_CHUNKS: usize = MAX_ENTRIES / CHUNK;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Handle {
     /// Slot index.
-    pub(crate) index: u16,
+    index: u16,
     /// Incarnation of the slot; bumped on every removal.
-    pub(crate) generation: u16,
+    generation: u16,
     /// Low 32 bits: the table's kind tag for object handles, or a request id for request handles.
-    pub(crate) low: u32,
+    low: u32,
 }
 
 impl Handle {
@@ -73,7 +73,7 @@ impl Handle {
     }
 
     /// Unpack; `None` for NULL.
-    pub(crate) fn from_ptr(ptr: Ptr) -> Option<Self> {
+    fn from_ptr(ptr: Ptr) -> Option<Self> {
         let bits = ptr as usize as u64;
         if bits == 0 {
             return None;

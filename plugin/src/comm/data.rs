@@ -357,7 +357,7 @@ impl<Conn: Testable> Side<Conn> {
     }
 }
 
-pub(crate) static COMMS: Registry<DataComm> =
+static COMMS: Registry<DataComm> =
     Registry::new(0xda7a, "live connections (send and receive comms)");
 
 /// Register an established comm and return NCCL's handle for it.

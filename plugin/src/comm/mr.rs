@@ -63,7 +63,7 @@ impl UserMr {
     }
 }
 
-pub(crate) static MRS: Registry<UserMr> = Registry::new(0x3e3e, "live memory registrations");
+static MRS: Registry<UserMr> = Registry::new(0x3e3e, "live memory registrations");
 
 /// Look up a memory handle passed to isend/irecv.
 #[inline]
