@@ -16,6 +16,7 @@ pub mod event;
 pub mod handshake;
 pub mod name_list;
 pub mod nic;
+pub mod regcache;
 pub mod route;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;

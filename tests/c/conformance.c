@@ -1486,6 +1486,124 @@ static int loopback_one_thread(int ck) {
   return release_self(ck, &sb, &rb, s, r) && ok;
 }
 
+/* Pinned memory of this process (VmPin in /proc/self/status), in KiB; -1 if unreadable. */
+static long vm_pin_kib(void) {
+  FILE* f = fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long kib = -1;
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, "VmPin:", 6)) kib = strtol(line + 6, NULL, 10);
+  fclose(f);
+  return kib;
+}
+
+/* regIsGlobal = 1 backed by a registration cache: the same 64 MiB buffer registered 100 times
+ * across 20 comms of the device is pinned once; a range inside a registration pins nothing more,
+ * an adjacent one pins its own pages; an mhandle from one comm moves data on another comm of the
+ * device; the last deregMr unpins. */
+#define CACHE_CONNS 10
+#define CACHE_REGS_PER_COMM 5
+static int registration_cache(int ck) {
+  void *s[CACHE_CONNS] = {0}, *r[CACHE_CONNS] = {0};
+  for (int i = 0; i < CACHE_CONNS; i++)
+    if (!connect_to_self(ck, &s[i], &r[i])) return 0;
+  const size_t big = 64 * MIB;
+  unsigned char* buf = aligned_alloc(4096, 2 * big);
+  if (!buf) {
+    check_fail(ck, "out of memory");
+    return 0;
+  }
+  memset(buf, 0, 2 * big);
+  long pin0 = vm_pin_kib();
+  if (pin0 < 0) {
+    check_fail(ck, "no VmPin line in /proc/self/status");
+    return 0;
+  }
+  void* mh[2 * CACHE_CONNS][CACHE_REGS_PER_COMM];
+  void* comm[2 * CACHE_CONNS];
+  for (int i = 0; i < CACHE_CONNS; i++) comm[2 * i] = s[i], comm[2 * i + 1] = r[i];
+  for (int c = 0; c < 2 * CACHE_CONNS; c++)
+    for (int k = 0; k < CACHE_REGS_PER_COMM; k++)
+      if (p_reg_mr(comm[c], buf, big, &mh[c][k]) != NCCL_OK || !mh[c][k]) {
+        check_fail(ck, "regMr %d of the same buffer on comm %d failed", c * CACHE_REGS_PER_COMM + k, c);
+        return 0;
+      }
+  long pin1 = vm_pin_kib();
+  long once = (long)(big / 1024);
+  if (pin1 - pin0 != once) {
+    check_fail(ck, "100 registrations of one 64 MiB buffer pinned %ld KiB (once is %ld KiB)", pin1 - pin0, once);
+    return 0;
+  }
+  void *inside = NULL, *adjacent = NULL;
+  if (p_reg_mr(s[0], buf + MIB + 123, 4 * MIB, &inside) != NCCL_OK ||
+      p_reg_mr(r[0], buf + big, MIB, &adjacent) != NCCL_OK) {
+    check_fail(ck, "regMr of a contained or an adjacent range failed");
+    return 0;
+  }
+  long pin2 = vm_pin_kib();
+  if (pin2 - pin1 != (long)(MIB / 1024)) {
+    check_fail(ck, "a contained and an adjacent 1 MiB range pinned %ld KiB more (expected %ld)", pin2 - pin1,
+               (long)(MIB / 1024));
+    return 0;
+  }
+  /* A message on connection 1 with the handles registered on connection 0's comms. */
+  fill(buf, 4096, 31);
+  void* data[1] = {buf + 2 * MIB};
+  size_t sz[1] = {4096};
+  int tags[1] = {0}, got[1] = {-1};
+  void* mhs[1] = {mh[1][0]};
+  void* rreq = post_recv(ck, r[1], 1, data, sz, tags, mhs, NULL, "receive with connection 0's handle");
+  void* sreq = rreq ? post_send(ck, s[1], buf, 4096, 0, mh[0][0], "send with connection 0's handle") : NULL;
+  if (!sreq || !wait_req(ck, sreq, NULL, "send") || !wait_req(ck, rreq, got, "receive")) return 0;
+  char why[128];
+  if (got[0] != 4096 || !matches(buf + 2 * MIB, 4096, 31, why, sizeof why)) {
+    check_fail(ck, "message through another comm's handles: %d bytes, %s", got[0], why);
+    return 0;
+  }
+  /* Each deregMr on the comm that registered it; the pages stay pinned until the last. */
+  for (int c = 0; c < 2 * CACHE_CONNS; c++)
+    for (int k = 0; k < CACHE_REGS_PER_COMM; k++) {
+      if (p_dereg_mr(comm[c], mh[c][k]) != NCCL_OK) {
+        check_fail(ck, "deregMr %d failed", c * CACHE_REGS_PER_COMM + k);
+        return 0;
+      }
+      long pin = vm_pin_kib();
+      int last = c == 2 * CACHE_CONNS - 1 && k == CACHE_REGS_PER_COMM - 1;
+      if (!last && pin != pin2) {
+        check_fail(ck, "deregMr %d of 100 changed VmPin by %ld KiB before the last", c * CACHE_REGS_PER_COMM + k,
+                   pin - pin2);
+        return 0;
+      }
+    }
+  /* `inside` was a hit on the 64 MiB registration: that stays pinned until it goes too. */
+  long pin3 = vm_pin_kib();
+  if (pin3 != pin2) {
+    check_fail(ck, "the contained registration did not keep the 64 MiB pinned (%ld KiB released)", pin2 - pin3);
+    return 0;
+  }
+  if (p_dereg_mr(s[0], inside) != NCCL_OK || p_dereg_mr(r[0], adjacent) != NCCL_OK) {
+    check_fail(ck, "deregMr of the contained or adjacent range failed");
+    return 0;
+  }
+  long pin4 = vm_pin_kib();
+  if (pin4 != pin0) {
+    check_fail(ck, "after the last deregMr %ld KiB are still pinned", pin4 - pin0);
+    return 0;
+  }
+  free(buf);
+  int ok = 1;
+  for (int i = 0; i < CACHE_CONNS; i++) {
+    conn_t c = {.send = s[i], .recv = r[i]};
+    ok &= close_checked(ck, &c);
+  }
+  if (version >= 11 && p_finalize(ctx) != NCCL_OK) {
+    check_fail(ck, "finalize returned an error");
+    ok = 0;
+  }
+  return ok;
+}
+
 /* v11+: 100 init/finalize cycles (each with a listen on its ctx), then 100 live contexts at once,
  * no thread left behind, finalize twice is an error; then dlclose, dlopen, init and a loopback
  * connection again. */
@@ -1627,6 +1745,9 @@ static int run_version(int v, int full) {
     run_solo("listen -> connect -> accept to itself from one thread, regMr on both, a message", loopback_one_thread, 1);
     run_solo("16 receives posted back to back reach the sender with no further receiver call",
              posted_receives_reach_the_sender, 1);
+    if (full)
+      run_solo("one 64 MiB buffer registered 100 times on 20 comms is pinned once; handles serve every comm",
+               registration_cache, 1);
     if (v >= 11) run_solo("init/finalize per communicator x100, 100 live contexts, dlclose + dlopen + init", lifecycle, 0);
   }
   run_pair(&connect_only);

@@ -1,5 +1,6 @@
 //! An opened RDMA port: its verbs context and protection domain, shared by every comm on it.
 
+use super::mr_cache::MrCache;
 use crate::log::{INIT_NET, info, warn};
 use rivet_core::data::DataError;
 use rivet_core::event::{DeviceEvent, EventBook, WatchId, rc_retry_budget};
@@ -113,6 +114,8 @@ pub(crate) struct OpenPort {
     pub(crate) pd: Arc<ProtectionDomain>,
     /// The device context.
     pub(crate) context: Arc<Context>,
+    /// User-buffer registrations in `pd`, shared by every comm on the port (`regIsGlobal`).
+    pub(crate) mrs: MrCache,
     events: Mutex<AsyncState>,
     /// Whether new connections use the mlx5 direct data path (mlx5 device, opted in with
     /// `RIVET_MLX5_DIRECT=1`, and no set-up failure so far).
@@ -134,6 +137,7 @@ impl OpenPort {
         let direct = direct_path_wanted(&context, info);
         Ok(Arc::new(Self {
             info: info.clone(),
+            mrs: MrCache::new(Arc::clone(&pd)),
             pd,
             context,
             events: Mutex::new(AsyncState::default()),
