@@ -13,6 +13,8 @@ extern crate std;
 
 pub mod data;
 pub mod event;
+pub mod flush;
+pub mod gdr;
 pub mod handshake;
 pub mod name_list;
 pub mod nic;
