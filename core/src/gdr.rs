@@ -41,6 +41,14 @@ pub enum DmaBufProbe {
     NotProbed,
 }
 
+impl DmaBufProbe {
+    /// Whether the answer means the kernel and provider take dma-buf registrations: the call got
+    /// through to the fd check (any errno but `EOPNOTSUPP`/`EPROTONOSUPPORT`, normally `EBADF`).
+    pub fn accepted(self) -> bool {
+        matches!(self, Self::Answered(e) if e != errno::EOPNOTSUPP && e != errno::EPROTONOSUPPORT)
+    }
+}
+
 /// The host facts and settings the decision uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GdrFacts<'a> {
@@ -126,9 +134,7 @@ impl<'a> GdrPolicy<'a> {
                 Verdict::No("libibverbs has no ibv_reg_dmabuf_mr (rdma-core < 34)")
             }
             DmaBufProbe::NotProbed => Verdict::No("the device could not be probed"),
-            DmaBufProbe::Answered(e @ (errno::EOPNOTSUPP | errno::EPROTONOSUPPORT)) => {
-                Verdict::ProbeRefused(e)
-            }
+            DmaBufProbe::Answered(e) if !facts.dmabuf.accepted() => Verdict::ProbeRefused(e),
             DmaBufProbe::Answered(_) if !visible => {
                 Verdict::No("GPU receives cannot be flushed on this path")
             }
@@ -155,13 +161,17 @@ impl<'a> GdrPolicy<'a> {
 
 impl fmt::Display for GdrPolicy<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let flush = match (self.gpu(), self.flush) {
+            (false, _) => "n/a (no GPU memory)",
+            (true, true) => "on",
+            (true, false) => "off",
+        };
         write!(
             f,
-            "cuda {}, dmabuf {}, relaxed ordering {}, gpu flush {}",
+            "cuda {}, dmabuf {}, relaxed ordering {}, gpu flush {flush}",
             self.cuda,
             self.dmabuf,
             if self.relaxed_ordering { "on" } else { "off" },
-            if self.flush { "on" } else { "off" }
         )
     }
 }

@@ -1486,6 +1486,63 @@ static int loopback_one_thread(int ck) {
   return release_self(ck, &sb, &rb, s, r) && ok;
 }
 
+/* The GPU flush path, run on host memory with the test switch RIVET_TEST_FLUSH_HOST_MEMORY=1 (set
+ * here, before init, so discovery sees it): after each receive iflush returns a request that
+ * completes (a 1-byte RDMA READ over the comm's loopback queue pair), and is stale after it
+ * completed; a receive of 0 bytes needs no flush (NULL); a grouped receive is flushed once. */
+static int flush_on_host_memory(int ck) {
+  setenv("RIVET_TEST_FLUSH_HOST_MEMORY", "1", 1);
+  if (!load_and_init(lib_path, ck, 0xf1)) return 0;
+  void *s = NULL, *r = NULL;
+  if (!connect_to_self(ck, &s, &r)) return 0;
+  const size_t msg = 65536;
+  regbuf sb, rb;
+  if (!buf_alloc(ck, &sb, s, 2 * msg) || !buf_alloc(ck, &rb, r, 2 * msg)) return 0;
+  for (int round = 0; round < 3; round++) {
+    fill(sb.p, msg, 40 + round);
+    void* data[2] = {rb.p, rb.p + msg};
+    size_t sz[2] = {msg, msg};
+    int tags[2] = {round, 100 + round}, got[2] = {-1, -1};
+    void* mhs[2] = {rb.mh, rb.mh};
+    int n = round == 2 ? 2 : 1; /* the last round a grouped receive, its second buffer empty */
+    void* rreq = post_recv(ck, r, n, data, sz, tags, mhs, NULL, "receive");
+    void* sreq = rreq ? post_send(ck, s, sb.p, msg, round, sb.mh, "send") : NULL;
+    void* sreq2 = NULL;
+    if (sreq && n == 2) sreq2 = post_send(ck, s, sb.p, 0, 100 + round, sb.mh, "empty send");
+    if (!sreq || (n == 2 && !sreq2) || !wait_req(ck, sreq, NULL, "send") ||
+        (sreq2 && !wait_req(ck, sreq2, NULL, "empty send")) || !wait_req(ck, rreq, got, "receive"))
+      return 0;
+    int isz[2] = {got[0], n == 2 ? got[1] : 0};
+    void* freq = (void*)0xdead;
+    nccl_result rc = p_iflush(r, n, data, isz, mhs, &freq);
+    if (rc != NCCL_OK || !freq || freq == (void*)0xdead) {
+      check_fail(ck, "round %d: iflush after a %d-byte receive returned %d with request %p (a flush request expected)",
+                 round, got[0], rc, freq);
+      return 0;
+    }
+    if (!wait_req(ck, freq, NULL, "flush")) return 0;
+    int done = 0;
+    if (p_test(freq, &done, NULL) == NCCL_OK) {
+      check_fail(ck, "round %d: test of a completed flush request succeeded again (stale request accepted)", round);
+      return 0;
+    }
+    char why[128];
+    if (got[0] != (int)msg || !matches(rb.p, msg, 40 + round, why, sizeof why)) {
+      check_fail(ck, "round %d: %d bytes, %s", round, got[0], why);
+      return 0;
+    }
+  }
+  int zero[1] = {0};
+  void* data0[1] = {rb.p};
+  void* mhs0[1] = {rb.mh};
+  void* freq = (void*)0xdead;
+  if (p_iflush(r, 1, data0, zero, mhs0, &freq) != NCCL_OK || freq != NULL) {
+    check_fail(ck, "iflush after a 0-byte receive must return a NULL request (got %p)", freq);
+    return 0;
+  }
+  return release_self(ck, &sb, &rb, s, r);
+}
+
 /* Pinned memory of this process (VmPin in /proc/self/status), in KiB; -1 if unreadable. */
 static long vm_pin_kib(void) {
   FILE* f = fopen("/proc/self/status", "r");
@@ -1745,6 +1802,9 @@ static int run_version(int v, int full) {
     run_solo("listen -> connect -> accept to itself from one thread, regMr on both, a message", loopback_one_thread, 1);
     run_solo("16 receives posted back to back reach the sender with no further receiver call",
              posted_receives_reach_the_sender, 1);
+    if (full)
+      run_solo("GPU flush path on host memory (test switch): iflush requests complete, 0 bytes need none",
+               flush_on_host_memory, 0);
     if (full)
       run_solo("one 64 MiB buffer registered 100 times on 20 comms is pinned once; handles serve every comm",
                registration_cache, 1);

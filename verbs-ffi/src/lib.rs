@@ -33,6 +33,6 @@ pub use device::{Device, DeviceList};
 pub use discover::{DiscoverError, DiscoverOptions, PortInfo, discover};
 pub use error::VerbsError;
 pub use loader::{Mlx5, Verbs, fork_init, fork_status, mlx5, verbs};
-pub use mr::{MemoryRegion, dmabuf_supported};
+pub use mr::{MemoryRegion, dmabuf_probe};
 pub use pd::ProtectionDomain;
 pub use qp::{QpCaps, QueuePair, RcTransitions, RtrParams, RtsParams};

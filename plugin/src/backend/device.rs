@@ -105,6 +105,17 @@ fn retry_settings() -> (u8, u8) {
     }
 }
 
+/// What a port does with GPU memory (decided by `rivet_core::gdr` at discovery).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct GpuSetup {
+    /// `regMr` takes GPU memory by address (`NCCL_PTR_CUDA` advertised: a peer-memory client).
+    pub(crate) cuda: bool,
+    /// Registrations ask for PCIe relaxed ordering.
+    pub(crate) relaxed_ordering: bool,
+    /// Receive comms get a flush queue pair and `iflush` reads back what arrived.
+    pub(crate) flush: bool,
+}
+
 /// A port opened for use: created on the first comm that needs it, dropped with the last one.
 #[derive(Debug)]
 pub(crate) struct OpenPort {
@@ -114,6 +125,8 @@ pub(crate) struct OpenPort {
     pub(crate) pd: Arc<ProtectionDomain>,
     /// The device context.
     pub(crate) context: Arc<Context>,
+    /// GPU memory handling.
+    pub(crate) gpu: GpuSetup,
     /// User-buffer registrations in `pd`, shared by every comm on the port (`regIsGlobal`).
     pub(crate) mrs: MrCache,
     events: Mutex<AsyncState>,
@@ -124,7 +137,7 @@ pub(crate) struct OpenPort {
 
 impl OpenPort {
     /// Open the device named in `info` and allocate a protection domain on it.
-    pub(crate) fn open(info: &PortInfo) -> Result<Arc<Self>, VerbsError> {
+    pub(crate) fn open(info: &PortInfo, gpu: GpuSetup) -> Result<Arc<Self>, VerbsError> {
         let list = DeviceList::new()?;
         let device =
             list.iter()
@@ -137,6 +150,7 @@ impl OpenPort {
         let direct = direct_path_wanted(&context, info);
         Ok(Arc::new(Self {
             info: info.clone(),
+            gpu,
             mrs: MrCache::new(Arc::clone(&pd)),
             pd,
             context,

@@ -10,7 +10,7 @@ use crate::backend::device::OpenPort;
 use crate::backend::mr_cache::{CacheError, CachedMr, Memory};
 use crate::error::{NetError, NetResult};
 use crate::handle::{Handle, Ptr, Registry, unknown};
-use crate::sys::NCCL_PTR_HOST;
+use crate::sys::{NCCL_PTR_CUDA, NCCL_PTR_HOST};
 use core::ffi::c_int;
 use rivet_verbs_ffi::VerbsError;
 use rivet_verbs_ffi::sys::access;
@@ -94,15 +94,24 @@ pub(crate) fn reg_mr(
     if data.is_null() && size > 0 {
         return Err(NetError::invalid_argument("regMr: NULL buffer"));
     }
-    let flags = access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ;
+    // NCCL's access flags; relaxed ordering where the port's decision allows it (the library
+    // drops the bit where the device cannot honour it).
+    let mut flags = access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ;
+    if port.gpu.relaxed_ordering {
+        flags |= access::RELAXED_ORDERING;
+    }
     let memory = match dmabuf {
         Some((offset, fd)) => Memory::DmaBuf { fd, offset },
-        None if kind != NCCL_PTR_HOST => {
+        // GPU memory by address goes through the peer-memory client, like host memory.
+        None if kind == NCCL_PTR_HOST || (kind == NCCL_PTR_CUDA && port.gpu.cuda) => Memory::Mapped,
+        None => {
             return Err(NetError::invalid_usage(format!(
-                "regMr: memory type {kind} is not supported without a DMA-BUF; Rivet reports ptrSupport = NCCL_PTR_HOST"
+                "regMr: memory type {kind} is not advertised by {} port {} (see `rivet info`: a \
+                 peer-memory module makes NCCL_PTR_CUDA available, otherwise register GPU memory \
+                 as a DMA-BUF)",
+                port.info.name, port.info.port
             )));
         }
-        None => Memory::Mapped,
     };
     let share = if size == 0 {
         None
