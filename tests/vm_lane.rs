@@ -72,6 +72,13 @@ fn soft_roce_lane() {
         info.contains("RoCE") && info.contains("::ffff:10.0.2.15"),
         "rxe0 without its RoCE v2 IPv4 GID: {info}"
     );
+    // Soft-RoCE has no dma-buf MRs and the VM no GPU: host memory only, each refusal explained.
+    assert!(
+        info.contains("cuda no (no peer-memory module")
+            && info.contains("dmabuf no (unsupported by the provider or kernel: EOPNOTSUPP 95)")
+            && info.contains("gpu flush n/a"),
+        "rxe0's GPUDirect line does not say why it offers host memory only: {info}"
+    );
     assert_eq!(step("info"), 0);
     check_doctor(&stdout, step("doctor"));
     // After the transfers: rxe0's driver counters show the packets they sent.
