@@ -157,6 +157,13 @@ fn gdr_policy<'a>(info: &'a PortInfo, gdr: &GdrSettings) -> GdrPolicy<'a> {
 }
 
 impl Port {
+    /// The data path its connections take (`verbs`, `mlx5-direct`, or `unavailable` when the
+    /// device cannot be opened). Opens the port (context and protection domain, kept for later
+    /// comms): the path is decided then.
+    pub fn data_path(&self) -> &'static str {
+        self.open().map_or("unavailable", |p| p.path_name())
+    }
+
     /// The GPUDirect decision, with its reasons (for `rivet info` and the INIT log).
     pub fn gdr(&self) -> GdrPolicy<'_> {
         gdr_policy(&self.info, &self.gdr)
@@ -186,9 +193,7 @@ impl fmt::Display for Port {
             .pci_path
             .as_ref()
             .map_or_else(|| "-".to_owned(), |p| p.display().to_string());
-        // Opening the port (context + protection domain, kept for later comms) tells which data
-        // path its connections take.
-        let path = self.open().map_or("unavailable", |p| p.path_name());
+        let path = self.data_path();
         write!(
             f,
             "{} port {} {link} {} Gb/s gid[{}] {} ({}) mtu {} pci {pci} path {path}; gdr: {}",
