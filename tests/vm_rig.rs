@@ -83,25 +83,35 @@ fi
     )
 }
 
+/// Boot `topology` with `vm/multi.sh` (`options` before `--`), run `script` in every VM, and
+/// return (stdout, stderr).
+fn run_rig(topology: &str, options: &[&str], script: &str) -> (String, String) {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    common::run_lane(
+        Command::new(repo.join("vm/multi.sh"))
+            .current_dir(&repo)
+            .args(["--topology", topology])
+            .args(options)
+            .args(["--", "bash", "-c", script]),
+    )
+}
+
+/// The exit status VM `vm` printed for its step `name` (`[A] STEP name rc=0`), if it ran.
+fn step_rc(stdout: &str, vm: &str, name: &str) -> Option<i32> {
+    let prefix = format!("[{vm}] STEP {name} rc=");
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rc| rc.trim().parse().ok())
+}
+
 #[test]
 #[ignore = "boots two QEMU VMs (minutes under TCG); run by scripts/vm-rig.sh"]
 fn pair2_across_hosts() {
-    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let (stdout, stderr) = common::run_lane(
-        Command::new(repo.join("vm/multi.sh"))
-            .current_dir(&repo)
-            .args([
-                "--topology",
-                "pair2",
-                "--timeout",
-                "1200",
-                "--reboot-on",
-                "B=B.mid-stream",
-                "--",
-                "bash",
-                "-c",
-                &script(),
-            ]),
+    let (stdout, stderr) = run_rig(
+        "pair2",
+        &["--timeout", "1200", "--reboot-on", "B=B.mid-stream"],
+        &script(),
     );
     assert!(
         stderr.contains("rivet-vm: killed B") && stderr.contains("rivet-vm: booting B again"),
@@ -109,12 +119,7 @@ fn pair2_across_hosts() {
     );
 
     let step = |vm: &str, name: &str| -> i32 {
-        let prefix = format!("[{vm}] STEP {name} rc=");
-        stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .and_then(|rc| rc.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{vm}: step {name} did not run"))
+        step_rc(&stdout, vm, name).unwrap_or_else(|| panic!("{vm}: step {name} did not run"))
     };
     for k in [1, 2] {
         for vm in ["A", "B"] {
@@ -228,29 +233,12 @@ done
 #[test]
 #[ignore = "boots three QEMU VMs (minutes under TCG); run by scripts/vm-rig.sh"]
 fn triangle_every_pair_over_its_own_link() {
-    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let (stdout, stderr) = common::run_lane(
-        Command::new(repo.join("vm/multi.sh"))
-            .current_dir(&repo)
-            .args([
-                "--topology",
-                "triangle",
-                "--timeout",
-                "600",
-                "--",
-                "bash",
-                "-c",
-                &triangle_script(),
-            ]),
-    );
+    let (stdout, stderr) = run_rig("triangle", &["--timeout", "600"], &triangle_script());
     for (pair, vms) in [("AB", ["A", "B"]), ("AC", ["A", "C"]), ("BC", ["B", "C"])] {
         for vm in vms {
-            let prefix = format!("[{vm}] STEP link-{pair} rc=");
-            let rc = stdout
-                .lines()
-                .find_map(|l| l.strip_prefix(&prefix))
+            let rc = step_rc(&stdout, vm, &format!("link-{pair}"))
                 .unwrap_or_else(|| panic!("{vm}: the transfer on link {pair} did not run"));
-            assert_eq!(rc.trim(), "0", "{vm}: the transfer on link {pair} failed");
+            assert_eq!(rc, 0, "{vm}: the transfer on link {pair} failed");
         }
     }
     assert_eq!(
