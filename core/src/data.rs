@@ -98,7 +98,7 @@ pub use send::SendConn;
 
 use core::fmt;
 
-use crate::nic::{Completion, CompletionKind, Queue, RawCompletion, RawOp, WcStatus};
+use crate::nic::{Completion, CompletionKind, Nic, Queue, RawCompletion, RawOp, WcStatus};
 
 /// Slots of the CTS FIFO, receives outstanding per connection at most.
 pub const SLOTS: usize = 256;
@@ -203,6 +203,24 @@ pub enum Completed {
         /// Bytes per buffer (for a send, `sizes[0]` is the bytes sent).
         sizes: [u64; MAX_RECVS],
     },
+}
+
+/// What either direction of a connection offers once requests are posted: the one interface a
+/// driver tests, fails and drains both [`SendConn`] and [`RecvConn`] through.
+pub trait Connection {
+    /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
+    fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError>;
+
+    /// A fatal condition found outside the data path (the peer's socket closed, a device event):
+    /// the connection fails with `err` unless it already failed.
+    fn handle_fatal(&mut self, err: DataError);
+
+    /// Before a close: poll for what is already posted and return how many requests are still
+    /// outstanding (0: nothing left to wait for).
+    fn drain(&mut self, nic: &mut impl Nic) -> Result<usize, DataError>;
+
+    /// Requests handed out and not yet freed by `test`.
+    fn outstanding(&self) -> usize;
 }
 
 /// Which direction a request belongs to.

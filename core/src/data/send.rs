@@ -7,8 +7,8 @@ use super::codec::{
 use super::error::{DataError, ProtocolError};
 use super::queue::SendQueue;
 use super::{
-    CQ_DEPTH, Completed, EMPTY_WR, Health, MAX_RECVS, MAX_REQUESTS, NO_COMPLETION, POLL_BATCH,
-    RECV_INBOUND_LEN, RequestId, SLOTS, SendBuf, Side, completion_error, region_addr,
+    CQ_DEPTH, Completed, Connection, EMPTY_WR, Health, MAX_RECVS, MAX_REQUESTS, NO_COMPLETION,
+    POLL_BATCH, RECV_INBOUND_LEN, RequestId, SLOTS, SendBuf, Side, completion_error, region_addr,
 };
 use crate::nic::{
     Completion, CompletionKind, MAX_WR_BYTES, Nic, Payload, RemoteRegion, SendOp, SendWr, Sge,
@@ -338,66 +338,9 @@ impl SendConn {
         Ok(Some(id))
     }
 
-    /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
-    pub fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
-        let index = self.lookup(req)?;
-        if matches!(self.reqs[index].state, SendState::InFlight { .. }) {
-            if let Err(err) = self.health.check().and_then(|()| self.poll_cq(nic)) {
-                self.release(index);
-                return Err(err);
-            }
-        }
-        match self.reqs[index].state {
-            SendState::Free => Err(DataError::InvalidRequest {
-                bits: req.to_bits(),
-            }),
-            SendState::InFlight { .. } => Ok(Completed::Pending),
-            SendState::Done { size } => {
-                self.release(index);
-                let mut sizes = [0; MAX_RECVS];
-                sizes[0] = size;
-                Ok(Completed::Done { n: 1, sizes })
-            }
-            SendState::Refused(err) => {
-                self.release(index);
-                Err(err)
-            }
-        }
-    }
-
-    /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it
-    /// failed already.
-    pub fn handle_fatal(&mut self, err: DataError) {
-        self.health.fail(err);
-    }
-
     /// The cause the connection failed with, if it did.
     pub fn failure(&self) -> Option<&DataError> {
         self.health.failure()
-    }
-
-    /// Before closing: poll the completion queue, then say how many receives this side's posted
-    /// sends are still completing: write-with-immediates that end a receive (and complete it at
-    /// the receiver) not completed yet. `Ok(0)` means drained: the receiver has all the data this
-    /// side posted. The data writes of a grouped receive whose other sends never came cannot complete
-    /// it and are not waited for. An error when the connection failed.
-    ///
-    /// The driver calls it until it says 0, the connection fails, the peer is gone, or a
-    /// deadline passes, and only then destroys the queue pair, so a peer's receive is not cut
-    /// off half-written.
-    pub fn drain(&mut self, nic: &mut impl Nic) -> Result<usize, DataError> {
-        self.health.check()?;
-        self.poll_cq(nic)?;
-        Ok(self
-            .ends
-            .iter()
-            .filter(|end| **end != EndState::Idle)
-            .count())
-    }
-
-    /// Requests handed out and not yet freed by `test`.
-    pub fn outstanding(&self) -> usize {
-        MAX_REQUESTS - self.free_len
     }
 
     /// [`read_entry`], counting how long an entry with a fresh stamp keeps failing its check: a
@@ -609,6 +552,65 @@ fn record_payload<'a>(
             offset: offset as u32,
             len: bytes.len() as u32,
         }
+    }
+}
+
+impl Connection for SendConn {
+    /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
+    fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
+        let index = self.lookup(req)?;
+        if matches!(self.reqs[index].state, SendState::InFlight { .. }) {
+            if let Err(err) = self.health.check().and_then(|()| self.poll_cq(nic)) {
+                self.release(index);
+                return Err(err);
+            }
+        }
+        match self.reqs[index].state {
+            SendState::Free => Err(DataError::InvalidRequest {
+                bits: req.to_bits(),
+            }),
+            SendState::InFlight { .. } => Ok(Completed::Pending),
+            SendState::Done { size } => {
+                self.release(index);
+                let mut sizes = [0; MAX_RECVS];
+                sizes[0] = size;
+                Ok(Completed::Done { n: 1, sizes })
+            }
+            SendState::Refused(err) => {
+                self.release(index);
+                Err(err)
+            }
+        }
+    }
+
+    /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it
+    /// failed already.
+    fn handle_fatal(&mut self, err: DataError) {
+        self.health.fail(err);
+    }
+
+    /// Before closing: poll the completion queue, then say how many receives this side's posted
+    /// sends are still completing: write-with-immediates that end a receive (and complete it at
+    /// the receiver) not completed yet. `Ok(0)` means drained: the receiver has all the data this
+    /// side posted. The data writes of a grouped receive whose other sends never came cannot complete
+    /// it and are not waited for. An error when the connection failed.
+    ///
+    /// The driver calls it until it says 0, the connection fails, the peer is gone, or a
+    /// deadline passes, and only then destroys the queue pair, so a peer's receive is not cut
+    /// off half-written.
+    fn drain(&mut self, nic: &mut impl Nic) -> Result<usize, DataError> {
+        self.health.check()?;
+        self.poll_cq(nic)?;
+        Ok(self
+            .ends
+            .iter()
+            .filter(|end| **end != EndState::Idle)
+            .count())
+    }
+
+    /// Requests handed out and not yet freed by `test`.
+    fn outstanding(&self) -> usize {
+        MAX_REQUESTS - self.free_len
     }
 }
 

@@ -26,7 +26,9 @@ use crate::handle::{Handle, Ptr, Registry, unknown};
 use crate::log::{INIT_NET, info, warn};
 use crate::oob::socket::{self, Liveness};
 use core::ffi::c_int;
-use rivet_core::data::{Completed, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn};
+use rivet_core::data::{
+    Completed, Connection, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn,
+};
 use rivet_core::event::WatchId;
 use rivet_core::flush::FlushId;
 use rivet_core::time::{Duration, Instant};
@@ -241,44 +243,6 @@ impl<Conn> Drop for Side<Conn> {
     }
 }
 
-/// What `test` and `close` need of either connection direction.
-pub(crate) trait Testable {
-    fn test(&mut self, nic: &mut Endpoint, req: RequestId) -> Result<Completed, DataError>;
-    fn handle_fatal(&mut self, err: DataError);
-    fn drain(&mut self, nic: &mut Endpoint) -> Result<usize, DataError>;
-    fn outstanding(&self) -> usize;
-}
-
-impl Testable for SendConn {
-    fn test(&mut self, nic: &mut Endpoint, req: RequestId) -> Result<Completed, DataError> {
-        Self::test(self, nic, req)
-    }
-    fn handle_fatal(&mut self, err: DataError) {
-        Self::handle_fatal(self, err);
-    }
-    fn drain(&mut self, nic: &mut Endpoint) -> Result<usize, DataError> {
-        Self::drain(self, nic)
-    }
-    fn outstanding(&self) -> usize {
-        Self::outstanding(self)
-    }
-}
-
-impl Testable for RecvConn {
-    fn test(&mut self, nic: &mut Endpoint, req: RequestId) -> Result<Completed, DataError> {
-        Self::test(self, nic, req)
-    }
-    fn handle_fatal(&mut self, err: DataError) {
-        Self::handle_fatal(self, err);
-    }
-    fn drain(&mut self, nic: &mut Endpoint) -> Result<usize, DataError> {
-        Self::drain(self, nic)
-    }
-    fn outstanding(&self) -> usize {
-        Self::outstanding(self)
-    }
-}
-
 /// How long `closeSend`/`closeRecv` wait for work already posted on the connection to make
 /// progress before its queue pair is destroyed anyway (see [`Side::drain_before_close`]): a peer
 /// that is still sending keeps the wait going, one that stopped ends it after this.
@@ -296,7 +260,7 @@ enum Drained {
     TimedOut,
 }
 
-impl<Conn: Testable> Side<Conn> {
+impl<Conn: Connection> Side<Conn> {
     /// Before the queue pair is destroyed, let what is already posted finish: a receiver waits
     /// until the data of every receive the sender was granted has arrived, a sender until every
     /// posted send has completed (`rivet_core`'s `drain`). Bounded by [`CLOSE_IDLE`] without
