@@ -1555,12 +1555,12 @@ static long vm_pin_kib(void) {
   return kib;
 }
 
-/* regIsGlobal = 1 backed by a registration cache: the same 64 MiB buffer registered 100 times
- * across 20 comms of the device is pinned once; a range inside a registration pins nothing more,
+/* regIsGlobal = 1 backed by a registration cache: the same 64 MiB buffer registered twice on each
+ * of 100 comms of the device (200 registrations) is pinned once; a range inside a registration pins nothing more,
  * an adjacent one pins its own pages; an mhandle from one comm moves data on another comm of the
  * device; the last deregMr unpins. */
-#define CACHE_CONNS 10
-#define CACHE_REGS_PER_COMM 5
+#define CACHE_CONNS 50
+#define CACHE_REGS_PER_COMM 2
 static int registration_cache(int ck) {
   void *s[CACHE_CONNS] = {0}, *r[CACHE_CONNS] = {0};
   for (int i = 0; i < CACHE_CONNS; i++)
@@ -1589,7 +1589,8 @@ static int registration_cache(int ck) {
   long pin1 = vm_pin_kib();
   long once = (long)(big / 1024);
   if (pin1 - pin0 != once) {
-    check_fail(ck, "100 registrations of one 64 MiB buffer pinned %ld KiB (once is %ld KiB)", pin1 - pin0, once);
+    check_fail(ck, "%d registrations of one 64 MiB buffer on %d comms pinned %ld KiB (once is %ld KiB)",
+               2 * CACHE_CONNS * CACHE_REGS_PER_COMM, 2 * CACHE_CONNS, pin1 - pin0, once);
     return 0;
   }
   void *inside = NULL, *adjacent = NULL;
@@ -1628,7 +1629,8 @@ static int registration_cache(int ck) {
       long pin = vm_pin_kib();
       int last = c == 2 * CACHE_CONNS - 1 && k == CACHE_REGS_PER_COMM - 1;
       if (!last && pin != pin2) {
-        check_fail(ck, "deregMr %d of 100 changed VmPin by %ld KiB before the last", c * CACHE_REGS_PER_COMM + k,
+        check_fail(ck, "deregMr %d of %d changed VmPin by %ld KiB before the last", c * CACHE_REGS_PER_COMM + k,
+                   2 * CACHE_CONNS * CACHE_REGS_PER_COMM,
                    pin - pin2);
         return 0;
       }
@@ -1806,7 +1808,7 @@ static int run_version(int v, int full) {
       run_solo("GPU flush path on host memory (test switch): iflush requests complete, 0 bytes need none",
                flush_on_host_memory, 0);
     if (full)
-      run_solo("one 64 MiB buffer registered 100 times on 20 comms is pinned once; handles serve every comm",
+      run_solo("one 64 MiB buffer registered on 100 comms (twice each) is pinned once; handles serve every comm",
                registration_cache, 1);
     if (v >= 11) run_solo("init/finalize per communicator x100, 100 live contexts, dlclose + dlopen + init", lifecycle, 0);
   }
