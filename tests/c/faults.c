@@ -496,6 +496,11 @@ static int scenario_fabric(const char* lib, const char* breaker, const char* rep
   else
     h_fail("%s: result %d after %.2f s (%d transfers completed)", breaker, r, elapsed, transfers);
   if (!receiver) _exit(h_failures ? 1 : 0);
+  /* After its error the receiver closes the comm, as NCCL does when it aborts the communicator: a
+   * sender with nothing in flight (waiting for a clear-to-send the failed queue pair never sends)
+   * learns it from the socket. Which side's queue pair fails first depends on which one transmits
+   * first while the link is down; the sender exits at once after its own error. */
+  h_net->close_recv(p.comm);
   int status;
   waitpid(p.child, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status)) h_fail("the sender did not get its error in time");
