@@ -136,6 +136,12 @@ impl Port {
         if let Some(port) = opened.as_ref() {
             return Ok(Arc::clone(port));
         }
+        #[cfg(test)]
+        if crate::backend::sim::installed() {
+            let port = OpenPort::simulated(&self.info);
+            *opened = Some(Arc::clone(&port));
+            return Ok(port);
+        }
         let port = OpenPort::open(&self.info, self.gpu_setup())?;
         *opened = Some(Arc::clone(&port));
         Ok(port)
@@ -268,6 +274,12 @@ pub fn discover() -> Result<Vec<Port>, NoDevice> {
     }
     let options = options_from_env()?;
     let gdr = GdrSettings::from_env();
+    #[cfg(test)]
+    if crate::backend::sim::installed() {
+        use crate::backend::sim::{PORT_GUID, PORT_NAME};
+        let info = fake_port_info(PORT_NAME, None, 1, PORT_GUID);
+        return Ok(vec![Port::new(0, info, gdr)]);
+    }
     let found = rivet_verbs_ffi::discover(&options).map_err(NoDevice::Discovery)?;
     Ok(found
         .into_iter()

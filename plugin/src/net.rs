@@ -61,6 +61,8 @@ fn acquire(counted: bool) -> NetResult<()> {
             fork_policy();
             info!(INIT_NET, "initialized with {} port(s)", ports.len());
             let config = Config::from_env();
+            #[cfg(test)]
+            let config = crate::backend::sim::settle_config(config);
             device::set_retry_settings(Some((config.ib_timeout, config.ib_retry_cnt)));
             *global = Some(Global {
                 ports: Arc::new(ports),

@@ -3,6 +3,8 @@
 //! through (`guard`: no panic and no Rust error crosses into C) and the per-version device
 //! properties ([`props`]). The C layouts they fill are in [`crate::sys`], at the bottom.
 
+#[cfg(test)]
+mod export_tests;
 mod guard;
 pub mod props;
 mod shims;

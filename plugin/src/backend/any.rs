@@ -18,12 +18,19 @@ pub(crate) enum AnyEndpoint {
     Verbs(Endpoint),
     /// mlx5 direct: Rivet writes WQEs, rings doorbells and reads CQEs itself.
     Mlx5(Box<Mlx5Endpoint>),
+    /// The test-only simulated fabric (`backend::sim`).
+    #[cfg(test)]
+    Sim(super::sim::SimEndpoint),
 }
 
 impl AnyEndpoint {
     /// An endpoint on the port's data path. A failure to set up the direct path falls back to
     /// libibverbs with one INFO line; the port then stays on libibverbs.
     pub(crate) fn new(port: &Arc<OpenPort>, role: Role) -> Result<Self, VerbsError> {
+        #[cfg(test)]
+        if port.is_simulated() {
+            return super::sim::SimEndpoint::new(port, role).map(Self::Sim);
+        }
         if port.direct_path() {
             match Mlx5Endpoint::new(port, role) {
                 Ok(endpoint) => return Ok(Self::Mlx5(Box::new(endpoint))),
@@ -46,6 +53,8 @@ impl AnyEndpoint {
         match self {
             Self::Verbs(e) => e.local_info(settings),
             Self::Mlx5(e) => e.local_info(settings),
+            #[cfg(test)]
+            Self::Sim(e) => e.local_info(settings),
         }
     }
 
@@ -58,6 +67,8 @@ impl AnyEndpoint {
         match self {
             Self::Verbs(e) => e.connect(remote, settings),
             Self::Mlx5(e) => e.connect(remote, settings),
+            #[cfg(test)]
+            Self::Sim(e) => e.connect(remote, settings),
         }
     }
 
@@ -66,6 +77,8 @@ impl AnyEndpoint {
         match self {
             Self::Verbs(e) => e.port(),
             Self::Mlx5(e) => e.port(),
+            #[cfg(test)]
+            Self::Sim(e) => e.port(),
         }
     }
 
@@ -74,6 +87,8 @@ impl AnyEndpoint {
         match self {
             Self::Verbs(e) => e.qp_num(),
             Self::Mlx5(e) => e.qp_num(),
+            #[cfg(test)]
+            Self::Sim(e) => e.qp_num(),
         }
     }
 
@@ -82,6 +97,8 @@ impl AnyEndpoint {
         match self {
             Self::Verbs(e) => e.cq_addr(),
             Self::Mlx5(e) => e.cq_addr(),
+            #[cfg(test)]
+            Self::Sim(e) => e.cq_addr(),
         }
     }
 }
@@ -91,6 +108,8 @@ impl Nic for AnyEndpoint {
         match self {
             Self::Verbs(e) => e.max_inline(),
             Self::Mlx5(e) => e.max_inline(),
+            #[cfg(test)]
+            Self::Sim(e) => e.max_inline(),
         }
     }
 
@@ -98,6 +117,8 @@ impl Nic for AnyEndpoint {
         match self {
             Self::Verbs(e) => e.post_send(chain),
             Self::Mlx5(e) => e.post_send(chain),
+            #[cfg(test)]
+            Self::Sim(e) => e.post_send(chain),
         }
     }
 
@@ -105,6 +126,8 @@ impl Nic for AnyEndpoint {
         match self {
             Self::Verbs(e) => e.post_recv(wr_id),
             Self::Mlx5(e) => e.post_recv(wr_id),
+            #[cfg(test)]
+            Self::Sim(e) => e.post_recv(wr_id),
         }
     }
 
@@ -112,6 +135,8 @@ impl Nic for AnyEndpoint {
         match self {
             Self::Verbs(e) => e.poll(out),
             Self::Mlx5(e) => e.poll(out),
+            #[cfg(test)]
+            Self::Sim(e) => e.poll(out),
         }
     }
 
@@ -119,6 +144,8 @@ impl Nic for AnyEndpoint {
         match self {
             Self::Verbs(e) => e.read_inbound(offset, out),
             Self::Mlx5(e) => e.read_inbound(offset, out),
+            #[cfg(test)]
+            Self::Sim(e) => e.read_inbound(offset, out),
         }
     }
 
@@ -126,6 +153,8 @@ impl Nic for AnyEndpoint {
         match self {
             Self::Verbs(e) => e.write_staging(offset, bytes),
             Self::Mlx5(e) => e.write_staging(offset, bytes),
+            #[cfg(test)]
+            Self::Sim(e) => e.write_staging(offset, bytes),
         }
     }
 }

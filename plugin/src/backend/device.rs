@@ -1,6 +1,7 @@
 //! An opened RDMA port: its verbs context and protection domain, shared by every comm on it.
 
 use super::mr_cache::MrCache;
+use super::port_object::PortObject;
 use crate::log::{INIT_NET, info, warn};
 use rivet_core::data::DataError;
 use rivet_core::event::{DeviceEvent, EventBook, WatchId, rc_retry_budget};
@@ -122,9 +123,9 @@ pub(crate) struct OpenPort {
     /// What discovery found (name, port number, GID choice, MTU, link layer, …).
     pub(crate) info: PortInfo,
     /// Protection domain all of this port's QPs and memory registrations share.
-    pub(crate) pd: Arc<ProtectionDomain>,
+    pub(crate) pd: PortObject<ProtectionDomain>,
     /// The device context.
-    pub(crate) context: Arc<Context>,
+    pub(crate) context: PortObject<Context>,
     /// GPU memory handling.
     pub(crate) gpu: GpuSetup,
     /// User-buffer registrations in `pd`, shared by every comm on the port (`regIsGlobal`).
@@ -147,16 +148,39 @@ impl OpenPort {
                 })?;
         let context = device.open()?;
         let pd = ProtectionDomain::new(&context)?;
+        let (context, pd) = (PortObject::Verbs(context), PortObject::Verbs(pd));
         let direct = direct_path_wanted(&context, info);
         Ok(Arc::new(Self {
             info: info.clone(),
             gpu,
-            mrs: MrCache::new(Arc::clone(&pd)),
+            mrs: MrCache::new(pd.clone()),
             pd,
             context,
             events: Mutex::new(AsyncState::default()),
             direct: AtomicBool::new(direct),
         }))
+    }
+
+    /// A port of the test-only simulated fabric (`backend::sim`), which drives its connections
+    /// and registrations itself: the port has no verbs objects. Host memory only: no GPU
+    /// memory, no flush queue pair (it would need a verbs context).
+    #[cfg(test)]
+    pub(crate) fn simulated(info: &PortInfo) -> Arc<Self> {
+        Arc::new(Self {
+            info: info.clone(),
+            pd: PortObject::Simulated,
+            context: PortObject::Simulated,
+            gpu: GpuSetup::default(),
+            mrs: MrCache::new(PortObject::Simulated),
+            events: Mutex::new(AsyncState::default()),
+            direct: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether this is a port of the simulated fabric (tests).
+    #[cfg(test)]
+    pub(crate) fn is_simulated(&self) -> bool {
+        matches!(self.context, PortObject::Simulated)
     }
 
     /// Whether new connections on this port use the mlx5 direct data path.
@@ -195,6 +219,10 @@ impl OpenPort {
     /// connection `id`: the error to fail it with, or `None`.
     pub(crate) fn fatal_event_for(&self, id: WatchId) -> Option<DataError> {
         let mut state = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        #[cfg(test)]
+        if self.is_simulated() {
+            return state.book.fatal_error(id);
+        }
         loop {
             let event = match self.context.get_async_event() {
                 Ok(Some(event)) => event,

@@ -7,5 +7,8 @@ pub(crate) mod endpoint;
 pub(crate) mod flush;
 pub(crate) mod mlx5;
 pub(crate) mod mr_cache;
+pub(crate) mod port_object;
 pub(crate) mod qp_params;
 pub(crate) mod region;
+#[cfg(test)]
+pub(crate) mod sim;

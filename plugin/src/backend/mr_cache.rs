@@ -6,10 +6,11 @@
 
 #![allow(unsafe_code)]
 
+use super::port_object::PortObject;
 use rivet_core::regcache::{Acquired, PageRange, RegCache, RegCacheError};
 use rivet_verbs_ffi::{MemoryRegion, ProtectionDomain, VerbsError};
 use std::os::fd::RawFd;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 /// Page size the cache rounds to. Registering whole 4 KiB pages is right on every Linux page
 /// size: the kernel pins the pages the range touches whatever their size.
@@ -70,16 +71,35 @@ impl std::fmt::Display for CacheError {
     }
 }
 
+/// A registration the cache holds: a verbs memory region, or on the test-only simulated port
+/// (`backend::sim`) a mirror of the memory in the simulated fabric.
+#[derive(Debug)]
+enum Registration {
+    Verbs(MemoryRegion),
+    #[cfg(test)]
+    Simulated(super::sim::fabric::SimMr),
+}
+
+impl Registration {
+    fn keys(&self) -> (u32, u32) {
+        match self {
+            Self::Verbs(mr) => (mr.lkey(), mr.rkey()),
+            #[cfg(test)]
+            Self::Simulated(mr) => mr.keys(),
+        }
+    }
+}
+
 /// The cache of one port (one protection domain).
 #[derive(Debug)]
 pub(crate) struct MrCache {
-    pd: Arc<ProtectionDomain>,
-    regions: Mutex<RegCache<MemoryRegion>>,
+    pd: PortObject<ProtectionDomain>,
+    regions: Mutex<RegCache<Registration>>,
 }
 
 impl MrCache {
     /// An empty cache for registrations in `pd`.
-    pub(crate) fn new(pd: Arc<ProtectionDomain>) -> Self {
+    pub(crate) fn new(pd: PortObject<ProtectionDomain>) -> Self {
         Self {
             pd,
             regions: Mutex::new(RegCache::new(PAGE)),
@@ -101,14 +121,11 @@ impl MrCache {
         let mut cache = self.regions.lock().unwrap_or_else(|e| e.into_inner());
         let range = match cache.acquire(addr, len).map_err(CacheError::Cache)? {
             Acquired::Hit(range) => {
-                let mr = cache
+                let (lkey, rkey) = cache
                     .get(range)
-                    .ok_or(CacheError::Cache(RegCacheError::NotCached(range)))?;
-                return Ok(CachedMr {
-                    range,
-                    lkey: mr.lkey(),
-                    rkey: mr.rkey(),
-                });
+                    .ok_or(CacheError::Cache(RegCacheError::NotCached(range)))?
+                    .keys();
+                return Ok(CachedMr { range, lkey, rkey });
             }
             Acquired::Miss(range) => range,
         };
@@ -117,6 +134,12 @@ impl MrCache {
                 what: "registration larger than the address space",
             })
         })?;
+        #[cfg(test)]
+        if matches!(self.pd, PortObject::Simulated) {
+            let mr =
+                Registration::Simulated(super::sim::fabric::register(range.start, range.len()));
+            return insert(&mut cache, range, mr);
+        }
         let mr = match memory {
             Memory::Mapped => {
                 // SAFETY: the pages of `addr..addr+len` are the caller's mapped memory (the
@@ -133,13 +156,7 @@ impl MrCache {
             }
         }
         .map_err(CacheError::Verbs)?;
-        let share = CachedMr {
-            range,
-            lkey: mr.lkey(),
-            rkey: mr.rkey(),
-        };
-        cache.insert(range, mr).map_err(CacheError::Cache)?;
-        Ok(share)
+        insert(&mut cache, range, Registration::Verbs(mr))
     }
 
     /// Give back one share of `range`; the last share deregisters the memory.
@@ -149,4 +166,15 @@ impl MrCache {
         // `acquire` of the same pages cannot find the entry gone but the pages still registered.
         cache.release(range).map(drop)
     }
+}
+
+/// Cache a new registration of `range`; the caller's share of it.
+fn insert(
+    cache: &mut RegCache<Registration>,
+    range: PageRange,
+    mr: Registration,
+) -> Result<CachedMr, CacheError> {
+    let (lkey, rkey) = mr.keys();
+    cache.insert(range, mr).map_err(CacheError::Cache)?;
+    Ok(CachedMr { range, lkey, rkey })
 }

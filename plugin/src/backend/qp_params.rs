@@ -22,6 +22,22 @@ pub(crate) fn endpoint_info(
     inbound: &Region,
     settings: &QpSettings,
 ) -> EndpointInfo {
+    let inbound = RemoteRegion {
+        addr: inbound.addr(),
+        rkey: inbound.rkey(),
+        len: inbound.len() as u32,
+    };
+    endpoint_info_at(port, qpn, psn, inbound, settings)
+}
+
+/// [`endpoint_info`] with the inbound region as the peer addresses it.
+pub(crate) fn endpoint_info_at(
+    port: &PortInfo,
+    qpn: u32,
+    psn: u32,
+    inbound: RemoteRegion,
+    settings: &QpSettings,
+) -> EndpointInfo {
     let link_layer = link_layer(port);
     EndpointInfo {
         gid: port.gid,
@@ -35,11 +51,7 @@ pub(crate) fn endpoint_info(
         link_layer,
         qpn,
         psn,
-        inbound: RemoteRegion {
-            addr: inbound.addr(),
-            rkey: inbound.rkey(),
-            len: inbound.len() as u32,
-        },
+        inbound,
         traffic_class: settings.traffic_class,
         service_level: settings.service_level,
         device_name: device_name(&port.name),

@@ -102,7 +102,8 @@ pub(crate) struct Mlx5Endpoint<A: Attachment = Device> {
     nic: DirectNic<A::Doorbell, A::Regions>,
 }
 
-fn region_lens(role: Role) -> (usize, usize, u32) {
+/// Inbound and staging region lengths and receive-queue depth for `role`.
+pub(crate) fn region_lens(role: Role) -> (usize, usize, u32) {
     use rivet_core::data::{
         RECV_INBOUND_LEN, RECV_QUEUE_DEPTH, RECV_STAGING_LEN, SEND_INBOUND_LEN, SEND_STAGING_LEN,
     };

@@ -1,0 +1,66 @@
+//! A test-only backend: one simulated port whose connections run on `rivet_core::sim`'s fabric,
+//! so the exported C entry points can be driven end to end in one process on a machine without
+//! RDMA (`abi::export_tests`). Compiled for the plugin's unit tests only; the shipped library has
+//! none of it.
+//!
+//! Once [`install`]ed (for the rest of the test process), discovery reports one port,
+//! [`PORT_NAME`], opening it gives an `OpenPort::simulated` port, connections on it are
+//! [`SimEndpoint`]s, a registration cache miss on it (`backend::mr_cache`) registers a mirror
+//! here ([`fabric::register`]) and the handshake listens on loopback. Everything else (handles,
+//! handshake, the registration cache's policy, core state machines, the C shims) is the plugin's
+//! own code.
+//!
+//! The simulator has its own address space, while NCCL's buffers are process memory. A
+//! registration (the page range the cache chose) gets a mirror allocation in the fabric,
+//! registered there; the plugin's memory keys are the mirror's keys, and work requests naming real
+//! addresses under those keys are translated here:
+//! - a local payload is copied from the buffer into the mirror when it is posted;
+//! - an RDMA write into a buffer is copied from the mirror back into the buffer right after the
+//!   fabric executed it (before any completion of it can be polled).
+//!
+//! The fabric checks every access against the mirror's registration, so a payload outside it, or
+//! under a key that was deregistered, fails as on a NIC.
+//!
+//! An endpoint advertises its inbound region before the fabric pair exists (NCCL exchanges both
+//! ends' descriptions first): under a key of its own, which posting translates to the fabric's.
+//! A NIC moves data on its own; the fabric is step-driven, so every call of an endpoint (post,
+//! poll, reading the inbound region) first runs all queued work requests (`run_until_idle`).
+//!
+//! Bottom to top: [`fabric`] (the fabric's shared state, registrations' mirrors and the address
+//! translation; below the rest of `backend`, so the registration cache can call it), then
+//! [`endpoint`] (a connection's queue pair, which lives on an `OpenPort`).
+
+mod endpoint;
+pub(crate) mod fabric;
+
+pub(crate) use endpoint::SimEndpoint;
+
+use crate::config::Config;
+use rivet_core::name_list::NameList;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The simulated port's device name.
+pub(crate) const PORT_NAME: &str = "sim0";
+/// The simulated port's node GUID.
+pub(crate) const PORT_GUID: u64 = 0x5157_0000_0000_0001;
+
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// Use the simulated port from now on (for the rest of the process).
+pub(crate) fn install() {
+    fabric::create();
+    INSTALLED.store(true, Ordering::SeqCst);
+}
+
+/// Whether [`install`] was called.
+pub(crate) fn installed() -> bool {
+    INSTALLED.load(Ordering::SeqCst)
+}
+
+/// The settings of an `init` with the simulated port: the handshake listens on loopback only.
+pub(crate) fn settle_config(mut config: Config) -> Config {
+    if installed() {
+        config.interface.ifname = NameList::parse("=lo").ok();
+    }
+    config
+}
