@@ -47,6 +47,9 @@ stage "build"
 # dependencies).
 cargo build --workspace --locked
 
+stage "footprint: the shipped library's exports, no test-support code, .data"
+scripts/footprint.sh
+
 stage "tests"
 cargo test --workspace --locked
 
