@@ -1,7 +1,8 @@
 //! The RDMA ports Rivet exposes to NCCL: discovered on the first `init`, opened on first use.
 //!
 //! Unsafe (opted in): `Port` holds C strings NCCL reads through raw pointers in its properties, so
-//! it is marked `Send`/`Sync` by hand; the strings are owned by the port and never change.
+//! it is marked `Send`/`Sync` by hand; the strings are owned by the port (by raw pointer, freed
+//! on drop) and never change.
 
 #![allow(unsafe_code)]
 
@@ -14,6 +15,7 @@ use rivet_verbs_ffi::discover::{AddrFamily, GidPolicy, NameList};
 use rivet_verbs_ffi::{DiscoverError, DiscoverOptions, PortInfo, VerbsError};
 use std::ffi::CString;
 use std::fmt;
+use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
 /// What `getProperties` reports for one device, before it is cast into a versioned struct.
@@ -71,17 +73,17 @@ pub struct Port {
     pub info: PortInfo,
     /// The properties reported through `getProperties` (pointing into `name` and `pci_path`).
     pub props: DeviceProps,
-    _name: CString,
+    _name: PropString,
     /// `None` when the device has no PCI function (Soft-RoCE): NCCL then gets a NULL `pciPath`,
     /// as from its own IB transport, and places the NIC at the CPU.
-    _pci_path: Option<CString>,
+    _pci_path: Option<PropString>,
     /// The GPUDirect settings the port's decision was made with.
     gdr: GdrSettings,
     opened: Mutex<Option<Arc<OpenPort>>>,
 }
 
-// SAFETY: `props` points only into the CStrings this value owns (heap buffers that do not move
-// with the value); everything else is immutable or behind a mutex.
+// SAFETY: `props` points only into the strings this value owns (heap buffers that do not move
+// with the value, never written); everything else is immutable or behind a mutex.
 unsafe impl Send for Port {}
 // SAFETY: as above.
 unsafe impl Sync for Port {}
@@ -89,7 +91,8 @@ unsafe impl Sync for Port {}
 impl Port {
     fn new(index: usize, info: PortInfo, gdr: GdrSettings) -> Self {
         let ptr_support = gdr_policy(&info, &gdr).ptr_support();
-        let clean = |s: &str| CString::new(s.replace('\0', "")).unwrap_or_default();
+        let clean =
+            |s: &str| PropString::new(CString::new(s.replace('\0', "")).unwrap_or_default());
         let name = clean(&info.name);
         let pci = info.nccl_pci_path.as_deref().map(clean);
         let mut members = [0; 8];
@@ -145,6 +148,32 @@ impl Port {
         let port = OpenPort::open(&self.info, self.gpu_setup())?;
         *opened = Some(Arc::clone(&port));
         Ok(port)
+    }
+}
+
+/// A C string `props` points into, held by the raw pointer [`CString::into_raw`] gives. A
+/// `CString` would not do: it owns its buffer as a `Box`, and moving a `Box` (into the `Port`, the
+/// `Port` into its `Vec`) asserts unique access to the buffer, which invalidates the pointers
+/// taken before under Rust's aliasing rules (Miri reports the later read as undefined behaviour).
+#[derive(Debug)]
+struct PropString(NonNull<c_char>);
+
+impl PropString {
+    fn new(s: CString) -> Self {
+        // `into_raw` never returns NULL.
+        Self(NonNull::new(s.into_raw()).unwrap_or_else(|| unreachable!("CString::into_raw")))
+    }
+
+    /// The NUL-terminated string, valid while `self` lives.
+    fn as_ptr(&self) -> *const c_char {
+        self.0.as_ptr()
+    }
+}
+
+impl Drop for PropString {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from `CString::into_raw` and is given back once, here.
+        drop(unsafe { CString::from_raw(self.0.as_ptr()) });
     }
 }
 
