@@ -470,6 +470,21 @@ fn connect_pair(api: &Api, ctx: Ptr) -> (Ptr, Ptr, Ptr) {
     (listen, send, recv)
 }
 
+/// `init` of the v12 table and a pair connected on its context: (table, context, pair).
+fn v12_with_a_pair() -> (Api, Ptr, (Ptr, Ptr, Ptr)) {
+    let api = api_v12();
+    let (rc, ctx) = (api.init)();
+    assert_eq!(rc, NCCL_SUCCESS, "init");
+    let pair = connect_pair(&api, ctx);
+    (api, ctx, pair)
+}
+
+/// Close the pair, then `finalize` its context, checking each succeeds.
+fn close_pair_and_finalize(api: &Api, pair: (Ptr, Ptr, Ptr), ctx: Ptr) {
+    close_pair(api, pair);
+    assert_eq!((api.finalize)(ctx), NCCL_SUCCESS, "finalize");
+}
+
 /// Close what `connect_pair` opened, checking each close succeeds.
 fn close_pair(api: &Api, (listen, send, recv): (Ptr, Ptr, Ptr)) {
     // SAFETY: live comms from `connect_pair`.
@@ -547,10 +562,7 @@ fn every_table_moves_bytes_between_two_comms() {
 #[test]
 fn a_grouped_receive_matches_each_buffer_by_tag() {
     let _serial = serial();
-    let api = api_v12();
-    let (rc, ctx) = (api.init)();
-    assert_eq!(rc, NCCL_SUCCESS);
-    let pair = connect_pair(&api, ctx);
+    let (api, ctx, pair) = v12_with_a_pair();
     let (_, send, recv) = pair;
     // Three buffers, tags 7, 8, 9; sent in the order 9, 7, 8 with different sizes, one empty.
     let lens = [100usize, 0, 5000];
@@ -593,8 +605,7 @@ fn a_grouped_receive_matches_each_buffer_by_tag() {
         );
         assert!(ins[i][lens[i]..].iter().all(|&b| b == 0));
     }
-    close_pair(&api, pair);
-    assert_eq!((api.finalize)(ctx), NCCL_SUCCESS);
+    close_pair_and_finalize(&api, pair, ctx);
 }
 
 #[test]
@@ -718,17 +729,13 @@ fn null_and_bogus_handles_are_refused_without_a_crash() {
     }
     // The pair still works after all that.
     api.transfer((send, recv), 9, 64, 1);
-    close_pair(&api, pair);
-    assert_eq!((api.finalize)(ctx), NCCL_SUCCESS);
+    close_pair_and_finalize(&api, pair, ctx);
 }
 
 #[test]
 fn stale_handles_are_refused_after_close_dereg_test_and_finalize() {
     let _serial = serial();
-    let api = api_v12();
-    let (rc, ctx) = (api.init)();
-    assert_eq!(rc, NCCL_SUCCESS);
-    let pair = connect_pair(&api, ctx);
+    let (api, ctx, pair) = v12_with_a_pair();
     let (listen, send, recv) = pair;
     let mut out = pattern(3, 256);
     let mut into = [0u8; 256];
@@ -942,10 +949,7 @@ fn init_and_finalize_cycle_with_contexts_of_their_own() {
 #[test]
 fn two_handles_of_one_buffer_share_a_registration_until_the_last_dereg() {
     let _serial = serial();
-    let api = api_v12();
-    let (rc, ctx) = (api.init)();
-    assert_eq!(rc, NCCL_SUCCESS);
-    let pair = connect_pair(&api, ctx);
+    let (api, ctx, pair) = v12_with_a_pair();
     let (_, send, recv) = pair;
     let mut out = pattern(11, 3000);
     let mut into = vec![0u8; 3000];
@@ -971,6 +975,5 @@ fn two_handles_of_one_buffer_share_a_registration_until_the_last_dereg() {
         assert_eq!((api.dereg_mr)(send, smh_b), NCCL_SUCCESS);
         assert_eq!((api.dereg_mr)(recv, rmh_b), NCCL_SUCCESS);
     }
-    close_pair(&api, pair);
-    assert_eq!((api.finalize)(ctx), NCCL_SUCCESS);
+    close_pair_and_finalize(&api, pair, ctx);
 }
