@@ -11,6 +11,7 @@ extern crate alloc;
 #[cfg(any(test, feature = "sim"))]
 extern crate std;
 
+pub mod collnet;
 pub mod data;
 pub mod event;
 pub mod handshake;
