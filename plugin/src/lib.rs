@@ -28,7 +28,7 @@
 //! | 6 | `devices` | discovery: the ports NCCL sees and their properties |
 //! | 7 | `net` | lifecycle (`init`, contexts, `finalize`), opened ports |
 //! | 8 | `comm` | listen/connect/accept, registrations and the data path |
-//! | 9 | `profiler` | NCCL profiler events around the data path |
+//! | 9 | `profiler`, `collnet` | NCCL profiler events around the data path; CollNet groups over the p2p comms |
 //! | 10 | `abi` | the exported tables, per-version shims, the panic guard, per-version properties |
 
 #![deny(unsafe_code)]
@@ -36,6 +36,7 @@
 pub mod abi;
 mod backend;
 mod clock;
+mod collnet;
 mod comm;
 mod config;
 pub mod devices;
