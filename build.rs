@@ -14,6 +14,7 @@ fn main() {
             "RIVET_C_CONFORMANCE",
         ),
         ("faults", "tests/c/faults.c", "RIVET_C_FAULTS"),
+        ("collnet", "tests/c/collnet.c", "RIVET_C_COLLNET"),
     ];
     for (name, source, env) in programs {
         println!("cargo:rerun-if-changed={source}");
@@ -38,6 +39,7 @@ fn main() {
             .arg("-o")
             .arg(&exe)
             .arg("-ldl")
+            .arg("-lm")
             .status()
             .unwrap_or_else(|e| panic!("running the C compiler for {source}: {e}"));
         assert!(status.success(), "compiling {source} failed");
