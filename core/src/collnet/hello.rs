@@ -72,7 +72,62 @@ impl fmt::Display for HelloError {
     }
 }
 
+/// Why a well-formed hello is not admitted into this rank's group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Another group (another `connect`, or a stale connection from an earlier one).
+    OtherGroup {
+        /// The hello's group id.
+        group: u64,
+        /// The hello's group size.
+        nranks: u32,
+    },
+    /// It claims to be this rank.
+    OwnRank(u32),
+    /// That rank is connected already.
+    Duplicate(u32),
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::OtherGroup { group, nranks } => {
+                write!(
+                    f,
+                    "it belongs to another group ({group:#x} of {nranks} ranks)"
+                )
+            }
+            Self::OwnRank(r) => write!(f, "it claims this rank ({r})"),
+            Self::Duplicate(r) => write!(f, "rank {r} is connected already"),
+        }
+    }
+}
+
 impl Hello {
+    /// Whether rank `me` of group `group` (of `nranks`) takes this connection, given which ranks
+    /// are connected already: the sender's rank, or why not.
+    pub fn admit(
+        &self,
+        group: u64,
+        nranks: u32,
+        me: u32,
+        connected: impl Fn(u32) -> bool,
+    ) -> Result<u32, Refusal> {
+        if self.group != group || self.nranks != nranks {
+            return Err(Refusal::OtherGroup {
+                group: self.group,
+                nranks: self.nranks,
+            });
+        }
+        if self.rank == me {
+            return Err(Refusal::OwnRank(me));
+        }
+        if connected(self.rank) {
+            return Err(Refusal::Duplicate(self.rank));
+        }
+        Ok(self.rank)
+    }
+
     /// The 32 bytes.
     pub fn encode(&self) -> [u8; HELLO_LEN] {
         let mut out = [0u8; HELLO_LEN];
@@ -154,5 +209,23 @@ mod tests {
         }
         .encode();
         assert!(Hello::decode(&bad).is_err());
+    }
+
+    #[test]
+    fn admission() {
+        let h = Hello {
+            nranks: 4,
+            rank: 2,
+            group: 9,
+        };
+        assert_eq!(h.admit(9, 4, 0, |_| false), Ok(2));
+        let other = Err(Refusal::OtherGroup {
+            group: 9,
+            nranks: 4,
+        });
+        assert_eq!(h.admit(8, 4, 0, |_| false), other);
+        assert_eq!(h.admit(9, 5, 0, |_| false), other);
+        assert_eq!(h.admit(9, 4, 2, |_| false), Err(Refusal::OwnRank(2)));
+        assert_eq!(h.admit(9, 4, 0, |r| r == 2), Err(Refusal::Duplicate(2)));
     }
 }

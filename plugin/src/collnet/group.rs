@@ -196,21 +196,12 @@ impl Setup<'_> {
 
     /// Place a connection that said hello, or drop it.
     fn identify(&mut self, incoming: Incoming, hello: Hello) {
-        let why = if hello.group != self.group || hello.nranks != self.nranks {
-            Some(format!(
-                "it belongs to another group (rank {} of {}, group {:#x}; this is group {:#x} of {})",
-                hello.rank, hello.nranks, hello.group, self.group, self.nranks
-            ))
-        } else if hello.rank == self.rank {
-            Some(format!("it claims this rank ({})", self.rank))
-        } else if self.opened.recvs[hello.rank as usize].is_some() {
-            Some(format!("rank {} is connected already", hello.rank))
-        } else {
-            None
-        };
-        match why {
-            None => self.opened.recvs[hello.rank as usize] = Some(incoming.comm),
-            Some(why) => {
+        let recvs = &self.opened.recvs;
+        match hello.admit(self.group, self.nranks, self.rank, |r| {
+            recvs.get(r as usize).is_some_and(Option::is_some)
+        }) {
+            Ok(rank) => self.opened.recvs[rank as usize] = Some(incoming.comm),
+            Err(why) => {
                 warn!("CollNet connect: dropping a connection: {why}");
                 self.strangers += 1;
                 let _ = comm::close_recv(incoming.comm);
