@@ -19,6 +19,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+use rivet_core::data::Connection;
 use rivet_core::data::{Completed, RecvBuf, SendBuf};
 use rivet_core::sim::DataPair;
 

@@ -27,6 +27,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+use rivet_core::data::Connection;
 use rivet_core::data::{
     CQ_DEPTH, Completed, RECV_INBOUND_LEN, RECV_STAGING_LEN, RecvBuf, RecvConn, SEND_INBOUND_LEN,
     SEND_STAGING_LEN, SendBuf, SendConn,

@@ -5,11 +5,17 @@
 //! `tests/c/transfer.c` across hosts (B receives, A sends; the handle over a TCP control connection
 //! on the link), every byte verified, and the link NIC's counters must show the traffic went that
 //! way. Then the link-cut fault on link 2 (B takes `eth2` down mid-stream: both ends must fail
-//! within the silent-peer bound, later calls too). Then the host-death fault: B streams receives on link 1 and, mid-stream, the host SIGKILLs
-//! B's whole VM (`--kill-on`); A's sends must fail within the silent-peer bound
-//! (`tests/c/faults.c host-death`, `NCCL_IB_TIMEOUT=14`), and later calls fail too.
+//! within the silent-peer bound, later calls too). Then the host-death fault: B grants 8 receives
+//! of 64 MiB on link 1 and the host SIGKILLs B's whole VM while A writes them; A's queue pair must
+//! fail by RDMA retry exhaustion within 2 x the retry time + 5 s of the kill
+//! (`tests/c/faults.c host-death`, `NCCL_IB_TIMEOUT=14`, `NCCL_IB_RETRY_CNT=2`), and later calls fail
+//! too.
 //!
-//! Slow (two VMs under TCG), so it is `#[ignore]`d; `scripts/vm-rig.sh` (run by `.ci/run`) runs it.
+//! After the host death, B's VM boots again (`--reboot-on`) and a new connection from A to it
+//! works. A second test boots the `triangle` (three VMs, a link per pair on its own subnet) and moves
+//! byte-checked data between every pair over its own link.
+//!
+//! Slow (VMs under TCG), so both are `#[ignore]`d; `scripts/vm-rig.sh` (run by `.ci/run`) runs them.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -28,11 +34,16 @@ fn script() -> String {
     format!(
         r#"set -u
 step() {{ name=$1; shift; "$@"; echo "STEP $name rc=$?"; }}
+set -- $RIVET_VM_PEER_ADDRS
+peers=("$@")
+if [ "$RIVET_VM_BOOT" = 2 ]; then
+  # B, booted again after its VM was killed: a new connection on link 1 works.
+  step reboot-transfer env NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=eth1 {transfer} {lib} --quick --small 500 --listen-port 18641
+  exit 0
+fi
 bytes() {{ echo $(( $(cat /sys/class/net/$1/statistics/rx_bytes) + $(cat /sys/class/net/$1/statistics/tx_bytes) )); }}
 # At least 64 MiB more went through NIC $1 than $2 bytes.
 carried() {{ test $(( $(bytes $1) - $2 )) -gt 67108864; }}
-set -- $RIVET_VM_PEER_ADDRS
-peers=("$@")
 for k in 1 2; do
   peer=${{peers[$((k - 1))]}}
   before=$(bytes eth$k)
@@ -57,48 +68,58 @@ if [ "$RIVET_VM_INDEX" = 1 ]; then
 else
   step link-cut env NCCL_IB_HCA==rxe2 NCCL_SOCKET_IFNAME=eth2 {faults} {lib} link-cut --peer ${{peers[1]}}:18612
 fi
-export NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=eth1 FAULTS_MARKER=$RIVET_VM_SET/B.mid-stream
+# Host death on link 1: B's VM is SIGKILLed while A writes 512 MiB into it. NCCL_IB_RETRY_CNT=2:
+# Soft-RoCE retries forever at 7 (rxe_comp.c never counts 7 down), hardware gives up after 7.
+export NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=eth1 FAULTS_MARKER=$RIVET_VM_SET/B.mid-stream NCCL_IB_RETRY_CNT=2
 if [ "$RIVET_VM_INDEX" = 1 ]; then
   {faults} {lib} host-death --listen-port 18611
 else
   step host-death {faults} {lib} host-death --peer ${{peers[0]}}:18611
+  # B boots again: a new connection to it works.
+  unset NCCL_IB_RETRY_CNT
+  step reboot-transfer {transfer} {lib} --quick --small 500 --peer ${{peers[0]}}:18641
 fi
 "#
     )
 }
 
+/// Boot `topology` with `vm/multi.sh` (`options` before `--`), run `script` in every VM, and
+/// return (stdout, stderr).
+fn run_rig(topology: &str, options: &[&str], script: &str) -> (String, String) {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    common::run_lane(
+        Command::new(repo.join("vm/multi.sh"))
+            .current_dir(&repo)
+            .args(["--topology", topology])
+            .args(options)
+            .args(["--", "bash", "-c", script]),
+    )
+}
+
+/// The exit status VM `vm` printed for its step `name` (`[A] STEP name rc=0`), if it ran.
+fn step_rc(stdout: &str, vm: &str, name: &str) -> Option<i32> {
+    let prefix = format!("[{vm}] STEP {name} rc=");
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rc| rc.trim().parse().ok())
+}
+
 #[test]
 #[ignore = "boots two QEMU VMs (minutes under TCG); run by scripts/vm-rig.sh"]
 fn pair2_across_hosts() {
-    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let (stdout, stderr) = common::run_lane(
-        Command::new(repo.join("vm/multi.sh"))
-            .current_dir(&repo)
-            .args([
-                "--topology",
-                "pair2",
-                "--timeout",
-                "1200",
-                "--kill-on",
-                "B=B.mid-stream",
-                "--",
-                "bash",
-                "-c",
-                &script(),
-            ]),
+    let (stdout, stderr) = run_rig(
+        "pair2",
+        &["--timeout", "1200", "--reboot-on", "B=B.mid-stream"],
+        &script(),
     );
     assert!(
-        stderr.contains("rivet-vm: B killed"),
-        "B's VM was never killed: the host-death fault did not happen"
+        stderr.contains("rivet-vm: killed B") && stderr.contains("rivet-vm: booting B again"),
+        "B's VM was never killed and booted again: the host-death fault did not happen"
     );
 
     let step = |vm: &str, name: &str| -> i32 {
-        let prefix = format!("[{vm}] STEP {name} rc=");
-        stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .and_then(|rc| rc.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{vm}: step {name} did not run"))
+        step_rc(&stdout, vm, name).unwrap_or_else(|| panic!("{vm}: step {name} did not run"))
     };
     for k in [1, 2] {
         for vm in ["A", "B"] {
@@ -114,15 +135,17 @@ fn pair2_across_hosts() {
             );
         }
     }
-    for needle in [
-        "[B] PASS message of 67108864 bytes arrived intact",
-        "[B] PASS grouped receive of 8 with shuffled tags",
-        "[B] PASS 10000 small messages with a window of 8",
+    // Once per link; the grouped receive a third time, in the transfer after B's reboot.
+    for (needle, times) in [
+        ("[B] PASS message of 67108864 bytes arrived intact", 2),
+        ("[B] PASS grouped receive of 8 with shuffled tags", 3),
+        ("[B] PASS 10000 small messages with a window of 8", 2),
+        ("[B] PASS 500 small messages with a window of 8", 1),
     ] {
         assert_eq!(
             stderr.matches(needle).count(),
-            2,
-            "{needle:?} not seen once per link"
+            times,
+            "{needle:?} not seen {times} times"
         );
     }
     for vm in ["A", "B"] {
@@ -163,6 +186,66 @@ fn pair2_across_hosts() {
         0,
         "the survivor did not fail within the bound after its peer host died"
     );
-    assert!(stderr.contains("[A] PASS [sender] peer host death: error"));
+    assert!(
+        stderr.contains("[A] PASS [sender] peer host death: error")
+            && stderr.contains("by RDMA retry exhaustion"),
+        "the survivor did not fail by RDMA retry exhaustion"
+    );
     assert!(stderr.contains("[A] PASS [sender] peer host death: a later call fails too"));
+    for vm in ["A", "B"] {
+        assert_eq!(
+            step(vm, "reboot-transfer"),
+            0,
+            "{vm}: a new connection after B's reboot failed"
+        );
+    }
+}
+
+/// The triangle: three VMs, a link per pair, each link its own /24 (A–B 192.168.101, A–C
+/// 192.168.100, B–C 192.168.102), two rxe devices per VM. Every pair moves byte-checked data over
+/// its own link, through the plugin (the VM named first in the link listens): each VM reaches both
+/// peers, one per NIC.
+fn triangle_script() -> String {
+    let lib = plugin_library();
+    let lib = lib.display();
+    let transfer = env!("RIVET_C_TRANSFER");
+    format!(
+        r#"set -u
+step() {{ name=$1; shift; "$@"; echo "STEP $name rc=$?"; }}
+read -r -a devs <<<"$RIVET_VM_NETDEVS"
+read -r -a rxes <<<"$RIVET_VM_RXES"
+read -r -a peers <<<"$RIVET_VM_PEER_ADDRS"
+read -r -a names <<<"$RIVET_VM_PEERS"
+for pair in AB:18701 AC:18702 BC:18703; do
+  x=${{pair:0:1}} y=${{pair:1:1}} port=${{pair#*:}}
+  for i in 0 1; do
+    if [ "$RIVET_VM_NAME" = "$x" ] && [ "${{names[$i]}}" = "$y" ]; then
+      step link-$x$y env NCCL_IB_HCA==${{rxes[$i]}} NCCL_SOCKET_IFNAME=${{devs[$i]}} {transfer} {lib} --quick --small 200 --listen-port $port
+    elif [ "$RIVET_VM_NAME" = "$y" ] && [ "${{names[$i]}}" = "$x" ]; then
+      step link-$x$y env NCCL_IB_HCA==${{rxes[$i]}} NCCL_SOCKET_IFNAME=${{devs[$i]}} {transfer} {lib} --quick --small 200 --peer ${{peers[$i]}}:$port
+    fi
+  done
+done
+"#
+    )
+}
+
+#[test]
+#[ignore = "boots three QEMU VMs (minutes under TCG); run by scripts/vm-rig.sh"]
+fn triangle_every_pair_over_its_own_link() {
+    let (stdout, stderr) = run_rig("triangle", &["--timeout", "600"], &triangle_script());
+    for (pair, vms) in [("AB", ["A", "B"]), ("AC", ["A", "C"]), ("BC", ["B", "C"])] {
+        for vm in vms {
+            let rc = step_rc(&stdout, vm, &format!("link-{pair}"))
+                .unwrap_or_else(|| panic!("{vm}: the transfer on link {pair} did not run"));
+            assert_eq!(rc, 0, "{vm}: the transfer on link {pair} failed");
+        }
+    }
+    assert_eq!(
+        stderr
+            .matches("PASS 200 small messages with a window of 8, every byte verified")
+            .count(),
+        3,
+        "one verified transfer per link"
+    );
 }

@@ -98,7 +98,7 @@ pub use send::SendConn;
 
 use core::fmt;
 
-use crate::nic::{Completion, CompletionKind, WcStatus};
+use crate::nic::{Completion, CompletionKind, Nic, Queue, RawCompletion, RawOp, WcStatus};
 
 /// Slots of the CTS FIFO, receives outstanding per connection at most.
 pub const SLOTS: usize = 256;
@@ -123,6 +123,43 @@ pub const RECV_QUEUE_DEPTH: usize = SLOTS;
 /// Completion-queue depth, on both sides: every send and receive work request may complete
 /// (with a flush error) at once.
 pub const CQ_DEPTH: usize = SEND_QUEUE_DEPTH + RECV_QUEUE_DEPTH;
+
+/// The core's view of a completion the hardware reported: what completed, from its operation, or
+/// for a failed completion (which reports none) from its queue, or from its work-request id, which
+/// the core chose. A receive consumed by anything but a write with immediate cannot happen in this
+/// protocol: it is passed on as a write with immediate of 0, so validation names the violation.
+#[inline]
+pub fn classify(raw: &RawCompletion) -> Completion {
+    let kind = if raw.status.is_success() {
+        match raw.op {
+            RawOp::RecvWriteImm { imm } => CompletionKind::RecvWriteImm {
+                imm,
+                byte_len: raw.byte_len,
+            },
+            RawOp::RecvOther => CompletionKind::RecvWriteImm {
+                imm: 0,
+                byte_len: raw.byte_len,
+            },
+            RawOp::Send | RawOp::Unknown => CompletionKind::Send,
+        }
+    } else {
+        let from_recv = match raw.queue {
+            Some(queue) => queue == Queue::Recv,
+            None => codec::WrId::decode(raw.wr_id).is_ok_and(|id| id.kind == WrKind::Recv),
+        };
+        if from_recv {
+            CompletionKind::RecvFailed
+        } else {
+            CompletionKind::Send
+        }
+    };
+    Completion {
+        wr_id: raw.wr_id,
+        status: raw.status,
+        vendor_err: raw.vendor_err,
+        kind,
+    }
+}
 
 /// Completions polled per `poll` call.
 const POLL_BATCH: usize = 16;
@@ -166,6 +203,24 @@ pub enum Completed {
         /// Bytes per buffer (for a send, `sizes[0]` is the bytes sent).
         sizes: [u64; MAX_RECVS],
     },
+}
+
+/// What either direction of a connection offers once requests are posted: the one interface a
+/// driver tests, fails and drains both [`SendConn`] and [`RecvConn`] through.
+pub trait Connection {
+    /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
+    fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError>;
+
+    /// A fatal condition found outside the data path (the peer's socket closed, a device event):
+    /// the connection fails with `err` unless it already failed.
+    fn handle_fatal(&mut self, err: DataError);
+
+    /// Before a close: poll for what is already posted and return how many requests are still
+    /// outstanding (0: nothing left to wait for).
+    fn drain(&mut self, nic: &mut impl Nic) -> Result<usize, DataError>;
+
+    /// Requests handed out and not yet freed by `test`.
+    fn outstanding(&self) -> usize;
 }
 
 /// Which direction a request belongs to.
@@ -296,6 +351,75 @@ fn region_addr(region: &crate::nic::RemoteRegion, offset: usize, len: usize) -> 
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn completions_are_classified_by_op_then_queue_then_wr_id() {
+        use crate::nic::{Queue, RawCompletion, RawOp};
+        let recv_id = codec::WrId {
+            kind: WrKind::Recv,
+            index: 3,
+            seq: 9,
+        }
+        .encode();
+        let send_id = codec::WrId {
+            kind: WrKind::SlotEnd,
+            index: 3,
+            seq: 9,
+        }
+        .encode();
+        let raw = |wr_id, status, op, queue| RawCompletion {
+            wr_id,
+            status,
+            vendor_err: 7,
+            op,
+            byte_len: 64,
+            queue,
+        };
+        let ok = WcStatus::SUCCESS;
+        let bad = WcStatus::WR_FLUSH_ERR;
+        let kind = |r: RawCompletion| classify(&r).kind;
+        assert_eq!(
+            kind(raw(recv_id, ok, RawOp::RecvWriteImm { imm: 5 }, None)),
+            CompletionKind::RecvWriteImm {
+                imm: 5,
+                byte_len: 64
+            }
+        );
+        assert_eq!(
+            kind(raw(recv_id, ok, RawOp::RecvOther, None)),
+            CompletionKind::RecvWriteImm {
+                imm: 0,
+                byte_len: 64
+            }
+        );
+        assert_eq!(
+            kind(raw(send_id, ok, RawOp::Send, None)),
+            CompletionKind::Send
+        );
+        // Failed: the queue decides where the format says it, else the core's wr_id.
+        assert_eq!(
+            kind(raw(send_id, bad, RawOp::Unknown, Some(Queue::Recv))),
+            CompletionKind::RecvFailed
+        );
+        assert_eq!(
+            kind(raw(recv_id, bad, RawOp::Unknown, Some(Queue::Send))),
+            CompletionKind::Send
+        );
+        assert_eq!(
+            kind(raw(recv_id, bad, RawOp::Unknown, None)),
+            CompletionKind::RecvFailed
+        );
+        assert_eq!(
+            kind(raw(send_id, bad, RawOp::Unknown, None)),
+            CompletionKind::Send
+        );
+        assert_eq!(
+            kind(raw(0xdead, bad, RawOp::Unknown, None)),
+            CompletionKind::Send
+        );
+        let c = classify(&raw(send_id, bad, RawOp::Unknown, None));
+        assert_eq!((c.wr_id, c.status, c.vendor_err), (send_id, bad, 7));
+    }
     use super::*;
 
     #[test]

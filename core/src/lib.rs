@@ -14,9 +14,12 @@ extern crate std;
 pub mod collnet;
 pub mod data;
 pub mod event;
+pub mod flush;
+pub mod gdr;
 pub mod handshake;
 pub mod name_list;
 pub mod nic;
+pub mod regcache;
 pub mod route;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;

@@ -199,6 +199,51 @@ pub struct Completion {
     pub kind: CompletionKind,
 }
 
+/// What the hardware reported for one completion, before the core interprets it: the backends
+/// (libibverbs, mlx5 direct) translate their completion formats into this, and
+/// [`crate::data::classify`] — the core owns the work-request ids — turns it into a [`Completion`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawCompletion {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// Success or the error.
+    pub status: WcStatus,
+    /// Vendor-specific error syndrome.
+    pub vendor_err: u32,
+    /// The operation, where the hardware reports one (failed completions carry none).
+    pub op: RawOp,
+    /// Bytes placed in local memory (receives).
+    pub byte_len: u32,
+    /// The queue the work request was posted on, where the format says (mlx5 CQEs do; `ibv_wc`
+    /// of a failed completion does not).
+    pub queue: Option<Queue>,
+}
+
+/// The operation of a [`RawCompletion`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RawOp {
+    /// A receive consumed by an RDMA WRITE WITH IMMEDIATE; the immediate in host order.
+    RecvWriteImm {
+        /// The immediate.
+        imm: u32,
+    },
+    /// A receive consumed by something else (a SEND): never in this protocol.
+    RecvOther,
+    /// A send-queue operation.
+    Send,
+    /// Not reported (a failed completion).
+    Unknown,
+}
+
+/// The two work queues of a queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Queue {
+    /// The send queue.
+    Send,
+    /// The receive queue.
+    Recv,
+}
+
 /// An error raised by a NIC implementation while posting or polling.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NicError {

@@ -20,6 +20,7 @@ use std::collections::VecDeque;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
+use rivet_core::data::Connection;
 use rivet_core::data::{
     CQ_DEPTH, Completed, DataError, MAX_RECVS, MAX_REQUESTS, RecvBuf, RequestId, SEND_QUEUE_DEPTH,
     SLOTS, SendBuf,

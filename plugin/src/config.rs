@@ -19,6 +19,45 @@ pub(crate) struct QpSettings {
     pub(crate) service_level: u8,
 }
 
+/// GPUDirect settings from the environment, with NCCL's names and defaults; read once, at
+/// discovery (`rivet_core::gdr` decides what they mean for each device).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GdrSettings {
+    /// `NCCL_DMABUF_ENABLE` (default 1).
+    pub(crate) dmabuf_enable: i64,
+    /// `NCCL_IB_PCI_RELAXED_ORDERING` (default 2: where supported).
+    pub(crate) relaxed_ordering: i64,
+    /// `NCCL_GDR_FLUSH_DISABLE` (default 0).
+    pub(crate) flush_disable: i64,
+    /// `RIVET_TEST_FLUSH_HOST_MEMORY=1`, for tests only: flush receives into host memory too, so
+    /// the flush path runs on devices without GPUDirect (Soft-RoCE).
+    pub(crate) flush_host_memory: bool,
+}
+
+impl Default for GdrSettings {
+    /// NCCL's defaults.
+    fn default() -> Self {
+        Self {
+            dmabuf_enable: 1,
+            relaxed_ordering: 2,
+            flush_disable: 0,
+            flush_host_memory: false,
+        }
+    }
+}
+
+impl GdrSettings {
+    /// Read the environment.
+    pub(crate) fn from_env() -> Self {
+        Self {
+            dmabuf_enable: ranged("NCCL_DMABUF_ENABLE", 0, 1).unwrap_or(1),
+            relaxed_ordering: ranged("NCCL_IB_PCI_RELAXED_ORDERING", 0, 2).unwrap_or(2),
+            flush_disable: ranged("NCCL_GDR_FLUSH_DISABLE", 0, 1).unwrap_or(0),
+            flush_host_memory: var("RIVET_TEST_FLUSH_HOST_MEMORY").as_deref() == Some("1"),
+        }
+    }
+}
+
 /// Everything the comm layer needs from the environment.
 #[derive(Clone, Debug)]
 pub(crate) struct Config {

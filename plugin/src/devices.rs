@@ -5,9 +5,11 @@
 
 #![allow(unsafe_code)]
 
-use crate::backend::device::OpenPort;
-use crate::sys::{NCCL_NET_ID_UNDEF, NCCL_PTR_HOST};
+use crate::backend::device::{GpuSetup, OpenPort};
+use crate::config::GdrSettings;
+use crate::sys::NCCL_NET_ID_UNDEF;
 use core::ffi::{c_char, c_int};
+use rivet_core::gdr::{GdrFacts, GdrPolicy};
 use rivet_verbs_ffi::discover::{AddrFamily, GidPolicy, NameList};
 use rivet_verbs_ffi::{DiscoverError, DiscoverOptions, PortInfo, VerbsError};
 use std::ffi::CString;
@@ -73,6 +75,8 @@ pub struct Port {
     /// `None` when the device has no PCI function (Soft-RoCE): NCCL then gets a NULL `pciPath`,
     /// as from its own IB transport, and places the NIC at the CPU.
     _pci_path: Option<CString>,
+    /// The GPUDirect settings the port's decision was made with.
+    gdr: GdrSettings,
     opened: Mutex<Option<Arc<OpenPort>>>,
 }
 
@@ -83,7 +87,8 @@ unsafe impl Send for Port {}
 unsafe impl Sync for Port {}
 
 impl Port {
-    fn new(index: usize, info: PortInfo) -> Self {
+    fn new(index: usize, info: PortInfo, gdr: GdrSettings) -> Self {
+        let ptr_support = gdr_policy(&info, &gdr).ptr_support();
         let clean = |s: &str| CString::new(s.replace('\0', "")).unwrap_or_default();
         let name = clean(&info.name);
         let pci = info.nccl_pci_path.as_deref().map(clean);
@@ -93,8 +98,9 @@ impl Port {
             name: name.as_ptr(),
             pci_path: pci.as_ref().map_or(core::ptr::null(), |p| p.as_ptr()),
             guid: info.guid,
-            // Host memory only until GPUDirect (peer memory / DMA-BUF) registration is supported.
-            ptr_support: NCCL_PTR_HOST,
+            // Host memory, and GPU memory where the host offers it and receives can be flushed
+            // (`rivet_core::gdr`).
+            ptr_support,
             speed_mbps: i32::try_from(info.speed_mbps).unwrap_or(i32::MAX),
             // Not the verbs port: NCCL's numbering, unique among the PFs of one card (which share
             // `guid`), so NCCL does not take them for one port and halve their bandwidth.
@@ -119,6 +125,7 @@ impl Port {
             props,
             _name: name,
             _pci_path: pci,
+            gdr,
             opened: Mutex::new(None),
         }
     }
@@ -129,9 +136,49 @@ impl Port {
         if let Some(port) = opened.as_ref() {
             return Ok(Arc::clone(port));
         }
-        let port = OpenPort::open(&self.info)?;
+        let port = OpenPort::open(&self.info, self.gpu_setup())?;
         *opened = Some(Arc::clone(&port));
         Ok(port)
+    }
+}
+
+/// This port's GPUDirect decision (`rivet_core::gdr`). The flush is available on every data path
+/// (a libibverbs loopback queue pair, `backend::flush`).
+fn gdr_policy<'a>(info: &'a PortInfo, gdr: &GdrSettings) -> GdrPolicy<'a> {
+    GdrPolicy::decide(&GdrFacts {
+        peer_memory: info.peer_memory.as_deref(),
+        dmabuf: info.dmabuf_probe,
+        dmabuf_enable: gdr.dmabuf_enable,
+        relaxed_ordering: gdr.relaxed_ordering,
+        has_reg_mr_iova2: info.has_reg_mr_iova2,
+        flush_disable: gdr.flush_disable,
+        flush_available: true,
+    })
+}
+
+impl Port {
+    /// The data path its connections take (`verbs`, `mlx5-direct`, or `unavailable` when the
+    /// device cannot be opened). Opens the port (context and protection domain, kept for later
+    /// comms): the path is decided then.
+    pub fn data_path(&self) -> &'static str {
+        self.open().map_or("unavailable", |p| p.path_name())
+    }
+
+    /// The GPUDirect decision, with its reasons (for `rivet info` and the INIT log).
+    pub fn gdr(&self) -> GdrPolicy<'_> {
+        gdr_policy(&self.info, &self.gdr)
+    }
+
+    /// What the opened port does with GPU memory.
+    fn gpu_setup(&self) -> GpuSetup {
+        let policy = self.gdr();
+        GpuSetup {
+            cuda: policy.cuda.yes(),
+            relaxed_ordering: policy.relaxed_ordering,
+            // NCCL's rule: a flush queue pair where GPU memory is in use and the flush is not
+            // disabled; the test switch forces it on host memory.
+            flush: (policy.flush && policy.gpu()) || self.gdr.flush_host_memory,
+        }
     }
 }
 
@@ -146,19 +193,10 @@ impl fmt::Display for Port {
             .pci_path
             .as_ref()
             .map_or_else(|| "-".to_owned(), |p| p.display().to_string());
-        // Opening the port (context + protection domain, kept for later comms) tells which data
-        // path its connections take.
-        let path = self.open().map_or("unavailable", |p| p.path_name());
-        let mut ptr = String::from("host");
-        if i.ptr_support.cuda() {
-            ptr.push_str("+cuda(not used yet)");
-        }
-        if i.ptr_support.dmabuf() {
-            ptr.push_str("+dmabuf(not used yet)");
-        }
+        let path = self.data_path();
         write!(
             f,
-            "{} port {} {link} {} Gb/s gid[{}] {} ({}) mtu {} pci {pci} ptr {ptr} path {path}",
+            "{} port {} {link} {} Gb/s gid[{}] {} ({}) mtu {} pci {pci} path {path}; gdr: {}",
             i.name,
             i.port,
             f64::from(i.speed_mbps) / 1000.0,
@@ -166,6 +204,7 @@ impl fmt::Display for Port {
             i.gid_string,
             i.why,
             128u32 << i.active_mtu.min(5),
+            self.gdr(),
         )
     }
 }
@@ -228,11 +267,12 @@ pub fn discover() -> Result<Vec<Port>, NoDevice> {
         }
     }
     let options = options_from_env()?;
+    let gdr = GdrSettings::from_env();
     let found = rivet_verbs_ffi::discover(&options).map_err(NoDevice::Discovery)?;
     Ok(found
         .into_iter()
         .enumerate()
-        .map(|(i, info)| Port::new(i, info))
+        .map(|(i, info)| Port::new(i, info, gdr))
         .collect())
 }
 
@@ -260,6 +300,9 @@ pub(crate) fn fake_port_info(name: &str, pci_path: Option<&str>, port: u8, guid:
         lid: 1,
         port_flags: 0,
         ptr_support: PtrSupport(PtrSupport::HOST),
+        peer_memory: None,
+        dmabuf_probe: rivet_core::gdr::DmaBufProbe::NoSymbol,
+        has_reg_mr_iova2: true,
         rail: None,
         plane: None,
     }
@@ -291,7 +334,7 @@ mod tests {
         let ports: Vec<Port> = infos
             .into_iter()
             .enumerate()
-            .map(|(i, info)| Port::new(i, info))
+            .map(|(i, info)| Port::new(i, info, crate::config::GdrSettings::default()))
             .collect();
         let identity: Vec<(u64, i32)> =
             ports.iter().map(|p| (p.props.guid, p.props.port)).collect();
@@ -301,5 +344,41 @@ mod tests {
             let pci = unsafe { CStr::from_ptr(port.props.pci_path) };
             assert_eq!(pci.to_str().unwrap(), format!("{card}.0"));
         }
+    }
+
+    #[test]
+    fn ptr_support_and_the_flush_follow_the_gdr_decision() {
+        use crate::config::GdrSettings;
+        use rivet_core::gdr::DmaBufProbe;
+        let mut info = fake_port("mlx5_0", None, 1, 0xaa);
+        // Soft-RoCE: host memory only, no flush queue pair.
+        info.dmabuf_probe = DmaBufProbe::Answered(95);
+        let port = Port::new(0, info.clone(), GdrSettings::default());
+        assert_eq!(port.props.ptr_support, 1);
+        assert!(!port.gpu_setup().flush && !port.gpu_setup().cuda);
+        // The test switch forces the flush queue pair on host memory, advertising nothing more.
+        let forced = GdrSettings {
+            flush_host_memory: true,
+            ..GdrSettings::default()
+        };
+        let port = Port::new(0, info.clone(), forced);
+        assert_eq!(port.props.ptr_support, 1);
+        assert!(port.gpu_setup().flush);
+        // A GPU host: peer memory and dma-buf, each receive comm flushes.
+        info.peer_memory = Some("/sys/module/nvidia_peermem/version".into());
+        info.dmabuf_probe = DmaBufProbe::Answered(9);
+        let port = Port::new(0, info.clone(), GdrSettings::default());
+        assert_eq!(port.props.ptr_support, 1 | 2 | 4);
+        let setup = port.gpu_setup();
+        assert!(setup.flush && setup.cuda && setup.relaxed_ordering);
+        assert!(port.to_string().contains("gpu flush on"), "{port}");
+        // NCCL_GDR_FLUSH_DISABLE=1: GPU memory still advertised, no flush.
+        let no_flush = GdrSettings {
+            flush_disable: 1,
+            ..GdrSettings::default()
+        };
+        let port = Port::new(0, info, no_flush);
+        assert_eq!(port.props.ptr_support, 7);
+        assert!(!port.gpu_setup().flush);
     }
 }

@@ -260,7 +260,7 @@ pub(crate) fn gpu_memory(gpus: usize, peer_memory: bool, dmabuf: Option<bool>) -
         None => "dma-buf not probed (no device)",
     };
     let detail = format!(
-        "{gpus} NVIDIA GPU(s), peer-memory module {}, {dmabuf_text}; Rivet advertises NCCL_PTR_HOST only (GPU buffer registration is not implemented yet)",
+        "{gpus} NVIDIA GPU(s), peer-memory module {}, {dmabuf_text}; what Rivet advertises per port and why: `rivet info` (gdr: ...)",
         if peer_memory { "loaded" } else { "not loaded" }
     );
     if gpus > 0 && !peer_memory && dmabuf != Some(true) {

@@ -353,9 +353,8 @@ fn child(o: &Options, path: &str) -> ExitCode {
         println!("FAIL --dev {}: there are {} device(s)", o.dev, ports.len());
         return ExitCode::FAILURE;
     };
-    let described = port.to_string();
-    let name = described.split(' ').next().unwrap_or("device").to_owned();
-    let actual = described.rsplit(' ').next().unwrap_or("");
+    let name = port.info.name.clone();
+    let actual = port.data_path();
     if actual != path {
         if path == "mlx5-direct" {
             println!("SKIP {name} is not an mlx5 device (or libmlx5 is missing)");

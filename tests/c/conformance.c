@@ -1486,6 +1486,183 @@ static int loopback_one_thread(int ck) {
   return release_self(ck, &sb, &rb, s, r) && ok;
 }
 
+/* The GPU flush path, run on host memory with the test switch RIVET_TEST_FLUSH_HOST_MEMORY=1 (set
+ * here, before init, so discovery sees it): after each receive iflush returns a request that
+ * completes (a 1-byte RDMA READ over the comm's loopback queue pair), and is stale after it
+ * completed; a receive of 0 bytes needs no flush (NULL); a grouped receive is flushed once. */
+static int flush_on_host_memory(int ck) {
+  setenv("RIVET_TEST_FLUSH_HOST_MEMORY", "1", 1);
+  if (!load_and_init(lib_path, ck, 0xf1)) return 0;
+  void *s = NULL, *r = NULL;
+  if (!connect_to_self(ck, &s, &r)) return 0;
+  const size_t msg = 65536;
+  regbuf sb, rb;
+  if (!buf_alloc(ck, &sb, s, 2 * msg) || !buf_alloc(ck, &rb, r, 2 * msg)) return 0;
+  for (int round = 0; round < 3; round++) {
+    fill(sb.p, msg, 40 + round);
+    void* data[2] = {rb.p, rb.p + msg};
+    size_t sz[2] = {msg, msg};
+    int tags[2] = {round, 100 + round}, got[2] = {-1, -1};
+    void* mhs[2] = {rb.mh, rb.mh};
+    int n = round == 2 ? 2 : 1; /* the last round a grouped receive, its second buffer empty */
+    void* rreq = post_recv(ck, r, n, data, sz, tags, mhs, NULL, "receive");
+    void* sreq = rreq ? post_send(ck, s, sb.p, msg, round, sb.mh, "send") : NULL;
+    void* sreq2 = NULL;
+    if (sreq && n == 2) sreq2 = post_send(ck, s, sb.p, 0, 100 + round, sb.mh, "empty send");
+    if (!sreq || (n == 2 && !sreq2) || !wait_req(ck, sreq, NULL, "send") ||
+        (sreq2 && !wait_req(ck, sreq2, NULL, "empty send")) || !wait_req(ck, rreq, got, "receive"))
+      return 0;
+    int isz[2] = {got[0], n == 2 ? got[1] : 0};
+    void* freq = (void*)0xdead;
+    nccl_result rc = p_iflush(r, n, data, isz, mhs, &freq);
+    if (rc != NCCL_OK || !freq || freq == (void*)0xdead) {
+      check_fail(ck, "round %d: iflush after a %d-byte receive returned %d with request %p (a flush request expected)",
+                 round, got[0], rc, freq);
+      return 0;
+    }
+    if (!wait_req(ck, freq, NULL, "flush")) return 0;
+    int done = 0;
+    if (p_test(freq, &done, NULL) == NCCL_OK) {
+      check_fail(ck, "round %d: test of a completed flush request succeeded again (stale request accepted)", round);
+      return 0;
+    }
+    char why[128];
+    if (got[0] != (int)msg || !matches(rb.p, msg, 40 + round, why, sizeof why)) {
+      check_fail(ck, "round %d: %d bytes, %s", round, got[0], why);
+      return 0;
+    }
+  }
+  int zero[1] = {0};
+  void* data0[1] = {rb.p};
+  void* mhs0[1] = {rb.mh};
+  void* freq = (void*)0xdead;
+  if (p_iflush(r, 1, data0, zero, mhs0, &freq) != NCCL_OK || freq != NULL) {
+    check_fail(ck, "iflush after a 0-byte receive must return a NULL request (got %p)", freq);
+    return 0;
+  }
+  return release_self(ck, &sb, &rb, s, r);
+}
+
+/* Pinned memory of this process (VmPin in /proc/self/status), in KiB; -1 if unreadable. */
+static long vm_pin_kib(void) {
+  FILE* f = fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long kib = -1;
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, "VmPin:", 6)) kib = strtol(line + 6, NULL, 10);
+  fclose(f);
+  return kib;
+}
+
+/* regIsGlobal = 1 backed by a registration cache: the same 64 MiB buffer registered twice on each
+ * of 100 comms of the device (200 registrations) is pinned once; a range inside a registration pins nothing more,
+ * an adjacent one pins its own pages; an mhandle from one comm moves data on another comm of the
+ * device; the last deregMr unpins. */
+#define CACHE_CONNS 50
+#define CACHE_REGS_PER_COMM 2
+static int registration_cache(int ck) {
+  void *s[CACHE_CONNS] = {0}, *r[CACHE_CONNS] = {0};
+  for (int i = 0; i < CACHE_CONNS; i++)
+    if (!connect_to_self(ck, &s[i], &r[i])) return 0;
+  const size_t big = 64 * MIB;
+  unsigned char* buf = aligned_alloc(4096, 2 * big);
+  if (!buf) {
+    check_fail(ck, "out of memory");
+    return 0;
+  }
+  memset(buf, 0, 2 * big);
+  long pin0 = vm_pin_kib();
+  if (pin0 < 0) {
+    check_fail(ck, "no VmPin line in /proc/self/status");
+    return 0;
+  }
+  void* mh[2 * CACHE_CONNS][CACHE_REGS_PER_COMM];
+  void* comm[2 * CACHE_CONNS];
+  for (int i = 0; i < CACHE_CONNS; i++) comm[2 * i] = s[i], comm[2 * i + 1] = r[i];
+  for (int c = 0; c < 2 * CACHE_CONNS; c++)
+    for (int k = 0; k < CACHE_REGS_PER_COMM; k++)
+      if (p_reg_mr(comm[c], buf, big, &mh[c][k]) != NCCL_OK || !mh[c][k]) {
+        check_fail(ck, "regMr %d of the same buffer on comm %d failed", c * CACHE_REGS_PER_COMM + k, c);
+        return 0;
+      }
+  long pin1 = vm_pin_kib();
+  long once = (long)(big / 1024);
+  if (pin1 - pin0 != once) {
+    check_fail(ck, "%d registrations of one 64 MiB buffer on %d comms pinned %ld KiB (once is %ld KiB)",
+               2 * CACHE_CONNS * CACHE_REGS_PER_COMM, 2 * CACHE_CONNS, pin1 - pin0, once);
+    return 0;
+  }
+  void *inside = NULL, *adjacent = NULL;
+  if (p_reg_mr(s[0], buf + MIB + 123, 4 * MIB, &inside) != NCCL_OK ||
+      p_reg_mr(r[0], buf + big, MIB, &adjacent) != NCCL_OK) {
+    check_fail(ck, "regMr of a contained or an adjacent range failed");
+    return 0;
+  }
+  long pin2 = vm_pin_kib();
+  if (pin2 - pin1 != (long)(MIB / 1024)) {
+    check_fail(ck, "a contained and an adjacent 1 MiB range pinned %ld KiB more (expected %ld)", pin2 - pin1,
+               (long)(MIB / 1024));
+    return 0;
+  }
+  /* A message on connection 1 with the handles registered on connection 0's comms. */
+  fill(buf, 4096, 31);
+  void* data[1] = {buf + 2 * MIB};
+  size_t sz[1] = {4096};
+  int tags[1] = {0}, got[1] = {-1};
+  void* mhs[1] = {mh[1][0]};
+  void* rreq = post_recv(ck, r[1], 1, data, sz, tags, mhs, NULL, "receive with connection 0's handle");
+  void* sreq = rreq ? post_send(ck, s[1], buf, 4096, 0, mh[0][0], "send with connection 0's handle") : NULL;
+  if (!sreq || !wait_req(ck, sreq, NULL, "send") || !wait_req(ck, rreq, got, "receive")) return 0;
+  char why[128];
+  if (got[0] != 4096 || !matches(buf + 2 * MIB, 4096, 31, why, sizeof why)) {
+    check_fail(ck, "message through another comm's handles: %d bytes, %s", got[0], why);
+    return 0;
+  }
+  /* Each deregMr on the comm that registered it; the pages stay pinned until the last. */
+  for (int c = 0; c < 2 * CACHE_CONNS; c++)
+    for (int k = 0; k < CACHE_REGS_PER_COMM; k++) {
+      if (p_dereg_mr(comm[c], mh[c][k]) != NCCL_OK) {
+        check_fail(ck, "deregMr %d failed", c * CACHE_REGS_PER_COMM + k);
+        return 0;
+      }
+      long pin = vm_pin_kib();
+      int last = c == 2 * CACHE_CONNS - 1 && k == CACHE_REGS_PER_COMM - 1;
+      if (!last && pin != pin2) {
+        check_fail(ck, "deregMr %d of %d changed VmPin by %ld KiB before the last", c * CACHE_REGS_PER_COMM + k,
+                   2 * CACHE_CONNS * CACHE_REGS_PER_COMM,
+                   pin - pin2);
+        return 0;
+      }
+    }
+  /* `inside` was a hit on the 64 MiB registration: that stays pinned until it goes too. */
+  long pin3 = vm_pin_kib();
+  if (pin3 != pin2) {
+    check_fail(ck, "the contained registration did not keep the 64 MiB pinned (%ld KiB released)", pin2 - pin3);
+    return 0;
+  }
+  if (p_dereg_mr(s[0], inside) != NCCL_OK || p_dereg_mr(r[0], adjacent) != NCCL_OK) {
+    check_fail(ck, "deregMr of the contained or adjacent range failed");
+    return 0;
+  }
+  long pin4 = vm_pin_kib();
+  if (pin4 != pin0) {
+    check_fail(ck, "after the last deregMr %ld KiB are still pinned", pin4 - pin0);
+    return 0;
+  }
+  free(buf);
+  int ok = 1;
+  for (int i = 0; i < CACHE_CONNS; i++) {
+    conn_t c = {.send = s[i], .recv = r[i]};
+    ok &= close_checked(ck, &c);
+  }
+  if (version >= 11 && p_finalize(ctx) != NCCL_OK) {
+    check_fail(ck, "finalize returned an error");
+    ok = 0;
+  }
+  return ok;
+}
+
 /* v11+: 100 init/finalize cycles (each with a listen on its ctx), then 100 live contexts at once,
  * no thread left behind, finalize twice is an error; then dlclose, dlopen, init and a loopback
  * connection again. */
@@ -1627,6 +1804,12 @@ static int run_version(int v, int full) {
     run_solo("listen -> connect -> accept to itself from one thread, regMr on both, a message", loopback_one_thread, 1);
     run_solo("16 receives posted back to back reach the sender with no further receiver call",
              posted_receives_reach_the_sender, 1);
+    if (full)
+      run_solo("GPU flush path on host memory (test switch): iflush requests complete, 0 bytes need none",
+               flush_on_host_memory, 0);
+    if (full)
+      run_solo("one 64 MiB buffer registered on 100 comms (twice each) is pinned once; handles serve every comm",
+               registration_cache, 1);
     if (v >= 11) run_solo("init/finalize per communicator x100, 100 live contexts, dlclose + dlopen + init", lifecycle, 0);
   }
   run_pair(&connect_only);

@@ -22,15 +22,18 @@
  *                      peer's next send fails cleanly ("the peer closed the connection") in bound
  *   host-death (--listen-port P | --peer A.B.C.D:P)
  *                      across two VMs (vm/multi.sh): the --listen-port side is the receiver and the
- *                      victim: after a verified warm-up it streams receives and, 20 messages in, posts 8
- *                      more (8 MiB the sender then has in flight) and creates $FAULTS_MARKER, on which
- *                      the host SIGKILLs its whole VM (no FIN, no RDMA close).
- *                      The --peer side, the sender, streams 1 MiB sends until they fail and must see the
- *                      error within the bound after its last completed send; later calls fail too. The
- *                      bound is 2 x the RDMA retry time (4.096 us x 2^NCCL_IB_TIMEOUT x (NCCL_IB_RETRY_CNT+1))
- *                      + 30 s (TCP keepalive: the side waiting for a clear-to-send has nothing in flight).
- *                      `link-cut` is the same with the receiver's link NIC ($FAULTS_CUT_IF) taken down
- *                      by the receiver itself instead of a VM kill; the receiver then fails as well.
+ *                      victim: after a verified warm-up it grants 8 receives of 64 MiB, then creates
+ *                      $FAULTS_MARKER, on which the host SIGKILLs its whole VM (no FIN, no RDMA close)
+ *                      while the --peer side, the sender, is writing those 512 MiB. The sender's writes
+ *                      go unanswered: it must fail by RDMA retry exhaustion ("transport retry counter
+ *                      exceeded") within 2 x the retry time (4.096 us x 2^NCCL_IB_TIMEOUT x
+ *                      (NCCL_IB_RETRY_CNT+1)) + 5 s of the kill (it sees the marker appear on the
+ *                      shared directory); later calls fail too.
+ *   link-cut (--listen-port P | --peer A.B.C.D:P)
+ *                      the receiver takes its link NIC ($FAULTS_CUT_IF) down after 20 verified 1 MiB
+ *                      messages: it fails at once (rxe flushes its queue pair); the sender, waiting for
+ *                      a clear-to-send with nothing in flight, must fail within 2 x the retry time +
+ *                      30 s (the handshake socket's TCP keepalive).
  * Each prints PASS/FAIL lines with the time the error took; exit status 0 only if all passed. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -493,6 +496,11 @@ static int scenario_fabric(const char* lib, const char* breaker, const char* rep
   else
     h_fail("%s: result %d after %.2f s (%d transfers completed)", breaker, r, elapsed, transfers);
   if (!receiver) _exit(h_failures ? 1 : 0);
+  /* After its error the receiver closes the comm, as NCCL does when it aborts the communicator: a
+   * sender with nothing in flight (waiting for a clear-to-send the failed queue pair never sends)
+   * learns it from the socket. Which side's queue pair fails first depends on which one transmits
+   * first while the link is down; the sender exits at once after its own error. */
+  h_net->close_recv(p.comm);
   int status;
   waitpid(p.child, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status)) h_fail("the sender did not get its error in time");
@@ -885,14 +893,116 @@ static nccl_result transfer_once(struct pair* p, int receiver, double limit, int
   return r;
 }
 
-/* host-death / link-cut across two VMs (see the usage text). */
-static int scenario_silent_peer(const char* lib, const char* peer, int listen_port, int cut) {
+/* The RDMA retry time at the settings in force: 4.096 us x 2^NCCL_IB_TIMEOUT x (NCCL_IB_RETRY_CNT+1). */
+static double rdma_retry_s(void) {
+  const char* t = getenv("NCCL_IB_TIMEOUT");
+  const char* c = getenv("NCCL_IB_RETRY_CNT");
+  int timeout = t ? atoi(t) : 20, retries = c ? atoi(c) : 7;
+  return 4.096e-6 * (double)(1L << timeout) * (retries + 1);
+}
+
+#define BIG (64 << 20)
+#define AHEAD 8
+
+/* host-death across two VMs: the victim (receiver) grants AHEAD receives of 64 MiB after the warm-up
+ * and creates $FAULTS_MARKER; the host SIGKILLs its VM within ~50 ms, while the survivor (sender)
+ * is writing those 512 MiB. The survivor's RDMA writes go unanswered, so its queue pair must fail by
+ * retry exhaustion ("transport retry counter exceeded") within 2 x the retry time + 5 s of the
+ * kill (the survivor sees the marker appear on the shared directory: that is the kill's time to
+ * ~0.1 s), and later calls fail at once. */
+static int scenario_host_death(const char* lib, const char* peer, int listen_port) {
+  struct pair p;
+  if (!make_cross_pair(lib, peer, listen_port, &p)) return 1;
+  int receiver = listen_port != 0;
+  if (!warm_up(&p, receiver, 3)) return 1;
+  const char* marker = getenv("FAULTS_MARKER");
+  if (!marker) {
+    h_fail("FAULTS_MARKER is not set");
+    return 1;
+  }
+  unsigned char* big = malloc(BIG);
+  void* big_mh = NULL;
+  if (!big || h_net->reg_mr(p.comm, big, BIG, PTR_HOST, &big_mh) != NCCL_OK) {
+    h_fail("regMr of the 64 MiB buffer");
+    return 1;
+  }
+  memset(big, 0x5a, BIG);
+  if (receiver) {
+    for (int i = 0; i < AHEAD; i++) {
+      void* req = NULL;
+      void* data[1] = {big};
+      size_t sizes[1] = {BIG};
+      int tags[1] = {1};
+      void* mhs[1] = {big_mh};
+      while (!req)
+        if (h_net->irecv(p.comm, 1, data, sizes, tags, mhs, NULL, &req) != NCCL_OK) {
+          h_fail("irecv %d of 64 MiB", i);
+          return 1;
+        }
+    }
+    usleep(300000); /* the clear-to-sends reach the sender; 512 MiB take it seconds to write */
+    int fd = open(marker, O_CREAT | O_WRONLY, 0644);
+    if (fd < 0) {
+      h_fail("cannot create FAULTS_MARKER (%s)", marker);
+      return 1;
+    }
+    close(fd);
+    fprintf(stderr, "[receiver] marker created, %d x 64 MiB granted; waiting to be killed\n", AHEAD);
+    sleep(120);
+    h_fail("the victim was never killed");
+    return 1;
+  }
+  double retry = rdma_retry_s(), bound = 2 * retry + 5;
+  double start = h_now(), killed_at = 0, limit = bound + 60;
+  int sent = 0;
+  nccl_result r = NCCL_OK;
+  while (r == NCCL_OK && h_now() - start < limit && (killed_at == 0 || h_now() - killed_at < limit)) {
+    void* req = NULL;
+    while (r == NCCL_OK && !req && h_now() - start < limit) {
+      r = h_net->isend(p.comm, big, BIG, 1, big_mh, NULL, &req);
+      if (killed_at == 0 && access(marker, F_OK) == 0) killed_at = h_now();
+    }
+    int done = 0, size;
+    while (r == NCCL_OK && req && !done && h_now() - start < limit) {
+      r = h_net->test(req, &done, &size);
+      if (killed_at == 0 && access(marker, F_OK) == 0) killed_at = h_now();
+    }
+    if (done) sent++;
+  }
+  if (killed_at == 0) {
+    h_fail("peer host death: the marker never appeared (result %d, %d sends completed)", r, sent);
+    return 1;
+  }
+  double elapsed = h_now() - killed_at;
+  int retry_path = strstr(h_last_warn, "retry counter exceeded") != NULL;
+  if (r != NCCL_OK && elapsed <= bound && retry_path)
+    h_pass("peer host death: error %d %.2f s after the kill, by RDMA retry exhaustion (retry time %.2f s, bound "
+           "%.1f s at NCCL_IB_TIMEOUT=%s, NCCL_IB_RETRY_CNT=%s; %d x 64 MiB completed before): %s",
+           r, elapsed, retry, bound, getenv("NCCL_IB_TIMEOUT") ?: "20", getenv("NCCL_IB_RETRY_CNT") ?: "7", sent,
+           h_last_warn);
+  else if (r != NCCL_OK)
+    h_fail("peer host death: error %d %.2f s after the kill (bound %.1f s), %s: %s", r, elapsed, bound,
+           retry_path ? "by retry exhaustion" : "not by RDMA retry exhaustion", h_last_warn);
+  else
+    h_fail("peer host death: no error %.2f s after the kill", elapsed);
+  double t0 = h_now();
+  void* again = NULL;
+  nccl_result later = h_net->isend(p.comm, big, 8, 1, big_mh, NULL, &again);
+  if (later != NCCL_OK) h_pass("peer host death: a later call fails too (%d) after %.2f s", later, h_now() - t0);
+  else h_fail("peer host death: a later call did not fail");
+  h_net->close_send(p.comm);
+  if (h_net->finalize(p.ctx) != NCCL_OK) h_fail("finalize");
+  return 0;
+}
+
+/* link-cut across two VMs (see the usage text): the receiver takes its link NIC down mid-stream. */
+static int scenario_link_cut(const char* lib, const char* peer, int listen_port) {
   struct pair p;
   if (!make_cross_pair(lib, peer, listen_port, &p)) return 1;
   int receiver = listen_port != 0;
   if (!warm_up(&p, receiver, 3)) return 1;
   double bound = silent_peer_bound();
-  const char* what = cut ? "link cut" : "peer host death";
+  const char* what = "link cut";
   int count = 0, done = 0;
   nccl_result r = NCCL_OK;
   double last = h_now();
@@ -901,44 +1011,14 @@ static int scenario_silent_peer(const char* lib, const char* peer, int listen_po
     if (!done) continue;
     last = h_now();
     if (receiver && ++count == 20) {
-      if (cut) {
-        char cmd[128];
-        const char* nic = getenv("FAULTS_CUT_IF");
-        snprintf(cmd, sizeof cmd, "ip link set %s down", nic ? nic : "eth1");
-        if (system(cmd) != 0) h_fail("%s", cmd);
-        else h_pass("%s mid-stream, after %d verified messages", cmd, count);
-      } else {
-        /* Eight receives posted ahead: eight clear-to-sends, so the sender has megabytes in flight
-         * (RDMA writes, ~80 ms per MiB under TCG) when this host dies. */
-        for (int i = 0; i < 8 && r == NCCL_OK; i++) {
-          void* req = NULL;
-          void* data[1] = {p.buf};
-          size_t sizes[1] = {MSG};
-          int tags[1] = {1};
-          void* mhs[1] = {p.mh};
-          while (r == NCCL_OK && !req) r = h_net->irecv(p.comm, 1, data, sizes, tags, mhs, NULL, &req);
-        }
-        usleep(300000); /* let the clear-to-sends reach the sender: its writes are then under way */
-        const char* marker = getenv("FAULTS_MARKER");
-        int fd = marker ? open(marker, O_CREAT | O_WRONLY, 0644) : -1;
-        if (fd < 0) {
-          h_fail("cannot create FAULTS_MARKER (%s)", marker ? marker : "unset");
-          return 1;
-        }
-        close(fd);
-        fprintf(stderr, "[receiver] marker created after %d messages, 8 receives posted; waiting to be killed\n",
-                count);
-        sleep((unsigned)(bound + 15));
-        h_fail("the victim was never killed");
-        return 1;
-      }
+      char cmd[128];
+      const char* nic = getenv("FAULTS_CUT_IF");
+      snprintf(cmd, sizeof cmd, "ip link set %s down", nic ? nic : "eth1");
+      if (system(cmd) != 0) h_fail("%s", cmd);
+      else h_pass("%s mid-stream, after %d verified messages", cmd, count);
     }
   }
   double elapsed = h_now() - last;
-  if (receiver && !cut) {
-    h_fail("the victim was never killed (result %d after %.1f s)", r, elapsed);
-    return 1;
-  }
   if (r != NCCL_OK && elapsed <= bound)
     h_pass("%s: error %d %.2f s after the last completed transfer (bound %.1f s at NCCL_IB_TIMEOUT=%s, "
            "NCCL_IB_RETRY_CNT=%s): %s",
@@ -965,9 +1045,10 @@ int main(int argc, char** argv) {
     alarm(600);
     int cut = !strcmp(argv[2], "link-cut");
     int rc;
-    if (!strcmp(argv[3], "--listen-port")) rc = scenario_silent_peer(argv[1], NULL, atoi(argv[4]), cut);
-    else if (!strcmp(argv[3], "--peer")) rc = scenario_silent_peer(argv[1], argv[4], 0, cut);
-    else rc = 2;
+    int listen = !strcmp(argv[3], "--listen-port");
+    if (!listen && strcmp(argv[3], "--peer")) rc = 2;
+    else if (cut) rc = scenario_link_cut(argv[1], listen ? NULL : argv[4], listen ? atoi(argv[4]) : 0);
+    else rc = scenario_host_death(argv[1], listen ? NULL : argv[4], listen ? atoi(argv[4]) : 0);
     if (rc == 2) fprintf(stderr, "usage: %s LIB %s --listen-port P | --peer A.B.C.D:P\n", argv[0], argv[2]);
     return rc || h_failures ? (rc == 2 ? 2 : 1) : 0;
   }

@@ -1,7 +1,7 @@
 /* Two processes move data through a net plugin exactly as NCCL's proxy would, through the
  * ncclNetPlugin_v12 table (or v9/v10/v11 with --version), and verify every byte.
  *
- * usage: transfer LIB [--version N] [--dev D] [--quick] [--listen-port P | --peer A.B.C.D:P]
+ * usage: transfer LIB [--version N] [--dev D] [--quick] [--small N] [--listen-port P | --peer A.B.C.D:P]
  *
  * The parent is the receiver (listen/accept/irecv), the forked child the sender
  * (connect/isend); the listen handle travels over a pipe, as NCCL's bootstrap carries it.
@@ -9,7 +9,8 @@
  * receiver, which hands its listen handle to the sender over a TCP control connection accepted on
  * port P; `--peer A.B.C.D:P` makes it the sender, which dials that port (retrying up to 120 s).
  * Checks: sizes 0 B … 64 MiB (receive buffers larger than the sends), a grouped receive of
- * n = 8 with tags sent in shuffled order, and 10,000 small messages with a window of 8.
+ * n = 8 with tags sent in shuffled order, and 10,000 (--small N: N) small messages with a window of 8.
+ * --quick: sizes up to 255 B only.
  * Prints "PASS ..."/"FAIL ..." lines (set HARNESS_VERBOSE=1 for the plugin's INFO lines); exits non-zero on any failure or after a 600 s watchdog. */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -102,7 +103,8 @@ static void* post_recv(void* comm, int n, void** data, size_t* sizes, int* tags,
 static const size_t sizes_list[] = {0, 1, 7, 8, 63, 64, 65, 255, 256, 4095, 4096, 4097, 65536, 1 * MIB, 4 * MIB,
                                     16 * MIB, MAX_SIZE};
 #define NSIZES (sizeof sizes_list / sizeof sizes_list[0])
-#define SMALL_COUNT 10000
+static int small_count = 10000; /* --small N */
+#define SMALL_COUNT small_count
 #define SMALL_SIZE 64
 #define WINDOW 8
 static const int shuffled_tags[8] = {5, 2, 7, 0, 3, 6, 1, 4};
@@ -298,12 +300,14 @@ int main(int argc, char** argv) {
     if (!strcmp(argv[i], "--version") && i + 1 < argc) version = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--dev") && i + 1 < argc) dev = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--quick")) quick = 1;
+    else if (!strcmp(argv[i], "--small") && i + 1 < argc) small_count = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--listen-port") && i + 1 < argc) listen_port = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--peer") && i + 1 < argc) peer = argv[++i];
     else lib = argv[i];
   }
-  if (!lib || version < 9 || version > 12 || (peer && listen_port)) {
-    fprintf(stderr, "usage: %s LIB [--version 9..12] [--dev D] [--quick] [--listen-port P | --peer A.B.C.D:P]\n",
+  if (!lib || version < 9 || version > 12 || (peer && listen_port) || small_count < 1) {
+    fprintf(stderr,
+            "usage: %s LIB [--version 9..12] [--dev D] [--quick] [--small N] [--listen-port P | --peer A.B.C.D:P]\n",
             argv[0]);
     return 2;
   }

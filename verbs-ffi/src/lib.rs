@@ -10,6 +10,9 @@
 //!   closed only after its PDs and CQs, and a PD/CQ only after its QPs.
 //! - [`mod@discover`]: the usable ports, with GID, speed and PCI path, as an NCCL plugin reports them.
 //!
+//! Test support behind features, never in the shipped plugin: `mlx5-model` (the software mlx5
+//! device, `mlx5::model`) and `loopback-check` (`selftest`, a two-QP loopback transfer).
+//!
 //! The data path (`post_send`, `post_recv`, `poll`) calls the provider's context ops directly
 //! (these are `static inline` in C) and does not allocate.
 #![deny(unsafe_code)]
@@ -24,6 +27,7 @@ pub mod mlx5;
 pub mod mr;
 pub mod pd;
 pub mod qp;
+#[cfg(feature = "loopback-check")]
 pub mod selftest;
 pub mod sys;
 
@@ -33,6 +37,6 @@ pub use device::{Device, DeviceList};
 pub use discover::{DiscoverError, DiscoverOptions, PortInfo, discover};
 pub use error::VerbsError;
 pub use loader::{Mlx5, Verbs, fork_init, fork_status, mlx5, verbs};
-pub use mr::{MemoryRegion, dmabuf_supported};
+pub use mr::{MemoryRegion, dmabuf_probe};
 pub use pd::ProtectionDomain;
 pub use qp::{QpCaps, QueuePair, RcTransitions, RtrParams, RtsParams};

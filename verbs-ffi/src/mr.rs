@@ -13,6 +13,7 @@ use std::sync::Arc;
 use crate::error::{VerbsError, errno_after_null, last_errno};
 use crate::pd::ProtectionDomain;
 use crate::sys::{access, ibv_mr};
+use rivet_core::gdr::DmaBufProbe;
 
 /// A registered memory region; deregistered on drop.
 #[derive(Debug)]
@@ -178,19 +179,18 @@ fn dmabuf_register(
     Ok(unsafe { reg(pd.as_ptr(), offset, len, iova, fd, flags) })
 }
 
-/// Whether the device behind `pd` accepts dma-buf registrations, probed the way NCCL does: register
-/// with `fd = -1` and length 0; `EOPNOTSUPP`/`EPROTONOSUPPORT` mean no, any other outcome (normally
-/// `EBADF`) means the kernel and provider support it.
-pub fn dmabuf_supported(pd: &ProtectionDomain) -> bool {
+/// Probe whether the device behind `pd` accepts dma-buf registrations, the way NCCL does: register
+/// with `fd = -1` and length 0, and report the errno (`EOPNOTSUPP`/`EPROTONOSUPPORT` mean no, any
+/// other outcome, normally `EBADF`, means the kernel and provider support it; the decision is
+/// `rivet_core::gdr`'s).
+pub fn dmabuf_probe(pd: &ProtectionDomain) -> DmaBufProbe {
     match dmabuf_register(pd, 0, 0, 0, -1, 0) {
-        Err(_) => false,
-        Ok(raw) if raw.is_null() => {
-            !matches!(last_errno(), libc::EOPNOTSUPP | libc::EPROTONOSUPPORT)
-        }
+        Err(_) => DmaBufProbe::NoSymbol,
+        Ok(raw) if raw.is_null() => DmaBufProbe::Answered(last_errno()),
         Ok(raw) => {
             // SAFETY: an (unexpected) successful registration is ours to release.
             unsafe { (pd.context().verbs().dereg_mr)(raw) };
-            true
+            DmaBufProbe::Answered(0)
         }
     }
 }

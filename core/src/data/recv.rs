@@ -6,8 +6,8 @@ use super::codec::{
 use super::error::{DataError, ProtocolError};
 use super::queue::SendQueue;
 use super::{
-    CQ_DEPTH, Completed, EMPTY_WR, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH, RecvBuf,
-    RequestId, SEND_INBOUND_LEN, SLOTS, Side, completion_error, region_addr,
+    CQ_DEPTH, Completed, Connection, EMPTY_WR, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH,
+    RecvBuf, RequestId, SEND_INBOUND_LEN, SLOTS, Side, completion_error, region_addr,
 };
 use crate::nic::{Completion, CompletionKind, Nic, Payload, RemoteRegion, SendOp, SendWr};
 
@@ -202,72 +202,9 @@ impl RecvConn {
         }))
     }
 
-    /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
-    pub fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
-        let index = self.lookup(req)?;
-        self.polled = true;
-        if self.flush_due() && self.health.check().is_ok() {
-            if let Err(err) = self.flush_cts(nic, None) {
-                self.release(index);
-                return Err(err);
-            }
-        }
-        if matches!(self.slots[index].state, RecvState::Posted { .. }) {
-            if let Err(err) = self.health.check().and_then(|()| self.poll_cq(nic)) {
-                self.release(index);
-                return Err(err);
-            }
-        }
-        match self.slots[index].state {
-            RecvState::Free => Err(DataError::InvalidRequest {
-                bits: req.to_bits(),
-            }),
-            RecvState::Posted { .. } => Ok(Completed::Pending),
-            RecvState::Done { n, sizes } => {
-                self.release(index);
-                Ok(Completed::Done {
-                    n: usize::from(n),
-                    sizes,
-                })
-            }
-            RecvState::Refused(err) => {
-                self.release(index);
-                Err(err)
-            }
-        }
-    }
-
-    /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it
-    /// failed already.
-    pub fn handle_fatal(&mut self, err: DataError) {
-        self.health.fail(err);
-    }
-
     /// The cause the connection failed with, if it did.
     pub fn failure(&self) -> Option<&DataError> {
         self.health.failure()
-    }
-
-    /// Before closing: poll the completion queue, then say how many receives the sender may
-    /// still write into: those it was told about (their clear-to-send entries written) whose data
-    /// has not arrived. `Ok(0)` means drained. Receives whose entries are still deferred are never
-    /// announced now, so the sender never learns of them. An error when the connection failed:
-    /// nothing more will arrive.
-    ///
-    /// The driver calls it until it says 0, the connection fails, the peer is gone, or a
-    /// deadline passes, and only then destroys the queue pair. Destroying it earlier cuts off
-    /// clear-to-send writes still queued and the sender's writes for receives it was granted:
-    /// its sends would then fail (or wait for a grant that never comes) although the receiver
-    /// posted their receives.
-    pub fn drain(&mut self, nic: &mut impl Nic) -> Result<usize, DataError> {
-        self.health.check()?;
-        self.poll_cq(nic)?;
-        Ok(self.granted() as usize)
-    }
-
-    /// Requests handed out and not yet freed by `test`.
-    pub fn outstanding(&self) -> usize {
-        self.outstanding
     }
 
     /// Receives posted whose CTS entries have not been written to the sender yet: always the
@@ -507,6 +444,71 @@ impl RecvConn {
         slot.state = RecvState::Free;
         slot.generation = slot.generation.wrapping_add(1);
         self.outstanding -= 1;
+    }
+}
+
+impl Connection for RecvConn {
+    /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
+    fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
+        let index = self.lookup(req)?;
+        self.polled = true;
+        if self.flush_due() && self.health.check().is_ok() {
+            if let Err(err) = self.flush_cts(nic, None) {
+                self.release(index);
+                return Err(err);
+            }
+        }
+        if matches!(self.slots[index].state, RecvState::Posted { .. }) {
+            if let Err(err) = self.health.check().and_then(|()| self.poll_cq(nic)) {
+                self.release(index);
+                return Err(err);
+            }
+        }
+        match self.slots[index].state {
+            RecvState::Free => Err(DataError::InvalidRequest {
+                bits: req.to_bits(),
+            }),
+            RecvState::Posted { .. } => Ok(Completed::Pending),
+            RecvState::Done { n, sizes } => {
+                self.release(index);
+                Ok(Completed::Done {
+                    n: usize::from(n),
+                    sizes,
+                })
+            }
+            RecvState::Refused(err) => {
+                self.release(index);
+                Err(err)
+            }
+        }
+    }
+
+    /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it
+    /// failed already.
+    fn handle_fatal(&mut self, err: DataError) {
+        self.health.fail(err);
+    }
+
+    /// Before closing: poll the completion queue, then say how many receives the sender may
+    /// still write into: those it was told about (their clear-to-send entries written) whose data
+    /// has not arrived. `Ok(0)` means drained. Receives whose entries are still deferred are never
+    /// announced now, so the sender never learns of them. An error when the connection failed:
+    /// nothing more will arrive.
+    ///
+    /// The driver calls it until it says 0, the connection fails, the peer is gone, or a
+    /// deadline passes, and only then destroys the queue pair. Destroying it earlier cuts off
+    /// clear-to-send writes still queued and the sender's writes for receives it was granted:
+    /// its sends would then fail (or wait for a grant that never comes) although the receiver
+    /// posted their receives.
+    fn drain(&mut self, nic: &mut impl Nic) -> Result<usize, DataError> {
+        self.health.check()?;
+        self.poll_cq(nic)?;
+        Ok(self.granted() as usize)
+    }
+
+    /// Requests handed out and not yet freed by `test`.
+    fn outstanding(&self) -> usize {
+        self.outstanding
     }
 }
 

@@ -7,8 +7,8 @@ use super::codec::{
 use super::error::{DataError, ProtocolError};
 use super::queue::SendQueue;
 use super::{
-    CQ_DEPTH, Completed, EMPTY_WR, Health, MAX_RECVS, MAX_REQUESTS, NO_COMPLETION, POLL_BATCH,
-    RECV_INBOUND_LEN, RequestId, SLOTS, SendBuf, Side, completion_error, region_addr,
+    CQ_DEPTH, Completed, Connection, EMPTY_WR, Health, MAX_RECVS, MAX_REQUESTS, NO_COMPLETION,
+    POLL_BATCH, RECV_INBOUND_LEN, RequestId, SLOTS, SendBuf, Side, completion_error, region_addr,
 };
 use crate::nic::{
     Completion, CompletionKind, MAX_WR_BYTES, Nic, Payload, RemoteRegion, SendOp, SendWr, Sge,
@@ -73,6 +73,97 @@ struct Matching {
     count: u8,
     record: SizeRecord,
     mismatch: bool,
+}
+
+/// A send matched to a buffer of the oldest outstanding receive ([`SendConn::isend`]'s first step).
+#[derive(Clone, Copy, Debug)]
+struct SendMatch {
+    /// Index of the buffer in the receive's group.
+    pos: u8,
+    /// Buffers in the group.
+    n: u8,
+    /// The buffer's clear-to-send entry.
+    entry: CtsEntry,
+    /// The receive's FIFO slot.
+    slot: u8,
+    /// The request the send will take.
+    req_index: u8,
+    /// Larger than the buffer: refused, no data written.
+    mismatch: bool,
+    /// The group's last unmatched buffer: this send ends the slot.
+    last: bool,
+    /// Some send of the group (this one included) was refused.
+    group_mismatch: bool,
+}
+
+impl SendMatch {
+    /// Whether the send writes payload into the buffer (not when refused or empty).
+    fn writes_data(&self, buf: SendBuf) -> bool {
+        !self.mismatch && buf.len > 0
+    }
+}
+
+/// What a planned work request carries.
+#[derive(Clone, Copy, Debug)]
+enum Body {
+    /// Nothing.
+    Empty,
+    /// The user's payload.
+    Data(Sge),
+    /// The group's size record (inline or staged when posted).
+    Record,
+}
+
+/// Where a planned work request writes.
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    /// The receiver's completion record of the slot.
+    Record,
+    /// A buffer of the receive (address and key from its clear-to-send entry).
+    Buffer { addr: u64, rkey: u32 },
+}
+
+/// One planned work request.
+#[derive(Clone, Copy, Debug)]
+struct PlannedWr {
+    wr_id: u64,
+    op: SendOp,
+    body: Body,
+    target: Target,
+    signaled: bool,
+}
+
+impl PlannedWr {
+    const NONE: Self = Self {
+        wr_id: 0,
+        op: SendOp::Write,
+        body: Body::Empty,
+        target: Target::Record,
+        signaled: false,
+    };
+}
+
+/// The work requests of a matched send, with the record they may carry ([`SendConn::isend`]'s
+/// second step; posted by the third, committed by the last).
+#[derive(Clone, Copy, Debug)]
+struct SendPlan {
+    wrs: [PlannedWr; 2],
+    used: usize,
+    /// Post position of the write with immediate that ends the slot, when this send ends it.
+    end_post: Option<u32>,
+    /// The group's sizes so far, this send's included.
+    record: SizeRecord,
+    /// `record` encoded, when this send writes it (a group's end, or a refused single send).
+    record_bytes: [u8; RECORD_LEN],
+    record_len: usize,
+    record_offset: usize,
+}
+
+impl SendPlan {
+    fn push(&mut self, wr: PlannedWr) {
+        self.wrs[self.used] = wr;
+        self.used += 1;
+    }
 }
 
 /// The sending side of one connection: matches sends against the receiver's clear-to-send
@@ -165,6 +256,24 @@ impl SendConn {
         buf: SendBuf,
         tag: u32,
     ) -> Result<Option<RequestId>, DataError> {
+        let Some(matched) = self.match_send(nic, buf, tag)? else {
+            return Ok(None);
+        };
+        let plan = self.plan_send(&matched, buf);
+        self.post_plan(nic, &plan)?;
+        Ok(Some(self.commit_send(&matched, &plan, buf)))
+    }
+
+    /// Validate `buf` and find the buffer of the oldest outstanding receive it goes to: `None`
+    /// ("try later") while that receive's entries are not all in, none of its unmatched buffers
+    /// has `tag`, no request is free, or the send queue has no room for what the send will post.
+    #[inline(always)]
+    fn match_send(
+        &mut self,
+        nic: &mut impl Nic,
+        buf: SendBuf,
+        tag: u32,
+    ) -> Result<Option<SendMatch>, DataError> {
         self.health.check()?;
         if buf.len > u64::from(MAX_WR_BYTES) {
             return Err(DataError::InvalidArgument("send larger than 1 GiB"));
@@ -174,10 +283,7 @@ impl SendConn {
                 "send buffer wraps the address space",
             ));
         }
-        if !self.load_head(nic)? {
-            return Ok(None);
-        }
-        if self.head.state != HeadState::Matching {
+        if !self.load_head(nic)? || self.head.state != HeadState::Matching {
             return Ok(None);
         }
         let head = &self.head.m;
@@ -190,17 +296,22 @@ impl SendConn {
         if self.free_len == 0 {
             return Ok(None);
         }
-        let slot = self.seq as u8;
         let entry = head.entries[usize::from(pos)];
         let mismatch = buf.len > entry.size;
-        let last = head.matched.count_ones() + 1 == u32::from(n);
-        let group_mismatch = head.mismatch || mismatch;
-        let mut record = head.record;
-        let writes_data = !mismatch && buf.len > 0;
+        let matched = SendMatch {
+            pos,
+            n,
+            entry,
+            slot: self.seq as u8,
+            req_index: self.free[self.free_len - 1],
+            mismatch,
+            last: head.matched.count_ones() + 1 == u32::from(n),
+            group_mismatch: head.mismatch || mismatch,
+        };
         let wr_count = if n == 1 {
             1
         } else {
-            usize::from(writes_data) + usize::from(last)
+            usize::from(matched.writes_data(buf)) + usize::from(matched.last)
         };
         if !self.sq.has_room(wr_count, 0) {
             self.poll_cq(nic)?;
@@ -208,126 +319,166 @@ impl SendConn {
                 return Ok(None);
             }
         }
+        Ok(Some(matched))
+    }
 
-        let req_index = self.free[self.free_len - 1];
-        // `buf.len <= MAX_WR_BYTES` was checked above, so it fits `u32`.
+    /// The work requests for a matched send (taking their send-queue positions): for a single
+    /// receive one signaled write with immediate (of the data, of nothing, or of the record of a
+    /// refused send); for a group the data write, then at the group's last send the record's
+    /// write with immediate that ends the slot.
+    #[inline(always)]
+    fn plan_send(&mut self, m: &SendMatch, buf: SendBuf) -> SendPlan {
+        let mut record = self.head.m.record;
+        // `buf.len <= MAX_WR_BYTES` was checked when matching, so it fits `u32`.
         let len32 = buf.len as u32;
-        record.sizes[usize::from(pos)] = len32;
-        let record_offset = usize::from(slot) * RECORD_LEN;
-        let record_addr = region_addr(&self.peer_records, record_offset, RECORD_LEN).ok_or(
+        record.sizes[usize::from(m.pos)] = len32;
+        // Only encoded when a record is written (a group's end, or a refused single send).
+        let (record_bytes, record_len) = if m.last && (m.n > 1 || m.mismatch) {
+            record.encode()
+        } else {
+            ([0; RECORD_LEN], 0)
+        };
+        let data = Body::Data(Sge {
+            addr: buf.addr,
+            len: len32,
+            lkey: buf.lkey,
+        });
+        let imm = Imm {
+            seq16: self.seq as u16,
+            n: m.n,
+            record: m.n > 1 || m.mismatch,
+            mismatch: m.group_mismatch,
+        }
+        .encode();
+        let mut plan = SendPlan {
+            wrs: [PlannedWr::NONE; 2],
+            used: 0,
+            end_post: None,
+            record,
+            record_bytes,
+            record_len,
+            record_offset: usize::from(m.slot) * RECORD_LEN,
+        };
+        let buffer = Target::Buffer {
+            addr: m.entry.addr,
+            rkey: m.entry.rkey,
+        };
+        if m.n == 1 {
+            let (body, target) = if m.mismatch {
+                (Body::Record, Target::Record)
+            } else if buf.len == 0 {
+                (Body::Empty, Target::Record)
+            } else {
+                (data, buffer)
+            };
+            let posted = self.sq.next(WrKind::SlotEnd, u16::from(m.slot), true);
+            plan.end_post = Some(self.sq.posted() as u32);
+            plan.push(PlannedWr {
+                wr_id: posted.wr_id,
+                op: SendOp::WriteImm(imm),
+                body,
+                target,
+                signaled: true,
+            });
+            return plan;
+        }
+        if m.writes_data(buf) {
+            let posted = self.sq.next(WrKind::Data, u16::from(m.req_index), false);
+            plan.push(PlannedWr {
+                wr_id: posted.wr_id,
+                op: SendOp::Write,
+                body: data,
+                target: buffer,
+                signaled: posted.signaled,
+            });
+        }
+        if m.last {
+            let posted = self.sq.next(WrKind::SlotEnd, u16::from(m.slot), true);
+            plan.end_post = Some(self.sq.posted() as u32);
+            plan.push(PlannedWr {
+                wr_id: posted.wr_id,
+                op: SendOp::WriteImm(imm),
+                body: Body::Record,
+                target: Target::Record,
+                signaled: true,
+            });
+        }
+        plan
+    }
+
+    /// Post the planned work requests as one chain. The record goes inline when it fits, else
+    /// through staging.
+    #[inline(always)]
+    fn post_plan(&mut self, nic: &mut impl Nic, plan: &SendPlan) -> Result<(), DataError> {
+        if plan.used == 0 {
+            return Ok(());
+        }
+        let record_addr = region_addr(&self.peer_records, plan.record_offset, RECORD_LEN).ok_or(
             DataError::PeerRegion {
                 len: self.peer_records.len,
                 need: RECV_INBOUND_LEN,
             },
         )?;
-        let data = Payload::Local(Sge {
-            addr: buf.addr,
-            len: len32,
-            lkey: buf.lkey,
-        });
-
-        let mut chain = [EMPTY_WR; 2];
-        let mut used = 0;
-        // Only encoded when a record is written (a group's end, or a refused single send).
-        let (record_bytes, record_len) = if last && (n > 1 || mismatch) {
-            record.encode()
-        } else {
-            ([0; RECORD_LEN], 0)
-        };
         let max_inline = nic.max_inline();
-        let imm = Imm {
-            seq16: self.seq as u16,
-            n,
-            record: n > 1 || mismatch,
-            mismatch: group_mismatch,
-        }
-        .encode();
-        let end_post;
-        if n == 1 {
-            let (payload, remote_addr, rkey) = if mismatch {
-                let payload =
-                    record_payload(nic, max_inline, record_offset, &record_bytes[..record_len]);
-                (payload, record_addr, self.peer_records.rkey)
-            } else if buf.len == 0 {
-                (Payload::Empty, record_addr, self.peer_records.rkey)
-            } else {
-                (data, entry.addr, entry.rkey)
+        let mut chain = [EMPTY_WR; 2];
+        for (out, wr) in chain.iter_mut().zip(&plan.wrs[..plan.used]) {
+            let payload = match wr.body {
+                Body::Empty => Payload::Empty,
+                Body::Data(sge) => Payload::Local(sge),
+                Body::Record => record_payload(
+                    nic,
+                    max_inline,
+                    plan.record_offset,
+                    &plan.record_bytes[..plan.record_len],
+                ),
             };
-            let posted = self.sq.next(WrKind::SlotEnd, u16::from(slot), true);
-            end_post = Some(self.sq.posted() as u32);
-            chain[0] = SendWr {
-                wr_id: posted.wr_id,
-                op: SendOp::WriteImm(imm),
+            let (remote_addr, rkey) = match wr.target {
+                Target::Record => (record_addr, self.peer_records.rkey),
+                Target::Buffer { addr, rkey } => (addr, rkey),
+            };
+            *out = SendWr {
+                wr_id: wr.wr_id,
+                op: wr.op,
                 payload,
                 remote_addr,
                 rkey,
-                signaled: true,
+                signaled: wr.signaled,
             };
-            used = 1;
-        } else {
-            if writes_data {
-                let posted = self.sq.next(WrKind::Data, u16::from(req_index), false);
-                chain[used] = SendWr {
-                    wr_id: posted.wr_id,
-                    op: SendOp::Write,
-                    payload: data,
-                    remote_addr: entry.addr,
-                    rkey: entry.rkey,
-                    signaled: posted.signaled,
-                };
-                used += 1;
-            }
-            if last {
-                let payload =
-                    record_payload(nic, max_inline, record_offset, &record_bytes[..record_len]);
-                let posted = self.sq.next(WrKind::SlotEnd, u16::from(slot), true);
-                end_post = Some(self.sq.posted() as u32);
-                chain[used] = SendWr {
-                    wr_id: posted.wr_id,
-                    op: SendOp::WriteImm(imm),
-                    payload,
-                    remote_addr: record_addr,
-                    rkey: self.peer_records.rkey,
-                    signaled: true,
-                };
-                used += 1;
-            } else {
-                end_post = None;
-            }
         }
-        if used > 0 {
-            if let Err(err) = nic.post_send(&chain[..used]) {
-                return Err(self.health.fail(err.into()));
-            }
-        }
+        nic.post_send(&chain[..plan.used])
+            .map_err(|err| self.health.fail(err.into()))
+    }
 
-        // Posted: commit the request and the match.
+    /// Posted: take the request, record the match, and when the send ended its slot, move on
+    /// to the next receive.
+    #[inline(always)]
+    fn commit_send(&mut self, m: &SendMatch, plan: &SendPlan, buf: SendBuf) -> RequestId {
         self.free_len -= 1;
-        let req = &mut self.reqs[usize::from(req_index)];
-        req.state = if mismatch {
+        let req = &mut self.reqs[usize::from(m.req_index)];
+        req.state = if m.mismatch {
             SendState::Refused(DataError::SizeMismatch {
-                index: usize::from(pos),
+                index: usize::from(m.pos),
                 sent: buf.len,
-                capacity: entry.size,
+                capacity: m.entry.size,
             })
         } else {
             SendState::InFlight { size: buf.len }
         };
         let id = RequestId {
-            index: req_index,
+            index: m.req_index,
             side: Side::Send,
             generation: req.generation,
         };
         let head = &mut self.head.m;
-        head.matched |= 1 << pos;
-        head.record = record;
-        head.mismatch = group_mismatch;
-        if !mismatch {
-            head.reqs[usize::from(head.count)] = req_index;
+        head.matched |= 1 << m.pos;
+        head.record = plan.record;
+        head.mismatch = m.group_mismatch;
+        if !m.mismatch {
+            head.reqs[usize::from(head.count)] = m.req_index;
             head.count += 1;
         }
-        if let Some(post) = end_post {
-            self.ends[usize::from(slot)] = EndState::Ending {
+        if let Some(post) = plan.end_post {
+            self.ends[usize::from(m.slot)] = EndState::Ending {
                 post,
                 reqs: head.reqs,
                 count: head.count,
@@ -335,69 +486,12 @@ impl SendConn {
             self.head.state = HeadState::Unread;
             self.seq = self.seq.wrapping_add(1);
         }
-        Ok(Some(id))
-    }
-
-    /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
-    pub fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
-        let index = self.lookup(req)?;
-        if matches!(self.reqs[index].state, SendState::InFlight { .. }) {
-            if let Err(err) = self.health.check().and_then(|()| self.poll_cq(nic)) {
-                self.release(index);
-                return Err(err);
-            }
-        }
-        match self.reqs[index].state {
-            SendState::Free => Err(DataError::InvalidRequest {
-                bits: req.to_bits(),
-            }),
-            SendState::InFlight { .. } => Ok(Completed::Pending),
-            SendState::Done { size } => {
-                self.release(index);
-                let mut sizes = [0; MAX_RECVS];
-                sizes[0] = size;
-                Ok(Completed::Done { n: 1, sizes })
-            }
-            SendState::Refused(err) => {
-                self.release(index);
-                Err(err)
-            }
-        }
-    }
-
-    /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it
-    /// failed already.
-    pub fn handle_fatal(&mut self, err: DataError) {
-        self.health.fail(err);
+        id
     }
 
     /// The cause the connection failed with, if it did.
     pub fn failure(&self) -> Option<&DataError> {
         self.health.failure()
-    }
-
-    /// Before closing: poll the completion queue, then say how many receives this side's posted
-    /// sends are still completing: write-with-immediates that end a receive (and complete it at
-    /// the receiver) not completed yet. `Ok(0)` means drained: the receiver has all the data this
-    /// side posted. The data writes of a grouped receive whose other sends never came cannot complete
-    /// it and are not waited for. An error when the connection failed.
-    ///
-    /// The driver calls it until it says 0, the connection fails, the peer is gone, or a
-    /// deadline passes, and only then destroys the queue pair, so a peer's receive is not cut
-    /// off half-written.
-    pub fn drain(&mut self, nic: &mut impl Nic) -> Result<usize, DataError> {
-        self.health.check()?;
-        self.poll_cq(nic)?;
-        Ok(self
-            .ends
-            .iter()
-            .filter(|end| **end != EndState::Idle)
-            .count())
-    }
-
-    /// Requests handed out and not yet freed by `test`.
-    pub fn outstanding(&self) -> usize {
-        MAX_REQUESTS - self.free_len
     }
 
     /// [`read_entry`], counting how long an entry with a fresh stamp keeps failing its check: a
@@ -609,6 +703,65 @@ fn record_payload<'a>(
             offset: offset as u32,
             len: bytes.len() as u32,
         }
+    }
+}
+
+impl Connection for SendConn {
+    /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
+    fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
+        let index = self.lookup(req)?;
+        if matches!(self.reqs[index].state, SendState::InFlight { .. }) {
+            if let Err(err) = self.health.check().and_then(|()| self.poll_cq(nic)) {
+                self.release(index);
+                return Err(err);
+            }
+        }
+        match self.reqs[index].state {
+            SendState::Free => Err(DataError::InvalidRequest {
+                bits: req.to_bits(),
+            }),
+            SendState::InFlight { .. } => Ok(Completed::Pending),
+            SendState::Done { size } => {
+                self.release(index);
+                let mut sizes = [0; MAX_RECVS];
+                sizes[0] = size;
+                Ok(Completed::Done { n: 1, sizes })
+            }
+            SendState::Refused(err) => {
+                self.release(index);
+                Err(err)
+            }
+        }
+    }
+
+    /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it
+    /// failed already.
+    fn handle_fatal(&mut self, err: DataError) {
+        self.health.fail(err);
+    }
+
+    /// Before closing: poll the completion queue, then say how many receives this side's posted
+    /// sends are still completing: write-with-immediates that end a receive (and complete it at
+    /// the receiver) not completed yet. `Ok(0)` means drained: the receiver has all the data this
+    /// side posted. The data writes of a grouped receive whose other sends never came cannot complete
+    /// it and are not waited for. An error when the connection failed.
+    ///
+    /// The driver calls it until it says 0, the connection fails, the peer is gone, or a
+    /// deadline passes, and only then destroys the queue pair, so a peer's receive is not cut
+    /// off half-written.
+    fn drain(&mut self, nic: &mut impl Nic) -> Result<usize, DataError> {
+        self.health.check()?;
+        self.poll_cq(nic)?;
+        Ok(self
+            .ends
+            .iter()
+            .filter(|end| **end != EndState::Idle)
+            .count())
+    }
+
+    /// Requests handed out and not yet freed by `test`.
+    fn outstanding(&self) -> usize {
+        MAX_REQUESTS - self.free_len
     }
 }
 

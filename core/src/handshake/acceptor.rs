@@ -1,10 +1,8 @@
 //! The receiving side of a connection (NCCL `accept`).
 
-use alloc::collections::VecDeque;
-
 use super::HandshakeError;
 use super::error::Incompatibility;
-use super::io::{FrameReader, Outbox, ReadError, Timer, unexpected};
+use super::io::{Common, FrameReader, ReadError, misuse, unexpected};
 use crate::time::{Duration, Instant};
 use crate::wire::{AcceptReply, EndpointInfo, Message, MessageKind, RejectReason, RivetVersion};
 
@@ -81,9 +79,7 @@ enum State {
 #[derive(Debug)]
 pub struct Acceptor {
     state: State,
-    outbox: Outbox,
-    events: VecDeque<AcceptorEvent>,
-    timer: Timer,
+    common: Common<AcceptorEvent>,
     listen_id: u64,
     peer_version: Option<RivetVersion>,
 }
@@ -94,9 +90,7 @@ impl Acceptor {
     pub fn new(listen_id: u64, now: Instant, timeout: Duration) -> Self {
         Self {
             state: State::AwaitingRequest(FrameReader::new()),
-            outbox: Outbox::default(),
-            events: VecDeque::new(),
-            timer: Timer::new(now, timeout),
+            common: Common::new(now, timeout),
             listen_id,
             peer_version: None,
         }
@@ -107,7 +101,9 @@ impl Acceptor {
         match &self.state {
             State::AwaitingRequest(_) => AcceptorStage::AwaitingRequest,
             State::BringingUp { .. } => AcceptorStage::BringingUp,
-            State::AwaitingReady { .. } if !self.outbox.is_empty() => AcceptorStage::SendingReply,
+            State::AwaitingReady { .. } if !self.common.outbox.is_empty() => {
+                AcceptorStage::SendingReply
+            }
             State::AwaitingReady { .. } => AcceptorStage::AwaitingReady,
             State::Established { .. } => AcceptorStage::Established,
             State::Failed(_) => AcceptorStage::Failed,
@@ -145,13 +141,13 @@ impl Acceptor {
     /// Bytes to write to the socket now (possibly none).
     #[must_use]
     pub fn poll_transmit(&self) -> &[u8] {
-        self.outbox.pending()
+        self.common.outbox.pending()
     }
 
     /// Records that the first `n` bytes of [`poll_transmit`](Self::poll_transmit) were written.
     /// More than were pending is [`HandshakeError::Misuse`].
     pub fn handle_transmitted(&mut self, n: usize) {
-        if !self.outbox.consume(n) && !matches!(self.state, State::Failed(_)) {
+        if !self.common.outbox.consume(n) && !matches!(self.state, State::Failed(_)) {
             self.fail_misuse("handle_transmitted reported more bytes than poll_transmit gave");
         }
     }
@@ -160,7 +156,7 @@ impl Acceptor {
     /// the rest of the current frame's header or body (at most
     /// [`MAX_FRAME_LEN`](crate::wire::MAX_FRAME_LEN)).
     pub fn input_wanted(&self) -> usize {
-        if !self.outbox.is_empty() {
+        if !self.common.outbox.is_empty() {
             return 0;
         }
         match &self.state {
@@ -213,12 +209,14 @@ impl Acceptor {
                 }
                 let remote = request.sender;
                 self.state = State::BringingUp { remote };
-                self.events.push_back(AcceptorEvent::Request { remote });
+                self.common
+                    .events
+                    .push_back(AcceptorEvent::Request { remote });
                 Ok(())
             }
             (State::AwaitingReady { remote, .. }, Message::Ready) => {
                 self.state = State::Established { remote: *remote };
-                self.events.push_back(AcceptorEvent::Established);
+                self.common.events.push_back(AcceptorEvent::Established);
                 Ok(())
             }
             (_, Message::Reject(reject)) => Err(self.fail(HandshakeError::Rejected {
@@ -254,7 +252,8 @@ impl Acceptor {
             };
             return Err(self.fail(HandshakeError::Incompatible { stage, what }));
         }
-        self.outbox
+        self.common
+            .outbox
             .push(&Message::AcceptReply(AcceptReply { receiver: local }));
         self.state = State::AwaitingReady {
             remote,
@@ -295,49 +294,39 @@ impl Acceptor {
     /// The next event for the driver.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<AcceptorEvent> {
-        self.events.pop_front()
+        self.common.next_event()
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) must be called next; `None` once established
     /// or failed.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match self.state {
-            State::Established { .. } | State::Failed(_) => None,
-            _ => Some(self.timer.deadline),
-        }
+        self.common.deadline(self.finished())
     }
 
     /// The clock reached `now`: fails with [`HandshakeError::Timeout`] if the deadline passed.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.poll_timeout().is_none() {
-            return;
+        let stage = self.stage().name();
+        if let Some(error) = self.common.timed_out(self.finished(), now, stage) {
+            self.fail(error);
         }
-        if let Some(waited) = self.timer.expired(now) {
-            let stage = self.stage().name();
-            self.fail(HandshakeError::Timeout { stage, waited });
-        }
+    }
+
+    /// Established or failed: nothing more to wait for.
+    fn finished(&self) -> bool {
+        matches!(self.state, State::Established { .. } | State::Failed(_))
     }
 
     /// Enters the failed state, queuing a Reject for the peer when the error calls for one.
     fn fail(&mut self, error: HandshakeError) -> HandshakeError {
-        if let Some(reason) = error.reject_reason() {
-            self.outbox
-                .push(&Message::Reject(crate::wire::Reject { reason }));
-        }
-        self.events.clear();
+        self.common.failing(&error);
         self.state = State::Failed(error.clone());
         error
     }
 
-    /// Reports a driver bug: fails the machine, except once established — that is terminal
-    /// too, and a late bug in the driver does not undo a working connection.
+    /// Reports a driver bug (see [`misuse`]).
     fn fail_misuse(&mut self, what: &'static str) -> HandshakeError {
-        let stage = self.stage().name();
-        let error = HandshakeError::Misuse { stage, what };
-        if self.is_established() {
-            return error;
-        }
-        self.fail(error)
+        let (stage, established) = (self.stage().name(), self.is_established());
+        misuse(stage, what, established, |error| self.fail(error))
     }
 }

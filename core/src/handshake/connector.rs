@@ -1,10 +1,8 @@
 //! The sending side of a connection (NCCL `connect`).
 
-use alloc::collections::VecDeque;
-
 use super::HandshakeError;
 use super::error::Incompatibility;
-use super::io::{FrameReader, Outbox, ReadError, Timer, unexpected};
+use super::io::{Common, FrameReader, ReadError, misuse, unexpected};
 use crate::time::{Duration, Instant};
 use crate::wire::{
     ConnectRequest, EndpointInfo, ListenHandle, Message, MessageKind, RejectReason, RivetVersion,
@@ -92,9 +90,7 @@ enum State {
 #[derive(Debug)]
 pub struct Connector {
     state: State,
-    outbox: Outbox,
-    events: VecDeque<ConnectorEvent>,
-    timer: Timer,
+    common: Common<ConnectorEvent>,
     local: EndpointInfo,
     listener_version: RivetVersion,
 }
@@ -111,10 +107,10 @@ impl Connector {
         now: Instant,
         timeout: Duration,
     ) -> Self {
-        let mut outbox = Outbox::default();
+        let mut common = Common::new(now, timeout);
         let state = match local.validate() {
             Ok(()) => {
-                outbox.push(&Message::ConnectRequest(ConnectRequest {
+                common.outbox.push(&Message::ConnectRequest(ConnectRequest {
                     listen_id: handle.listen_id,
                     rivet_version: RivetVersion::ours(),
                     sender: local,
@@ -128,9 +124,7 @@ impl Connector {
         };
         Self {
             state,
-            outbox,
-            events: VecDeque::new(),
-            timer: Timer::new(now, timeout),
+            common,
             local,
             listener_version: handle.rivet_version,
         }
@@ -139,7 +133,9 @@ impl Connector {
     /// Where the machine is.
     pub fn stage(&self) -> ConnectorStage {
         match &self.state {
-            State::AwaitingReply(_) if !self.outbox.is_empty() => ConnectorStage::SendingRequest,
+            State::AwaitingReply(_) if !self.common.outbox.is_empty() => {
+                ConnectorStage::SendingRequest
+            }
             State::AwaitingReply(_) => ConnectorStage::AwaitingReply,
             State::BringingUp { .. } => ConnectorStage::BringingUp,
             State::SendingReady { .. } => ConnectorStage::SendingReady,
@@ -179,22 +175,22 @@ impl Connector {
     /// Bytes to write to the socket now (possibly none).
     #[must_use]
     pub fn poll_transmit(&self) -> &[u8] {
-        self.outbox.pending()
+        self.common.outbox.pending()
     }
 
     /// Records that the first `n` bytes of [`poll_transmit`](Self::poll_transmit) were written.
     /// More than were pending is [`HandshakeError::Misuse`].
     pub fn handle_transmitted(&mut self, n: usize) {
-        if !self.outbox.consume(n) {
+        if !self.common.outbox.consume(n) {
             if !matches!(self.state, State::Failed(_)) {
                 self.fail_misuse("handle_transmitted reported more bytes than poll_transmit gave");
             }
             return;
         }
         if let State::SendingReady { remote } = self.state {
-            if self.outbox.is_empty() {
+            if self.common.outbox.is_empty() {
                 self.state = State::Established { remote };
-                self.events.push_back(ConnectorEvent::Established);
+                self.common.events.push_back(ConnectorEvent::Established);
             }
         }
     }
@@ -204,7 +200,7 @@ impl Connector {
     /// [`MAX_FRAME_LEN`](crate::wire::MAX_FRAME_LEN)).
     pub fn input_wanted(&self) -> usize {
         match &self.state {
-            State::AwaitingReply(reader) if self.outbox.is_empty() => reader.wanted(),
+            State::AwaitingReply(reader) if self.common.outbox.is_empty() => reader.wanted(),
             _ => 0,
         }
     }
@@ -249,7 +245,9 @@ impl Connector {
                     return Err(self.fail(HandshakeError::Incompatible { stage, what }));
                 }
                 self.state = State::BringingUp { remote };
-                self.events.push_back(ConnectorEvent::BringUp { remote });
+                self.common
+                    .events
+                    .push_back(ConnectorEvent::BringUp { remote });
                 Ok(())
             }
             Message::Reject(reject) => Err(self.fail(HandshakeError::Rejected {
@@ -268,7 +266,7 @@ impl Connector {
         match &self.state {
             State::BringingUp { remote } => {
                 self.state = State::SendingReady { remote: *remote };
-                self.outbox.push(&Message::Ready);
+                self.common.outbox.push(&Message::Ready);
                 Ok(())
             }
             State::Failed(error) => Err(error.clone()),
@@ -305,49 +303,39 @@ impl Connector {
     /// The next event for the driver.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<ConnectorEvent> {
-        self.events.pop_front()
+        self.common.next_event()
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) must be called next; `None` once established
     /// or failed.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match self.state {
-            State::Established { .. } | State::Failed(_) => None,
-            _ => Some(self.timer.deadline),
-        }
+        self.common.deadline(self.finished())
     }
 
     /// The clock reached `now`: fails with [`HandshakeError::Timeout`] if the deadline passed.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.poll_timeout().is_none() {
-            return;
+        let stage = self.stage().name();
+        if let Some(error) = self.common.timed_out(self.finished(), now, stage) {
+            self.fail(error);
         }
-        if let Some(waited) = self.timer.expired(now) {
-            let stage = self.stage().name();
-            self.fail(HandshakeError::Timeout { stage, waited });
-        }
+    }
+
+    /// Established or failed: nothing more to wait for.
+    fn finished(&self) -> bool {
+        matches!(self.state, State::Established { .. } | State::Failed(_))
     }
 
     /// Enters the failed state, queuing a Reject for the peer when the error calls for one.
     fn fail(&mut self, error: HandshakeError) -> HandshakeError {
-        if let Some(reason) = error.reject_reason() {
-            self.outbox
-                .push(&Message::Reject(crate::wire::Reject { reason }));
-        }
-        self.events.clear();
+        self.common.failing(&error);
         self.state = State::Failed(error.clone());
         error
     }
 
-    /// Reports a driver bug: fails the machine, except once established — that is terminal
-    /// too, and a late bug in the driver does not undo a working connection.
+    /// Reports a driver bug (see [`misuse`]).
     fn fail_misuse(&mut self, what: &'static str) -> HandshakeError {
-        let stage = self.stage().name();
-        let error = HandshakeError::Misuse { stage, what };
-        if self.is_established() {
-            return error;
-        }
-        self.fail(error)
+        let (stage, established) = (self.stage().name(), self.is_established());
+        misuse(stage, what, established, |error| self.fail(error))
     }
 }

@@ -1,7 +1,11 @@
-//! The byte plumbing both machines share: an outbound queue, an incremental frame reader, and the
-//! deadline.
+//! What both machines share: an outbound queue, an incremental frame reader, the deadline, and
+//! [`Common`], the part of a machine that is not its state (bytes for the socket, events for the
+//! driver, the deadline) with the steps both take the same way.
 
+use alloc::collections::VecDeque;
 use alloc::vec::Vec;
+
+use super::HandshakeError;
 
 use crate::time::{Duration, Instant};
 use crate::wire::{FrameHeader, HEADER_LEN, Message, MessageKind, WireError};
@@ -150,6 +154,76 @@ impl Timer {
     pub(crate) fn expired(&self, now: Instant) -> Option<Duration> {
         (now >= self.deadline).then(|| now.saturating_duration_since(self.started))
     }
+}
+
+/// The state-independent half of a handshake machine, `E` its event type.
+#[derive(Debug)]
+pub(crate) struct Common<E> {
+    /// Frames queued for the socket.
+    pub(crate) outbox: Outbox,
+    /// Events for the driver, oldest first.
+    pub(crate) events: VecDeque<E>,
+    /// The handshake's deadline.
+    pub(crate) timer: Timer,
+}
+
+impl<E> Common<E> {
+    /// Nothing queued, the deadline `timeout` after `now`.
+    pub(crate) fn new(now: Instant, timeout: Duration) -> Self {
+        Self {
+            outbox: Outbox::default(),
+            events: VecDeque::new(),
+            timer: Timer::new(now, timeout),
+        }
+    }
+
+    /// The next event for the driver.
+    pub(crate) fn next_event(&mut self) -> Option<E> {
+        self.events.pop_front()
+    }
+
+    /// The deadline while the handshake is still under way (`finished`: established or failed).
+    pub(crate) fn deadline(&self, finished: bool) -> Option<Instant> {
+        (!finished).then_some(self.timer.deadline)
+    }
+
+    /// The error to fail with when the clock reached `now` past the deadline of an unfinished
+    /// handshake in `stage`.
+    pub(crate) fn timed_out(
+        &self,
+        finished: bool,
+        now: Instant,
+        stage: &'static str,
+    ) -> Option<HandshakeError> {
+        if finished {
+            return None;
+        }
+        self.timer
+            .expired(now)
+            .map(|waited| HandshakeError::Timeout { stage, waited })
+    }
+
+    /// The shared half of failing with `error`: queue a Reject telling the peer why, when the
+    /// error calls for one, and drop the events the driver has not taken (they are moot).
+    pub(crate) fn failing(&mut self, error: &HandshakeError) {
+        if let Some(reason) = error.reject_reason() {
+            self.outbox
+                .push(&Message::Reject(crate::wire::Reject { reason }));
+        }
+        self.events.clear();
+    }
+}
+
+/// The error for a driver bug in `stage`: `fail` fails the machine with it, except once
+/// `established` (terminal too: a late bug in the driver does not undo a working connection).
+pub(crate) fn misuse(
+    stage: &'static str,
+    what: &'static str,
+    established: bool,
+    fail: impl FnOnce(HandshakeError) -> HandshakeError,
+) -> HandshakeError {
+    let error = HandshakeError::Misuse { stage, what };
+    if established { error } else { fail(error) }
 }
 
 /// The `what` of a protocol error for a message of `kind` that the stage does not accept.

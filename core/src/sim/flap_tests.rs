@@ -7,6 +7,7 @@ use std::vec::Vec;
 
 use super::suite::{done_sizes, pattern};
 use super::{DataPair, EndpointId, Fabric};
+use crate::data::Connection;
 use crate::data::{Completed, DataError, RecvBuf, RequestId};
 use crate::event::{DeviceEvent, EventBook, WatchId, rc_retry_budget};
 use crate::nic::WcStatus;

@@ -7,6 +7,7 @@
 
 use std::vec::Vec;
 
+use crate::data::Connection;
 use crate::data::{
     CQ_DEPTH, Completed, DataError, MAX_RECVS, ProtocolError, RecvBuf, RecvConn, RequestId,
     SEND_QUEUE_DEPTH, SLOTS, SendBuf, SendConn, codec,

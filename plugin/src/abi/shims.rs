@@ -711,22 +711,54 @@ pub(super) unsafe extern "C" fn irecv_v10(
 ///
 /// # Safety
 /// NCCL calls it as its ABI documents. Handles (`comm`) may be any value: the handle layer checks
-/// them and never dereferences them. Never read: `_data`, `_sizes`, `_mhs`.
+/// them and never dereferences them.
+/// - `data`, `sizes` and `mhs` are NULL or arrays of `n` elements readable for the call.
 /// - `request` is NULL or valid for a write of a pointer.
 pub(super) unsafe extern "C" fn iflush(
     comm: Ptr,
     n: c_int,
-    _data: *mut Ptr,
-    _sizes: *mut c_int,
-    _mhs: *mut Ptr,
+    data: *mut Ptr,
+    sizes: *mut c_int,
+    mhs: *mut Ptr,
     request: *mut Ptr,
 ) -> NcclResult {
     ffi_call("iflush", || {
-        comm::iflush(comm, n)?;
-        // Rivet reports host memory only (no GPUDirect), so there is never anything to flush:
-        // a NULL request tells NCCL the flush is complete.
+        let n = usize::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_RECVS as usize).contains(n))
+            .ok_or_else(|| {
+                NetError::invalid_argument(format!("iflush: n = {n} outside 1..={MAX_RECVS}"))
+            })?;
+        if data.is_null() || sizes.is_null() || mhs.is_null() {
+            return Err(NetError::misuse(
+                "iflush: NULL data, sizes or mhandles array",
+            ));
+        }
+        let mut args = comm::FlushArgs {
+            n,
+            data: [core::ptr::null_mut(); 8],
+            sizes: [0; 8],
+            mhandles: [core::ptr::null_mut(); 8],
+        };
+        for i in 0..n {
+            // SAFETY: the arrays hold `n` elements (NCCL's contract) and `i < n`.
+            let (ptr, size, mh) = unsafe { (*data.add(i), *sizes.add(i), *mhs.add(i)) };
+            args.data[i] = ptr;
+            args.sizes[i] = u64::try_from(size).map_err(|_| {
+                NetError::invalid_argument(format!("iflush: size {size} of buffer {i} is negative"))
+            })?;
+            args.mhandles[i] = mh;
+        }
+        // NULL when there is nothing to flush (host memory, or nothing received): done.
+        let req = comm::iflush(comm, &args)?;
         // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
-        unsafe { put(request, core::ptr::null_mut(), "iflush: request") }
+        unsafe {
+            put(
+                request,
+                req.unwrap_or(core::ptr::null_mut()),
+                "iflush: request",
+            )
+        }
     })
 }
 

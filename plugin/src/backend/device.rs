@@ -1,5 +1,6 @@
 //! An opened RDMA port: its verbs context and protection domain, shared by every comm on it.
 
+use super::mr_cache::MrCache;
 use crate::log::{INIT_NET, info, warn};
 use rivet_core::data::DataError;
 use rivet_core::event::{DeviceEvent, EventBook, WatchId, rc_retry_budget};
@@ -104,6 +105,17 @@ fn retry_settings() -> (u8, u8) {
     }
 }
 
+/// What a port does with GPU memory (decided by `rivet_core::gdr` at discovery).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct GpuSetup {
+    /// `regMr` takes GPU memory by address (`NCCL_PTR_CUDA` advertised: a peer-memory client).
+    pub(crate) cuda: bool,
+    /// Registrations ask for PCIe relaxed ordering.
+    pub(crate) relaxed_ordering: bool,
+    /// Receive comms get a flush queue pair and `iflush` reads back what arrived.
+    pub(crate) flush: bool,
+}
+
 /// A port opened for use: created on the first comm that needs it, dropped with the last one.
 #[derive(Debug)]
 pub(crate) struct OpenPort {
@@ -113,6 +125,10 @@ pub(crate) struct OpenPort {
     pub(crate) pd: Arc<ProtectionDomain>,
     /// The device context.
     pub(crate) context: Arc<Context>,
+    /// GPU memory handling.
+    pub(crate) gpu: GpuSetup,
+    /// User-buffer registrations in `pd`, shared by every comm on the port (`regIsGlobal`).
+    pub(crate) mrs: MrCache,
     events: Mutex<AsyncState>,
     /// Whether new connections use the mlx5 direct data path (mlx5 device, opted in with
     /// `RIVET_MLX5_DIRECT=1`, and no set-up failure so far).
@@ -121,7 +137,7 @@ pub(crate) struct OpenPort {
 
 impl OpenPort {
     /// Open the device named in `info` and allocate a protection domain on it.
-    pub(crate) fn open(info: &PortInfo) -> Result<Arc<Self>, VerbsError> {
+    pub(crate) fn open(info: &PortInfo, gpu: GpuSetup) -> Result<Arc<Self>, VerbsError> {
         let list = DeviceList::new()?;
         let device =
             list.iter()
@@ -134,6 +150,8 @@ impl OpenPort {
         let direct = direct_path_wanted(&context, info);
         Ok(Arc::new(Self {
             info: info.clone(),
+            gpu,
+            mrs: MrCache::new(Arc::clone(&pd)),
             pd,
             context,
             events: Mutex::new(AsyncState::default()),

@@ -10,9 +10,9 @@ use super::device::OpenPort;
 use super::qp_params;
 use super::region::Region;
 use crate::config::QpSettings;
-use rivet_core::data::codec::{WrId, WrKind};
+use rivet_core::data::classify;
 use rivet_core::nic::{
-    Completion, CompletionKind, Nic, NicError, Payload, SendOp, SendWr, WcStatus,
+    Completion, Nic, NicError, Payload, RawCompletion, RawOp, SendOp, SendWr, WcStatus,
 };
 use rivet_core::wire::EndpointInfo;
 use rivet_verbs_ffi::sys::{
@@ -264,34 +264,26 @@ impl Nic for Endpoint {
         let got = polled.len();
         for (slot, wc) in out.iter_mut().zip(polled) {
             let status = WcStatus(wc.status);
-            let kind = if status.is_success() {
-                if wc.opcode == wc_opcode::RECV_RDMA_WITH_IMM {
-                    CompletionKind::RecvWriteImm {
-                        imm: u32::from_be(wc.imm_data),
-                        byte_len: wc.byte_len,
-                    }
-                } else if wc.opcode & wc_opcode::RECV != 0 {
-                    // A receive without immediate cannot happen in this protocol; report it as a
-                    // write-with-immediate of 0 so the core's validation names the violation.
-                    CompletionKind::RecvWriteImm {
-                        imm: 0,
-                        byte_len: wc.byte_len,
-                    }
-                } else {
-                    CompletionKind::Send
+            // Failed completions carry no valid opcode: the core tells them apart by wr_id.
+            let op = if !status.is_success() {
+                RawOp::Unknown
+            } else if wc.opcode == wc_opcode::RECV_RDMA_WITH_IMM {
+                RawOp::RecvWriteImm {
+                    imm: u32::from_be(wc.imm_data),
                 }
-            } else if WrId::decode(wc.wr_id).is_ok_and(|id| id.kind == WrKind::Recv) {
-                // Failed completions carry no valid opcode: the wr_id says what was posted.
-                CompletionKind::RecvFailed
+            } else if wc.opcode & wc_opcode::RECV != 0 {
+                RawOp::RecvOther
             } else {
-                CompletionKind::Send
+                RawOp::Send
             };
-            *slot = Completion {
+            *slot = classify(&RawCompletion {
                 wr_id: wc.wr_id,
                 status,
                 vendor_err: wc.vendor_err,
-                kind,
-            };
+                op,
+                byte_len: wc.byte_len,
+                queue: None,
+            });
         }
         Ok(got)
     }

@@ -4,6 +4,8 @@
 pub(crate) mod any;
 pub(crate) mod device;
 pub(crate) mod endpoint;
+pub(crate) mod flush;
 pub(crate) mod mlx5;
+pub(crate) mod mr_cache;
 pub(crate) mod qp_params;
 pub(crate) mod region;

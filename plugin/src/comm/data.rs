@@ -16,6 +16,7 @@
 
 #![allow(unsafe_code)]
 
+use super::flush::{FlushArgs, GpuFlush};
 use super::mr;
 use crate::backend::any::AnyEndpoint as Endpoint;
 use crate::backend::device::OpenPort;
@@ -25,8 +26,11 @@ use crate::handle::{Handle, Ptr, Registry, unknown};
 use crate::log::{INIT_NET, info, warn};
 use crate::oob::socket::{self, Liveness};
 use core::ffi::c_int;
-use rivet_core::data::{Completed, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn};
+use rivet_core::data::{
+    Completed, Connection, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn,
+};
 use rivet_core::event::WatchId;
+use rivet_core::flush::FlushId;
 use rivet_core::time::{Duration, Instant};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,6 +80,8 @@ pub(crate) struct Side<Conn> {
     peer: String,
     /// Whether this comm's failure was already logged (errors are sticky; log the first only).
     warned: AtomicBool,
+    /// A receive comm's GPU flush (`None`: `iflush` has nothing to do on this port).
+    flush: Option<Mutex<GpuFlush>>,
 }
 
 #[derive(Debug)]
@@ -161,6 +167,28 @@ impl<Conn> Side<Conn> {
             port,
             peer,
             warned: AtomicBool::new(false),
+            flush: None,
+        }
+    }
+
+    /// Give the comm a GPU flush queue pair.
+    pub(crate) fn with_flush(mut self, flush: GpuFlush) -> Self {
+        self.flush = Some(Mutex::new(flush));
+        self
+    }
+
+    fn flush(&self, call: &str) -> NetResult<Option<MutexGuard<'_, GpuFlush>>> {
+        let Some(flush) = &self.flush else {
+            return Ok(None);
+        };
+        match flush.try_lock() {
+            Ok(guard) => Ok(Some(guard)),
+            Err(TryLockError::WouldBlock) => Err(NetError::misuse(format!(
+                "{call}: another thread is flushing this comm at the same time"
+            ))),
+            Err(TryLockError::Poisoned(_)) => Err(NetError::misuse(format!(
+                "{call}: this comm's flush is unusable after an earlier internal error"
+            ))),
         }
     }
 
@@ -215,44 +243,6 @@ impl<Conn> Drop for Side<Conn> {
     }
 }
 
-/// What `test` and `close` need of either connection direction.
-pub(crate) trait Testable {
-    fn test(&mut self, nic: &mut Endpoint, req: RequestId) -> Result<Completed, DataError>;
-    fn handle_fatal(&mut self, err: DataError);
-    fn drain(&mut self, nic: &mut Endpoint) -> Result<usize, DataError>;
-    fn outstanding(&self) -> usize;
-}
-
-impl Testable for SendConn {
-    fn test(&mut self, nic: &mut Endpoint, req: RequestId) -> Result<Completed, DataError> {
-        Self::test(self, nic, req)
-    }
-    fn handle_fatal(&mut self, err: DataError) {
-        Self::handle_fatal(self, err);
-    }
-    fn drain(&mut self, nic: &mut Endpoint) -> Result<usize, DataError> {
-        Self::drain(self, nic)
-    }
-    fn outstanding(&self) -> usize {
-        Self::outstanding(self)
-    }
-}
-
-impl Testable for RecvConn {
-    fn test(&mut self, nic: &mut Endpoint, req: RequestId) -> Result<Completed, DataError> {
-        Self::test(self, nic, req)
-    }
-    fn handle_fatal(&mut self, err: DataError) {
-        Self::handle_fatal(self, err);
-    }
-    fn drain(&mut self, nic: &mut Endpoint) -> Result<usize, DataError> {
-        Self::drain(self, nic)
-    }
-    fn outstanding(&self) -> usize {
-        Self::outstanding(self)
-    }
-}
-
 /// How long `closeSend`/`closeRecv` wait for work already posted on the connection to make
 /// progress before its queue pair is destroyed anyway (see [`Side::drain_before_close`]): a peer
 /// that is still sending keeps the wait going, one that stopped ends it after this.
@@ -270,7 +260,7 @@ enum Drained {
     TimedOut,
 }
 
-impl<Conn: Testable> Side<Conn> {
+impl<Conn: Connection> Side<Conn> {
     /// Before the queue pair is destroyed, let what is already posted finish: a receiver waits
     /// until the data of every receive the sender was granted has arrived, a sender until every
     /// posted send has completed (`rivet_core`'s `drain`). Bounded by [`CLOSE_IDLE`] without
@@ -472,17 +462,18 @@ pub(crate) fn local_qp(comm: Ptr) -> Option<u32> {
     }
 }
 
-pub(crate) fn iflush(comm: Ptr, n: c_int) -> NetResult<()> {
-    let (_, entry) = COMMS.lookup("iflush", "recvComm", comm)?;
-    if !matches!(entry, DataComm::Recv(_)) {
+/// `iflush`: `None` (a NULL request, "done") when there is nothing to flush.
+pub(crate) fn iflush(comm: Ptr, args: &FlushArgs) -> NetResult<Option<Ptr>> {
+    let (handle, entry) = COMMS.lookup("iflush", "recvComm", comm)?;
+    let DataComm::Recv(side) = entry else {
         return Err(NetError::misuse("iflush on a send comm"));
-    }
-    if !(1..=8).contains(&n) {
-        return Err(NetError::invalid_argument(format!(
-            "iflush: n = {n} outside 1..=8"
-        )));
-    }
-    Ok(())
+    };
+    let Some(mut flush) = side.flush("iflush")? else {
+        return Ok(None);
+    };
+    Ok(flush
+        .start(args)?
+        .map(|id| handle.request_ptr(id.to_bits())))
 }
 
 fn finished(done: Completed) -> Option<Finished> {
@@ -494,6 +485,18 @@ fn finished(done: Completed) -> Option<Finished> {
 
 pub(crate) fn test(request: Ptr) -> NetResult<Option<Finished>> {
     let (entry, id) = COMMS.lookup_request("test", "request", request)?;
+    if let Some(flush_id) = FlushId::from_bits(id) {
+        let DataComm::Recv(side) = entry else {
+            return Err(unknown("test", "request", request));
+        };
+        let mut flush = side
+            .flush("test")?
+            .ok_or_else(|| unknown("test", "request", request))?;
+        return Ok(flush.test(flush_id)?.then_some(Finished {
+            n: 0,
+            sizes: [0; 8],
+        }));
+    }
     let req = RequestId::from_bits(id).ok_or_else(|| unknown("test", "request", request))?;
     match entry {
         DataComm::Send(side) => side.test(req),

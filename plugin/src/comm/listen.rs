@@ -13,9 +13,11 @@
 #![allow(unsafe_code)]
 
 use super::data::{self, DataComm, Side};
+use super::flush::GpuFlush;
 use crate::backend::any::AnyEndpoint as Endpoint;
 use crate::backend::device::OpenPort;
 use crate::backend::endpoint::Role;
+use crate::backend::flush::FlushQp;
 use crate::clock;
 use crate::config::Config;
 use crate::config::QpSettings;
@@ -250,7 +252,17 @@ pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
                 peer,
             } => {
                 let done = pending.remove(index);
-                let side = Side::new(RecvConn::new(remote.inbound), *endpoint, done.socket, peer);
+                let mut side =
+                    Side::new(RecvConn::new(remote.inbound), *endpoint, done.socket, peer);
+                if side.port().gpu.flush {
+                    // As NCCL's IB transport: one loopback queue pair per receive comm.
+                    let qp = FlushQp::new(side.port(), &comm.settings).map_err(|e| {
+                        NetError::system(format!(
+                            "accept: creating the GPU flush queue pair failed: {e}"
+                        ))
+                    })?;
+                    side = side.with_flush(GpuFlush::new(qp));
+                }
                 return data::insert(DataComm::Recv(side)).map(Some);
             }
         }

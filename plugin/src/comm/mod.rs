@@ -3,6 +3,7 @@
 //!
 //! Bottom to top (each file imports only the ones before it):
 //! - [`mr`]: memory registrations and their table.
+//! - [`flush`]: a receive comm's GPU flush (`iflush`).
 //! - [`data`]: established send/receive comms and the data path (isend/irecv/test).
 //! - [`listen`]: listen comms and `accept` (one handshake machine per incoming TCP connection).
 //! - [`connect`]: `connect`, resumable across NCCL's polling calls.
@@ -12,6 +13,7 @@
 
 mod connect;
 mod data;
+mod flush;
 mod listen;
 mod mr;
 
@@ -24,6 +26,7 @@ use std::sync::Arc;
 pub(crate) use connect::connect;
 pub(crate) use data::{RecvArgs, local_qp};
 pub(crate) use data::{close_recv, close_send, iflush, irecv, isend, test};
+pub(crate) use flush::FlushArgs;
 pub(crate) use listen::{accept, close_listen, listen};
 
 /// `regMr`/`regMrDmaBuf` on the port of data comm `comm`.

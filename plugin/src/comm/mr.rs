@@ -7,23 +7,24 @@
 #![allow(unsafe_code)]
 
 use crate::backend::device::OpenPort;
+use crate::backend::mr_cache::{CacheError, CachedMr, Memory};
 use crate::error::{NetError, NetResult};
 use crate::handle::{Handle, Ptr, Registry, unknown};
-use crate::sys::NCCL_PTR_HOST;
+use crate::sys::{NCCL_PTR_CUDA, NCCL_PTR_HOST};
 use core::ffi::c_int;
+use rivet_verbs_ffi::VerbsError;
 use rivet_verbs_ffi::sys::access;
-use rivet_verbs_ffi::{MemoryRegion, VerbsError};
 use std::sync::Arc;
 
-/// A registered user buffer.
+/// A registered user buffer: a share of a registration in its port's cache.
 #[derive(Debug)]
 pub(crate) struct UserMr {
     /// `None` for a zero-length registration (the NIC cannot register 0 bytes; nothing is ever
     /// read from or written to it).
-    mr: Option<MemoryRegion>,
+    share: Option<CachedMr>,
     addr: u64,
     len: u64,
-    /// The port whose protection domain the region belongs to.
+    /// The port whose protection domain (and cache) the registration belongs to.
     port: Arc<OpenPort>,
 }
 
@@ -31,19 +32,21 @@ impl UserMr {
     /// The local key, after checking `addr..addr+len` lies inside the registration.
     pub(crate) fn lkey_for(&self, addr: u64, len: u64) -> NetResult<u32> {
         self.check(addr, len)
-            .map(|mr| mr.map_or(0, MemoryRegion::lkey))
+            .map(|share| share.map_or(0, |s| s.lkey))
     }
 
     /// The remote key, after the same check.
     pub(crate) fn rkey_for(&self, addr: u64, len: u64) -> NetResult<u32> {
         self.check(addr, len)
-            .map(|mr| mr.map_or(0, MemoryRegion::rkey))
+            .map(|share| share.map_or(0, |s| s.rkey))
     }
 
-    fn check(&self, addr: u64, len: u64) -> NetResult<Option<&MemoryRegion>> {
+    fn check(&self, addr: u64, len: u64) -> NetResult<Option<&CachedMr>> {
         if len == 0 {
-            return Ok(self.mr.as_ref());
+            return Ok(self.share.as_ref());
         }
+        // Against what NCCL registered, not the (page-rounded, possibly shared) registration:
+        // a buffer outside the handle's own range is NCCL's bug even where the NIC would take it.
         let inside = addr >= self.addr
             && addr
                 .checked_add(len)
@@ -54,12 +57,21 @@ impl UserMr {
                 self.addr, self.len
             )));
         }
-        Ok(self.mr.as_ref())
+        Ok(self.share.as_ref())
     }
 
     /// Whether the registration belongs to `port`'s protection domain.
     pub(crate) fn is_on(&self, port: &Arc<OpenPort>) -> bool {
         Arc::ptr_eq(&self.port, port)
+    }
+}
+
+impl Drop for UserMr {
+    fn drop(&mut self) {
+        if let Some(share) = self.share.take() {
+            // Only a release the cache never handed out can fail; nothing to undo then.
+            let _ = self.port.mrs.release(share.range);
+        }
     }
 }
 
@@ -82,39 +94,35 @@ pub(crate) fn reg_mr(
     if data.is_null() && size > 0 {
         return Err(NetError::invalid_argument("regMr: NULL buffer"));
     }
-    let flags = access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ;
-    let mr = match dmabuf {
-        _ if size == 0 => None,
-        // A DMA-BUF names its memory by file descriptor: register it as such (the kernel takes
-        // its own reference, so NCCL may close the fd right after), addressed by `data`.
-        Some((offset, fd)) => Some(
-            MemoryRegion::register_dmabuf(&port.pd, offset, size, data as u64, fd, flags).map_err(
-                |e| {
-                    let why = match e {
-                        VerbsError::Unsupported { .. } => {
-                            "; this libibverbs predates ibv_reg_dmabuf_mr (rdma-core v34)"
-                        }
-                        _ => "",
-                    };
-                    NetError::system(format!(
-                        "regMrDmaBuf of {size} bytes (fd {fd}, offset {offset}) failed: {e}{why}"
-                    ))
-                },
-            )?,
-        ),
-        None if kind != NCCL_PTR_HOST => {
+    // NCCL's access flags; relaxed ordering where the port's decision allows it (the library
+    // drops the bit where the device cannot honour it).
+    let mut flags = access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ;
+    if port.gpu.relaxed_ordering {
+        flags |= access::RELAXED_ORDERING;
+    }
+    let memory = match dmabuf {
+        Some((offset, fd)) => Memory::DmaBuf { fd, offset },
+        // GPU memory by address goes through the peer-memory client, like host memory.
+        None if kind == NCCL_PTR_HOST || (kind == NCCL_PTR_CUDA && port.gpu.cuda) => Memory::Mapped,
+        None => {
             return Err(NetError::invalid_usage(format!(
-                "regMr: memory type {kind} is not supported without a DMA-BUF; Rivet reports ptrSupport = NCCL_PTR_HOST"
+                "regMr: memory type {kind} is not advertised by {} port {} (see `rivet info`: a \
+                 peer-memory module makes NCCL_PTR_CUDA available, otherwise register GPU memory \
+                 as a DMA-BUF)",
+                port.info.name, port.info.port
             )));
         }
-        // SAFETY: NCCL registers memory it owns and keeps it mapped until `deregMr`.
-        None => Some(
-            unsafe { MemoryRegion::register(&port.pd, data.cast(), size, flags) }
-                .map_err(|e| reg_error(&e, data, size))?,
-        ),
+    };
+    let share = if size == 0 {
+        None
+    } else {
+        // SAFETY: NCCL registers memory it owns and keeps it mapped until `deregMr`, which
+        // releases this share (the drop of the `UserMr` below).
+        let acquired = unsafe { port.mrs.acquire(data as u64, size as u64, memory, flags) };
+        Some(acquired.map_err(|e| reg_error(&e, data, size, dmabuf))?)
     };
     let entry = Box::new(UserMr {
-        mr,
+        share,
         addr: data as u64,
         len: size as u64,
         port,
@@ -124,14 +132,30 @@ pub(crate) fn reg_mr(
         .map_err(|full| NetError::system(format!("regMr: {full}")))
 }
 
-fn reg_error(err: &VerbsError, data: Ptr, size: usize) -> NetError {
+fn reg_error(err: &CacheError, data: Ptr, size: usize, dmabuf: Option<(u64, c_int)>) -> NetError {
+    let CacheError::Verbs(verbs) = err else {
+        return NetError::invalid_argument(format!(
+            "regMr of {size} bytes at {data:p} failed: {err}"
+        ));
+    };
+    if let Some((offset, fd)) = dmabuf {
+        let why = match verbs {
+            VerbsError::Unsupported { .. } => {
+                "; this libibverbs predates ibv_reg_dmabuf_mr (rdma-core v34)"
+            }
+            _ => "",
+        };
+        return NetError::system(format!(
+            "regMrDmaBuf of {size} bytes (fd {fd}, offset {offset}) failed: {verbs}{why}"
+        ));
+    }
     // The verbs error already carries the RLIMIT_MEMLOCK hint for ENOMEM/EPERM.
-    let hint = match err.errno() {
+    let hint = match verbs.errno() {
         Some(libc::EFAULT | libc::EINVAL) => "; the range is not mapped memory of this process",
         _ => "",
     };
     NetError::system(format!(
-        "regMr of {size} bytes at {data:p} failed: {err}{hint}"
+        "regMr of {size} bytes at {data:p} failed: {verbs}{hint}"
     ))
 }
 

@@ -16,9 +16,10 @@ use crate::context::Context;
 use crate::device::DeviceList;
 use crate::error::VerbsError;
 use crate::loader::verbs;
-use crate::mr::dmabuf_supported;
+use crate::mr::dmabuf_probe;
 use crate::pd::ProtectionDomain;
 use crate::sys::{gid_type, link_layer, port_state};
+use rivet_core::gdr::DmaBufProbe;
 
 pub use gid::{AddrFamily, GidChoice, GidPolicy};
 pub use identity::{NcclIdentity, PortLocation, nccl_identities, nccl_pci_path};
@@ -123,8 +124,15 @@ pub struct PortInfo {
     pub lid: u16,
     /// `ibv_port_attr::flags` (e.g. GRH required).
     pub port_flags: u8,
-    /// Registrable pointer kinds.
+    /// Registrable pointer kinds the host offers (peer memory, dma-buf); whether they are
+    /// advertised to NCCL is `rivet_core::gdr`'s decision.
     pub ptr_support: PtrSupport,
+    /// The peer-memory client file found (`/sys/module/nvidia_peermem/version`, …), if any.
+    pub peer_memory: Option<String>,
+    /// The dma-buf registration probe's answer for this device.
+    pub dmabuf_probe: DmaBufProbe,
+    /// Whether libibverbs has `ibv_reg_mr_iova2` (PCIe relaxed ordering).
+    pub has_reg_mr_iova2: bool,
     /// Rail id from a selecting `NCCL_IB_HCA` entry.
     pub rail: Option<i32>,
     /// Plane id from a selecting `NCCL_IB_HCA` entry.
@@ -221,7 +229,11 @@ pub fn discover(options: &DiscoverOptions) -> Result<Vec<PortInfo>, DiscoverErro
     if list.is_empty() {
         return Err(DiscoverError::NoDevices);
     }
-    let cuda = options.sysfs.peer_memory_present();
+    let peer_memory = options
+        .sysfs
+        .peer_memory_file()
+        .map(|p| p.display().to_string());
+    let cuda = peer_memory.is_some();
     let mut found = Vec::new();
     let mut inactive_notes = Vec::new();
     let mut filtered = Vec::new();
@@ -242,7 +254,7 @@ pub fn discover(options: &DiscoverOptions) -> Result<Vec<PortInfo>, DiscoverErro
                 continue;
             }
         };
-        let mut dmabuf: Option<bool> = None;
+        let mut dmabuf: Option<DmaBufProbe> = None;
         for port in 1..=attr.phys_port_cnt {
             let port_attr = match context.query_port_ex(port) {
                 Ok(p) => p,
@@ -283,12 +295,14 @@ pub fn discover(options: &DiscoverOptions) -> Result<Vec<PortInfo>, DiscoverErro
                     continue;
                 }
             };
-            let dmabuf = *dmabuf.get_or_insert_with(|| {
-                verbs.reg_dmabuf_mr.is_some()
-                    && ProtectionDomain::new(&context)
-                        .map(|pd| dmabuf_supported(&pd))
-                        .unwrap_or(false)
+            let probe = *dmabuf.get_or_insert_with(|| {
+                if verbs.reg_dmabuf_mr.is_none() {
+                    return DmaBufProbe::NoSymbol;
+                }
+                ProtectionDomain::new(&context)
+                    .map_or(DmaBufProbe::NotProbed, |pd| dmabuf_probe(&pd))
             });
+            let dmabuf = probe.accepted();
             let mut ptr_support = PtrSupport::HOST;
             if cuda {
                 ptr_support |= PtrSupport::CUDA;
@@ -322,6 +336,9 @@ pub fn discover(options: &DiscoverOptions) -> Result<Vec<PortInfo>, DiscoverErro
                 lid: port_attr.lid,
                 port_flags: port_attr.flags,
                 ptr_support: PtrSupport(ptr_support),
+                peer_memory: peer_memory.clone(),
+                dmabuf_probe: probe,
+                has_reg_mr_iova2: verbs.reg_mr_iova2.is_some(),
                 rail: entry.and_then(|e| e.rail),
                 plane: entry.and_then(|e| e.plane),
             });

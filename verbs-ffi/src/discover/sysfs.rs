@@ -67,7 +67,16 @@ impl Sysfs {
 
     /// Whether any of [`PEER_MEMORY_FILES`] exists.
     pub fn peer_memory_present(&self) -> bool {
-        PEER_MEMORY_FILES.iter().any(|f| self.root.join(f).exists())
+        self.peer_memory_file().is_some()
+    }
+
+    /// The first of [`PEER_MEMORY_FILES`] that exists, as an absolute path (`/sys/...` on a real
+    /// system): which peer-memory client NCCL would find.
+    pub fn peer_memory_file(&self) -> Option<PathBuf> {
+        PEER_MEMORY_FILES
+            .iter()
+            .map(|f| self.root.join(f))
+            .find(|path| path.exists())
     }
 
     /// The root.
@@ -117,6 +126,10 @@ mod tests {
         let peer = root.join("sys/module/nvidia_peermem");
         fs::create_dir_all(&peer).unwrap();
         fs::write(peer.join("version"), "1.0\n").unwrap();
+        assert_eq!(
+            sys.peer_memory_file(),
+            Some(root.join("sys/module/nvidia_peermem/version"))
+        );
         assert!(sys.peer_memory_present());
         fs::remove_dir_all(&root).unwrap();
     }

@@ -4,7 +4,7 @@
 //!
 //! The code only touches plain memory ([`QueueLayout`]) and a [`DoorbellRegister`], so the same
 //! code drives a ConnectX device (layout from `mlx5dv_init_obj`, [`super::BlueFlame`]) and the
-//! software model ([`super::model`]), which owns those buffers and checks every byte.
+//! software model (`mlx5::model`, feature `mlx5-model`), which owns those buffers and checks every byte.
 //!
 //! Send queue: the ring is addressed in 16-byte units, so a WQE may straddle the end and wraps
 //! segment by segment (inline payload included), as rdma-core and UCX do. Each WQE records its

@@ -2,7 +2,7 @@
 //! write-combining barriers around them (reference verbs-mlx5dv §2.5).
 //!
 //! [`DoorbellRegister`] is the seam between the posting code and the device: [`BlueFlame`]
-//! performs real MMIO stores, the software model ([`super::model`]) records and checks them. The
+//! performs real MMIO stores, the software model (`mlx5::model`, feature `mlx5-model`) records and checks them. The
 //! posting code decides everything else (offset toggling, BlueFlame copy or 8-byte doorbell), so
 //! the same decisions are exercised on hardware and on the model.
 //!

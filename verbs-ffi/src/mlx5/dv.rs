@@ -9,6 +9,7 @@ use core::ffi::c_void;
 use core::mem::{align_of, offset_of, size_of};
 use core::ptr;
 
+use crate::sys::checked_layout;
 use crate::sys::{FieldLayout, TypeLayout, ibv_cq, ibv_pd, ibv_qp, ibv_qp_cap};
 
 /// `MLX5DV_OBJ_QP`.
@@ -264,22 +265,6 @@ impl Default for ibv_qp_init_attr_ex {
             send_ops_flags: 0,
         }
     }
-}
-
-macro_rules! checked_layout {
-    ($ty:ident, size $size:literal, align $align:literal { $($field:ident @ $off:literal),* $(,)? }) => {{
-        const _: () = {
-            assert!(size_of::<$ty>() == $size);
-            assert!(align_of::<$ty>() == $align);
-            $(assert!(offset_of!($ty, $field) == $off);)*
-        };
-        TypeLayout {
-            name: stringify!($ty),
-            size: size_of::<$ty>(),
-            align: align_of::<$ty>(),
-            fields: &[$(FieldLayout { name: stringify!($field), offset: offset_of!($ty, $field) }),*],
-        }
-    }};
 }
 
 /// Layouts of every type above (each entry is also a set of compile-time asserts).

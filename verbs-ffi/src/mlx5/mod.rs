@@ -8,13 +8,15 @@
 //! - [`doorbell`]: the register seam; [`BlueFlame`] is the real MMIO one.
 //! - [`barrier`]: rdma-core's device barriers per architecture.
 //! - [`setup`]: bring-up on a real device (`mlx5dv_create_qp`, `mlx5dv_init_obj`).
-//! - [`model`]: the software device (test and bench support; never used by the plugin's data path).
+//! - `model` (feature `mlx5-model`): the software device (test and bench support; never in the
+//!   shipped plugin).
 
 pub mod barrier;
 pub mod cqe;
 pub mod direct;
 pub mod doorbell;
 pub mod dv;
+#[cfg(feature = "mlx5-model")]
 pub mod model;
 pub mod setup;
 pub mod wqe;

@@ -6,4 +6,5 @@ mod consts;
 mod types;
 
 pub use consts::*;
+pub(crate) use types::checked_layout;
 pub use types::*;

@@ -846,6 +846,7 @@ pub struct TypeLayout {
 }
 
 /// Asserts a type's layout at compile time against the given numbers and yields its [`TypeLayout`].
+/// The one layout macro of the crate (the verbs mirrors here, the mlx5dv ones in `mlx5::dv`).
 macro_rules! checked_layout {
     ($ty:ident, size $size:literal, align $align:literal { $($field:ident @ $off:literal),* $(,)? }) => {{
         const _: () = {
@@ -861,6 +862,7 @@ macro_rules! checked_layout {
         }
     }};
 }
+pub(crate) use checked_layout;
 
 /// Layouts of every type above; each entry is also a set of compile-time asserts.
 pub static LAYOUTS: &[TypeLayout] = &[

@@ -5,8 +5,11 @@
 //! This file depends on nothing but rivet-core and rivet-verbs-ffi: `benches/mlx5_model.rs`
 //! includes it with `#[path]` to measure exactly this code.
 
+use rivet_core::data::classify;
 use rivet_core::nic::WcStatus;
-use rivet_core::nic::{Completion, CompletionKind, Nic, NicError, Payload, SendOp, SendWr};
+use rivet_core::nic::{
+    Completion, Nic, NicError, Payload, Queue, RawCompletion, RawOp, SendOp, SendWr,
+};
 use rivet_verbs_ffi::mlx5::{
     CompletedOp, DirectCompletion, DirectError, DirectOp, DirectQp, DirectWr, DoorbellRegister,
     WorkQueue, WqeData,
@@ -71,34 +74,27 @@ fn translate<'a>(
     })
 }
 
-/// The core's view of a direct completion (the verbs backend's `ibv_wc` mapping).
+/// A direct completion in the terms the core classifies ([`classify`]).
 fn completion(c: &DirectCompletion) -> Completion {
-    let status = WcStatus(c.status);
-    let kind = if status.is_success() {
-        match c.op {
-            CompletedOp::RecvWriteImm => CompletionKind::RecvWriteImm {
-                imm: c.imm.unwrap_or(0),
-                byte_len: c.byte_len,
-            },
-            // A receive consumed by a SEND cannot happen in this protocol; like the verbs
-            // backend, report it as a write-with-immediate of 0 so the core names the violation.
-            CompletedOp::RecvSend => CompletionKind::RecvWriteImm {
-                imm: 0,
-                byte_len: c.byte_len,
-            },
-            _ => CompletionKind::Send,
-        }
-    } else if c.queue == WorkQueue::Recv {
-        CompletionKind::RecvFailed
-    } else {
-        CompletionKind::Send
+    let op = match c.op {
+        CompletedOp::RecvWriteImm => RawOp::RecvWriteImm {
+            imm: c.imm.unwrap_or(0),
+        },
+        CompletedOp::RecvSend => RawOp::RecvOther,
+        _ => RawOp::Send,
     };
-    Completion {
+    classify(&RawCompletion {
         wr_id: c.wr_id,
-        status,
+        status: WcStatus(c.status),
         vendor_err: c.vendor_err,
-        kind,
-    }
+        op,
+        byte_len: c.byte_len,
+        queue: Some(if c.queue == WorkQueue::Recv {
+            Queue::Recv
+        } else {
+            Queue::Send
+        }),
+    })
 }
 
 impl<D: DoorbellRegister, R: ControlRegions> Nic for DirectNic<D, R> {
