@@ -26,8 +26,14 @@ fn operand(dtype: DataType, bytes: usize, seed: u32) -> Vec<u8> {
         match dtype {
             DataType::Float32 => v.to_ne_bytes().to_vec(),
             DataType::Float64 => f64::from(v).to_ne_bytes().to_vec(),
-            DataType::Float16 => rivet_core::collnet::float::FP16.encode(v).to_ne_bytes().to_vec(),
-            DataType::Bfloat16 => rivet_core::collnet::float::BF16.encode(v).to_ne_bytes().to_vec(),
+            DataType::Float16 => rivet_core::collnet::float::FP16
+                .encode(v)
+                .to_ne_bytes()
+                .to_vec(),
+            DataType::Bfloat16 => rivet_core::collnet::float::BF16
+                .encode(v)
+                .to_ne_bytes()
+                .to_vec(),
             DataType::Float8E4M3 => vec![rivet_core::collnet::float::FP8_E4M3.encode(v) as u8],
             DataType::Float8E5M2 => vec![rivet_core::collnet::float::FP8_E5M2.encode(v) as u8],
             _ => {
