@@ -9,7 +9,8 @@
 //! of 64 MiB on link 1 and the host SIGKILLs B's whole VM while A writes them; A's queue pair must
 //! fail by RDMA retry exhaustion within 2 x the retry time + 5 s of the kill
 //! (`tests/c/faults.c host-death`, `NCCL_IB_TIMEOUT=14`, `NCCL_IB_RETRY_CNT=2`), and later calls fail
-//! too.
+//! too. CollNet across hosts on link 1 (`tests/c/collnet.c`, four ranks, two per VM, bit-exact
+//! results).
 //!
 //! After the host death, B's VM boots again (`--reboot-on`) and a new connection from A to it
 //! works. A second test boots the `triangle` (three VMs, a link per pair on its own subnet) and moves
@@ -31,6 +32,7 @@ fn script() -> String {
     let transfer = env!("RIVET_C_TRANSFER");
     let faults = env!("RIVET_C_FAULTS");
     let conformance = env!("RIVET_C_CONFORMANCE");
+    let collnet = env!("RIVET_C_COLLNET");
     format!(
         r#"set -u
 step() {{ name=$1; shift; "$@"; echo "STEP $name rc=$?"; }}
@@ -60,6 +62,12 @@ if [ "$RIVET_VM_INDEX" = 1 ]; then
   step conformance env NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=eth1 {conformance} {lib} --across receiver:18630
 else
   step conformance env NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=eth1 {conformance} {lib} --across sender:${{peers[0]}}:18630
+fi
+# CollNet across hosts on link 1: four ranks, two per VM; A serves the handle exchange.
+if [ "$RIVET_VM_INDEX" = 1 ]; then
+  step collnet env NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=eth1 {collnet} {lib} --ranks 4 --first-rank 2 --local 2 --server ${{peers[0]}}:18650 --quick
+else
+  step collnet env NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=eth1 {collnet} {lib} --ranks 4 --local 2 --serve 18650 --quick
 fi
 export NCCL_IB_TIMEOUT=14
 # Link cut on link 2: B takes its eth2 down mid-stream; both ends must fail within the bound.
@@ -170,6 +178,20 @@ fn pair2_across_hosts() {
         assert!(
             stdout.contains(&format!("[{vm}] PASS v12 16 channels x 8 in flight")),
             "{vm}: the full suite's pair checks did not run across hosts"
+        );
+    }
+    for vm in ["A", "B"] {
+        assert_eq!(step(vm, "collnet"), 0, "{vm}: CollNet across hosts failed");
+    }
+    for needle in [
+        "[A] PASS a group of 4 ranks formed",
+        "[A] PASS iallreduce: 12 types x 5 ops x 4 counts",
+        "[A] PASS iallgather (3 receive parts) and ireducescatter",
+        "[A] PASS two groups formed and used at once",
+    ] {
+        assert!(
+            stderr.contains(needle),
+            "CollNet across hosts: missing {needle:?}"
         );
     }
     for vm in ["A", "B"] {

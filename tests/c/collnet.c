@@ -7,7 +7,8 @@
  * in double, rounded once, by an encoder written independently of the plugin's); NaN results are
  * the canonical quiet NaN with the sign clear; max(+0,-0) = +0, min(+0,-0) = -0.
  *
- * usage: collnet LIB [--ranks N] [--quick] [--kill] [--missing]
+ * usage: collnet LIB [--ranks N] [--quick] [--kill] [--missing] [--bench]
+ *                    [--serve PORT | --server ADDR:PORT] [--first-rank F] [--local K]
  *   default: every type x op x count (0, 1, 13, not divisible, 1 Mi elements for a few), in place,
  *            8 operations in flight, two groups at once, allgather/reduce-scatter with windows and
  *            scatter-gather parts, and one operation through each of the v6, v8 and v9 tables.
@@ -15,6 +16,11 @@
  *              the bound (RIVET_HANDSHAKE_TIMEOUT_MS is irrelevant there: the peer-loss watch).
  *   --missing: rank N-1 never calls connect; the others' connect must fail within the handshake
  *              deadline (set to 3 s here) with an error naming it.
+ *   --bench:   allreduce (float32 sum) of 64 KiB, 1 MiB and 4 MiB per rank, timed; rank 0 prints
+ *              "BENCH ..." lines with the algorithm bandwidth and the bus bandwidth (x 2(n-1)/n).
+ *   across hosts: this host runs ranks F .. F+K-1 of N (default: all of them). One host passes
+ *              --serve PORT and serves the handle exchange over TCP; the others pass
+ *              --server ADDR:PORT and their ranks connect to it (retrying for 60 s).
  * Results go to stderr ("PASS ..."/"FAIL ..."); the last line is "collnet: ..." and the exit
  * status is 0 only if every rank passed. */
 #define _GNU_SOURCE
@@ -26,6 +32,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -724,6 +733,38 @@ static void test_kill(void* coll, bufs* b) {
     pass("the failure is sticky: a later iallreduce is refused");
 }
 
+/* ---- figures: allreduce algorithm bandwidth ---- */
+
+static void bench_allreduce(void* coll, bufs* b) {
+  size_t sizes[] = {64 << 10, 1 << 20, 4 << 20};
+  for (int k = 0; k < 3; k++) {
+    size_t bytes = sizes[k], count = bytes / 4;
+    int iters = bytes >= (1 << 20) ? 5 : 20;
+    fill_input(b->send, DT_FLOAT32, OP_SUM, 77, g_rank, 0, count);
+    char sync = 0, all[64];
+    double best = 1e30, total = 0;
+    for (int it = 0; it <= iters; it++) {
+      exchange(&sync, 1, all); /* start together */
+      double t0 = now_s();
+      void* req = post_allreduce(coll, b->send, b->recv, count, DT_FLOAT32, OP_SUM, b->send_mh, b->recv_mh);
+      int reported = -1;
+      if (!req || !wait_req(req, &reported, 120, "bench iallreduce")) return;
+      double took = now_s() - t0;
+      if (it == 0) continue; /* warm-up */
+      total += took;
+      if (took < best) best = took;
+    }
+    if (!check_allreduce(b->recv, DT_FLOAT32, OP_SUM, 77, count, "bench")) return;
+    double mean = total / iters, bus = 2.0 * (g_nranks - 1) / g_nranks;
+    if (g_rank == 0)
+      fprintf(stderr,
+              "BENCH allreduce float32 sum %zu B x %d ranks: mean %.0f us, best %.0f us, algbw %.1f MB/s, "
+              "busbw %.1f MB/s\n",
+              bytes, g_nranks, mean * 1e6, best * 1e6, bytes / mean / 1e6, bytes / mean / 1e6 * bus);
+  }
+  pass("allreduce bandwidth measured (%d ranks)", g_nranks);
+}
+
 static int run_rank(const char* path, int mode) {
   void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
@@ -774,6 +815,12 @@ static int run_rank(const char* path, int mode) {
     test_kill(coll, &b);
     return g_failures;
   }
+  if (mode == 3) {
+    bench_allreduce(coll, &b);
+    free_bufs(coll, &b);
+    if (cn->close_coll(coll) != NCCL_OK) fail("closeColl: %s", g_last_warn);
+    return g_failures;
+  }
   test_allreduce_matrix(coll, &b);
   test_in_flight(coll, &b);
   test_windows(coll, &b);
@@ -786,17 +833,86 @@ static int run_rank(const char* path, int mode) {
   return g_failures;
 }
 
+/* A rank on a client host: connect to the exchange server (it may not be up yet), say who we are. */
+static int connect_server(const char* addr_port, int rank) {
+  char host[64];
+  snprintf(host, sizeof host, "%s", addr_port);
+  char* colon = strrchr(host, ':');
+  if (!colon) return -1;
+  *colon = 0;
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) return -1;
+  double start = now_s();
+  while (now_s() - start < 60) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    if (connect(fd, (struct sockaddr*)&sa, sizeof sa) == 0) {
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      uint32_t r = (uint32_t)rank;
+      if (!write_all(fd, &r, sizeof r)) {
+        close(fd);
+        return -1;
+      }
+      return fd;
+    }
+    close(fd);
+    usleep(200000);
+  }
+  return -1;
+}
+
+/* The server host: accept the ranks of the other hosts; each says its rank first. */
+static int accept_remote_ranks(int port, int* fds, const int* local, int nranks) {
+  int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+  setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  if (ls < 0 || bind(ls, (struct sockaddr*)&sa, sizeof sa) || listen(ls, 16)) {
+    fprintf(stderr, "FAIL exchange server on port %d: %s\n", port, strerror(errno));
+    return 0;
+  }
+  int remote = 0;
+  for (int r = 0; r < nranks; r++) remote += !local[r];
+  while (remote > 0) {
+    int fd = accept(ls, NULL, NULL);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    uint32_t r = 0;
+    if (!read_all(fd, &r, sizeof r) || r >= (uint32_t)nranks || local[r] || fds[r] >= 0) {
+      fprintf(stderr, "FAIL exchange server: a connection claimed rank %u\n", r);
+      close(fd);
+      continue;
+    }
+    fds[r] = fd;
+    remote--;
+  }
+  close(ls);
+  return remote == 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s LIB [--ranks N] [--quick] [--kill] [--missing]\n", argv[0]);
+    fprintf(stderr,
+            "usage: %s LIB [--ranks N] [--quick] [--kill] [--missing] [--bench] [--serve PORT | --server "
+            "ADDR:PORT] [--first-rank F] [--local K]\n",
+            argv[0]);
     return 2;
   }
-  int nranks = 3, mode = 0;
+  int nranks = 3, mode = 0, serve_port = 0, first = 0, nlocal = -1;
+  const char* server = NULL;
   for (int i = 2; i < argc; i++) {
     if (!strcmp(argv[i], "--ranks") && i + 1 < argc) nranks = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--quick")) g_quick = 1;
     else if (!strcmp(argv[i], "--kill")) mode = 1;
     else if (!strcmp(argv[i], "--missing")) mode = 2;
+    else if (!strcmp(argv[i], "--bench")) mode = 3;
+    else if (!strcmp(argv[i], "--serve") && i + 1 < argc) serve_port = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--server") && i + 1 < argc) server = argv[++i];
+    else if (!strcmp(argv[i], "--first-rank") && i + 1 < argc) first = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--local") && i + 1 < argc) nlocal = atoi(argv[++i]);
     else {
       fprintf(stderr, "unknown argument %s\n", argv[i]);
       return 2;
@@ -806,41 +922,62 @@ int main(int argc, char** argv) {
     fprintf(stderr, "--ranks takes 2..8\n");
     return 2;
   }
+  if (nlocal < 0) nlocal = nranks - first;
+  if (first < 0 || nlocal < 1 || first + nlocal > nranks || (serve_port && server) ||
+      (nlocal < nranks && !serve_port && !server)) {
+    fprintf(stderr, "--first-rank/--local must name ranks of 0..N-1; a partial host needs --serve or --server\n");
+    return 2;
+  }
   if (mode == 2) setenv("RIVET_HANDSHAKE_TIMEOUT_MS", "3000", 1);
   g_nranks = nranks;
-  int fds[8];
+  int fds[8], local[8] = {0};
   pid_t pids[8];
+  for (int r = 0; r < 8; r++) fds[r] = -1;
   double start = now_s();
-  for (int r = 0; r < nranks; r++) {
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) return 2;
+  for (int r = first; r < first + nlocal; r++) {
+    int sv[2] = {-1, -1};
+    if (!server && socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) return 2;
     pid_t pid = fork();
     if (pid == 0) {
-      close(sv[0]);
-      for (int k = 0; k < r; k++) close(fds[k]);
+      for (int k = 0; k < 8; k++)
+        if (fds[k] >= 0) close(fds[k]);
       g_rank = r;
-      g_fd = sv[1];
-      alarm(mode ? 60 : 900); /* a hang ends as a failure, not a stuck lane */
+      if (server) {
+        g_fd = connect_server(server, r);
+        if (g_fd < 0) {
+          fprintf(stderr, "FAIL [rank %d] cannot reach the exchange server %s\n", r, server);
+          _exit(1);
+        }
+      } else {
+        close(sv[0]);
+        g_fd = sv[1];
+      }
+      alarm(mode == 3 ? 300 : mode ? 60 : 900); /* a hang ends as a failure, not a stuck lane */
       int failures = run_rank(argv[1], mode);
       fprintf(stderr, "[rank %d] %d check(s) passed, %d failure(s)\n", r, g_checks, failures);
       _exit(failures ? 1 : 0);
     }
-    close(sv[1]);
-    fds[r] = sv[0];
+    if (!server) {
+      close(sv[1]);
+      fds[r] = sv[0];
+    }
+    local[r] = 1;
     pids[r] = pid;
   }
-  /* Serve exchanges until a rank closes its end. */
-  for (;;) {
-    uint32_t len = 0, first = 0;
+  int bad = 0;
+  if (serve_port && !accept_remote_ranks(serve_port, fds, local, nranks)) bad++;
+  /* Serve exchanges until a rank closes its end (the clients' parents only wait). */
+  while (!server && !bad) {
+    uint32_t len = 0, first_len = 0;
     char* blob = NULL;
     int broken = 0;
     for (int r = 0; r < nranks && !broken; r++) {
       if (!read_all(fds[r], &len, sizeof len)) { broken = 1; break; }
       if (r == 0) {
-        first = len;
+        first_len = len;
         blob = malloc((size_t)len * nranks);
-      } else if (len != first) {
-        fprintf(stderr, "FAIL ranks exchanged different sizes (%u, %u)\n", first, len);
+      } else if (len != first_len) {
+        fprintf(stderr, "FAIL ranks exchanged different sizes (%u, %u)\n", first_len, len);
         broken = 1;
         break;
       }
@@ -851,19 +988,20 @@ int main(int argc, char** argv) {
     free(blob);
     if (broken) break;
   }
-  int bad = 0;
-  for (int r = 0; r < nranks; r++) {
+  for (int r = 0; r < nranks; r++)
+    if (fds[r] >= 0) close(fds[r]);
+  for (int r = first; r < first + nlocal; r++) {
     int status = 0;
     waitpid(pids[r], &status, 0);
-    int expected_exit = mode != 0 && r == nranks - 1; /* the victim's own result does not count */
+    int expected_exit = (mode == 1 || mode == 2) && r == nranks - 1; /* the victim's own result does not count */
     if (!expected_exit && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
       fprintf(stderr, "FAIL rank %d: %s %d\n", r, WIFSIGNALED(status) ? "killed by signal" : "exit status",
               WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
       bad++;
     }
   }
-  fprintf(stderr, "collnet: %d ranks, %s, %d rank(s) failed, %.1f s\n", nranks,
-          mode == 1 ? "killed member" : mode == 2 ? "missing member" : g_quick ? "quick" : "full", bad,
-          now_s() - start);
+  fprintf(stderr, "collnet: %d ranks (%d here), %s, %d rank(s) failed, %.1f s\n", nranks, nlocal,
+          mode == 1 ? "killed member" : mode == 2 ? "missing member" : mode == 3 ? "bench" : g_quick ? "quick" : "full",
+          bad, now_s() - start);
   return bad ? 1 : 0;
 }
