@@ -125,6 +125,7 @@ fn soft_roce_lane() {
         "PASS iallreduce of 1 Mi elements",
         "PASS iallgather (3 receive parts) and ireducescatter (2 send parts",
         "PASS two groups formed and used at once",
+        "PASS host memory only: getProperties offers NCCL_PTR_HOST, regMr refuses NCCL_PTR_CUDA",
         "PASS ncclCollNetPlugin_v8: group, iallreduce, iallgather",
         "PASS a member killed mid-operation fails the others",
         "PASS a member that never connects fails connect",

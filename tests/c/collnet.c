@@ -811,6 +811,19 @@ static int run_rank(const char* path, int mode) {
   pass("a group of %d ranks formed", g_nranks);
   bufs b;
   if (!alloc_bufs(coll, &b, 8 << 20)) return 1;
+  if (mode == 0) {
+    /* The reductions run on the host CPU: host memory only, whatever the net table offers. */
+    props_v12 props;
+    void* gpu_mh = NULL;
+    if (cn->get_properties(0, &props) != NCCL_OK || props.ptr_support != PTR_HOST)
+      fail("CollNet getProperties: ptrSupport %#x, expected host memory only", props.ptr_support);
+    else if (cn->reg_mr(coll, b.send, 4096, 0x2 /* NCCL_PTR_CUDA */, &gpu_mh) == NCCL_OK)
+      fail("CollNet regMr accepted memory of type NCCL_PTR_CUDA");
+    else if (!strstr(g_last_warn, "host memory only"))
+      fail("CollNet regMr of NCCL_PTR_CUDA: the message does not say why: %s", g_last_warn);
+    else
+      pass("host memory only: getProperties offers NCCL_PTR_HOST, regMr refuses NCCL_PTR_CUDA");
+  }
   if (mode == 1) {
     test_kill(coll, &b);
     return g_failures;

@@ -1,7 +1,8 @@
 //! Per-version `extern "C"` entry points of the CollNet tables: check pointers, convert C types
 //! (`int` vs `size_t` counts and sizes, the two `ncclNetSGE` layouts, contexts), then call
-//! [`crate::collnet`]. `init`, `devices`, `getProperties` and `finalize` are the net table's own
-//! ([`super::shims`]), so the two tables agree on devices and properties.
+//! [`crate::collnet`]. `init`, `devices` and `finalize` are the net table's own
+//! ([`super::shims`]), so the two tables agree on devices; `getProperties` differs only in
+//! offering host memory alone.
 //!
 //! Unsafe: these functions receive raw pointers from NCCL; each is checked for NULL before use,
 //! and arrays are trusted to hold the number of elements the ABI documents.
@@ -9,7 +10,7 @@
 #![allow(unsafe_code)]
 
 use super::guard::ffi_call;
-use super::props::MAX_MESSAGE_BYTES;
+use super::props::{MAX_MESSAGE_BYTES, VersionedProps};
 use crate::collnet::{self, MAX_PARTS};
 use crate::error::{NetError, NetResult};
 use crate::log;
@@ -48,6 +49,23 @@ fn within_limit(bytes: Option<u64>, what: &str) -> NetResult<()> {
 }
 
 // ---- lifecycle ----
+
+/// `getProperties` of every version: the net table's, host memory only
+/// ([`collnet::properties`]).
+///
+/// # Safety
+/// NCCL passes a pointer to its `ncclNetProperties_vN_t` matching this table's version (NULL
+/// is refused).
+pub(super) unsafe extern "C" fn get_properties<P: VersionedProps>(
+    dev: c_int,
+    props: *mut P,
+) -> NcclResult {
+    ffi_call("CollNet getProperties", || {
+        let p = collnet::properties(dev)?;
+        // SAFETY: as the caller guarantees; NULL is refused by `put`.
+        unsafe { put(props, P::from_props(&p), "getProperties: props") }
+    })
+}
 
 /// `init(logger)` of v6 – v10.
 ///

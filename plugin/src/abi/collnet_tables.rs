@@ -1,7 +1,8 @@
 //! The exported CollNet tables `ncclCollNetPlugin_v6` … `ncclCollNetPlugin_v12`: one static per
 //! version, written out field by field like the C table it fills (layouts in
-//! [`crate::sys::collnet`]). `init`, `devices`, `getProperties` and `finalize` are the net
-//! table's, so both tables report the same devices with the same properties. `makeVDevice` is
+//! [`crate::sys::collnet`]). `init`, `devices` and `finalize` are the net table's, so both
+//! tables report the same devices; `getProperties` is the net table's with host memory only
+//! (the reductions run on the host CPU). `makeVDevice` is
 //! NULL, as in the net table: NCCL then uses the physical devices.
 //!
 //! Unsafe: `#[no_mangle]` statics are the ABI NCCL looks up with `dlsym`.
@@ -20,7 +21,7 @@ pub static ncclCollNetPlugin_v6: Exported<NcclCollNetV6<NcclNetPropertiesV6>> =
         name: PLUGIN_NAME.as_ptr(),
         init: Some(c::init_v6),
         devices: Some(s::devices),
-        get_properties: Some(s::get_properties::<NcclNetPropertiesV6>),
+        get_properties: Some(c::get_properties::<NcclNetPropertiesV6>),
         listen: Some(c::listen_v6),
         connect: Some(c::connect),
         reduce_support: Some(c::reduce_support_v6),
@@ -41,7 +42,7 @@ pub static ncclCollNetPlugin_v7: Exported<NcclCollNetV6<NcclNetPropertiesV7>> =
         name: PLUGIN_NAME.as_ptr(),
         init: Some(c::init_v6),
         devices: Some(s::devices),
-        get_properties: Some(s::get_properties::<NcclNetPropertiesV7>),
+        get_properties: Some(c::get_properties::<NcclNetPropertiesV7>),
         listen: Some(c::listen_v6),
         connect: Some(c::connect),
         reduce_support: Some(c::reduce_support_v6),
@@ -61,7 +62,7 @@ pub static ncclCollNetPlugin_v8: Exported<NcclCollNetV8> = Exported(NcclCollNetV
     name: PLUGIN_NAME.as_ptr(),
     init: Some(c::init_v6),
     devices: Some(s::devices),
-    get_properties: Some(s::get_properties::<NcclNetPropertiesV8>),
+    get_properties: Some(c::get_properties::<NcclNetPropertiesV8>),
     listen: Some(c::listen_v6),
     connect: Some(c::connect),
     reduce_support: Some(c::reduce_support_v6),
@@ -83,7 +84,7 @@ pub static ncclCollNetPlugin_v9: Exported<NcclCollNetV9> = Exported(NcclCollNetV
     name: PLUGIN_NAME.as_ptr(),
     init: Some(c::init_v6),
     devices: Some(s::devices),
-    get_properties: Some(s::get_properties::<NcclNetPropertiesV9>),
+    get_properties: Some(c::get_properties::<NcclNetPropertiesV9>),
     listen: Some(c::listen_v6),
     connect: Some(c::connect),
     reduce_support: Some(c::reduce_support_v9),
@@ -107,7 +108,7 @@ pub static ncclCollNetPlugin_v10: Exported<NcclCollNetV9> = Exported(NcclCollNet
     name: PLUGIN_NAME.as_ptr(),
     init: Some(c::init_v6),
     devices: Some(s::devices),
-    get_properties: Some(s::get_properties::<NcclNetPropertiesV9>),
+    get_properties: Some(c::get_properties::<NcclNetPropertiesV9>),
     listen: Some(c::listen_v6),
     connect: Some(c::connect),
     reduce_support: Some(c::reduce_support_v9),
@@ -132,7 +133,7 @@ pub static ncclCollNetPlugin_v11: Exported<
     name: PLUGIN_NAME.as_ptr(),
     init: Some(c::init_v11),
     devices: Some(s::devices),
-    get_properties: Some(s::get_properties::<NcclNetPropertiesV11>),
+    get_properties: Some(c::get_properties::<NcclNetPropertiesV11>),
     listen: Some(c::listen_v11),
     connect: Some(c::connect),
     reduce_support: Some(c::reduce_support_v9),
@@ -158,7 +159,7 @@ pub static ncclCollNetPlugin_v12: Exported<
     name: PLUGIN_NAME.as_ptr(),
     init: Some(c::init_v11),
     devices: Some(s::devices),
-    get_properties: Some(s::get_properties::<NcclNetPropertiesV12>),
+    get_properties: Some(c::get_properties::<NcclNetPropertiesV12>),
     listen: Some(c::listen_v11),
     connect: Some(c::connect),
     reduce_support: Some(c::reduce_support_v9),

@@ -20,6 +20,7 @@ mod group;
 mod scratch;
 
 use crate::comm;
+use crate::devices::DeviceProps;
 use crate::error::{NetError, NetResult};
 use crate::handle::{Handle, Ptr, Registry, unknown};
 use crate::log::{INIT_NET, info};
@@ -158,7 +159,16 @@ pub(crate) fn close_coll(coll: Ptr) -> NetResult<()> {
     comm::dereg_mr_on_port(&group.port, group.scratch_mh)
 }
 
-/// `regMr`/`regMrDmaBuf` on the group's port.
+/// `getProperties` of the CollNet tables: the net table's, with host memory only. The
+/// reductions run on the host CPU, which cannot read GPU memory; NCCL's CollNet transport stages
+/// through host buffers when the device does not offer `NCCL_PTR_CUDA`/`NCCL_PTR_DMABUF`.
+pub(crate) fn properties(dev: c_int) -> NetResult<DeviceProps> {
+    let mut props = net::properties(dev)?;
+    props.ptr_support = NCCL_PTR_HOST;
+    Ok(props)
+}
+
+/// `regMr`/`regMrDmaBuf` on the group's port: host memory only (see [`properties`]).
 pub(crate) fn reg_mr(
     coll: Ptr,
     data: Ptr,
@@ -167,6 +177,13 @@ pub(crate) fn reg_mr(
     dmabuf: Option<(u64, c_int)>,
 ) -> NetResult<Ptr> {
     let (_, group) = lookup("regMr", coll)?;
+    if kind != NCCL_PTR_HOST || dmabuf.is_some() {
+        return Err(NetError::invalid_usage(format!(
+            "CollNet regMr: memory of type {kind}{}: Rivet's CollNet reduces on the host CPU and \
+             registers host memory only (its getProperties offers NCCL_PTR_HOST alone)",
+            if dmabuf.is_some() { " (dma-buf)" } else { "" }
+        )));
+    }
     comm::reg_mr_on_port(group.port.clone(), data, size, kind, dmabuf)
 }
 
