@@ -17,6 +17,7 @@ pub mod event;
 pub mod flush;
 pub mod gdr;
 pub mod handshake;
+pub mod mesh;
 pub mod name_list;
 pub mod nic;
 pub mod regcache;

@@ -33,6 +33,8 @@ pub struct DeviceProps {
     pub port: c_int,
     /// Maximum number of comms.
     pub max_comms: c_int,
+    /// `regIsGlobal` (v8+): 1 when a registration serves every comm of the device.
+    pub reg_is_global: c_int,
     /// Physical members (a physical device lists itself).
     pub members: [c_int; 8],
     /// Number of valid entries in `members`.
@@ -109,6 +111,8 @@ impl Port {
             // the channels it runs over the NIC).
             max_comms: i32::try_from(info.max_qp.min(crate::handle::MAX_ENTRIES as u32))
                 .unwrap_or(i32::MAX),
+            // The registration cache is per port, and every comm of this device is on it.
+            reg_is_global: 1,
             members,
             member_count: 1,
             rail_id: info
