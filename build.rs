@@ -15,6 +15,11 @@ fn main() {
         ),
         ("faults", "tests/c/faults.c", "RIVET_C_FAULTS"),
         ("collnet", "tests/c/collnet.c", "RIVET_C_COLLNET"),
+        (
+            "all_connect",
+            "tests/c/all_connect.c",
+            "RIVET_C_ALL_CONNECT",
+        ),
     ];
     for (name, source, env) in programs {
         println!("cargo:rerun-if-changed={source}");
