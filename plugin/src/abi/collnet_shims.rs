@@ -413,7 +413,7 @@ pub(super) unsafe extern "C" fn iallreduce(
 }
 
 /// An SGE of either layout, as `(mhandle, address, size)`.
-trait Sge: Copy {
+pub(super) trait Sge: Copy {
     fn parts(self) -> (Ptr, Ptr, u64);
 }
 impl Sge for NcclNetSgeV8 {
@@ -452,14 +452,20 @@ unsafe fn sge_list<S: Sge>(n: c_int, list: *const S, what: &str) -> NetResult<(S
     Ok((out, n))
 }
 
+/// `iallgather` of v8+, for the version's SGE layout `S` (32-bit sizes in v8).
+///
 /// # Safety
-/// As the `iallgather` entries.
+/// NCCL calls it as its ABI documents. Handles (`coll`, `send_mh`, the parts' mhandles) may be
+/// any value: the handle layer checks them and never dereferences them.
+/// - `parts` is NULL or an array of `n_parts` SGEs, readable for the call; every part and
+///   `send` lie inside their registrations (checked) and stay valid until the operation is done.
+/// - `request` is NULL or valid for a write of a pointer.
 #[allow(clippy::too_many_arguments)] // the C signature
-unsafe fn iallgather_common<S: Sge>(
+pub(super) unsafe extern "C" fn iallgather<S: Sge>(
     coll: Ptr,
     send: Ptr,
     n_parts: c_int,
-    parts: *const S,
+    parts: *mut S,
     bytes_per_rank: usize,
     window_offset: usize,
     window_bytes: usize,
@@ -490,85 +496,19 @@ unsafe fn iallgather_common<S: Sge>(
     })
 }
 
-/// `iallgather` of v8 (32-bit SGE sizes).
+/// `ireducescatter` of v8+, for the version's SGE layout `S` (32-bit sizes in v8).
 ///
 /// # Safety
-/// NCCL calls it as its ABI documents. Handles (`coll`, `send_mh`, the parts' mhandles) may be
+/// NCCL calls it as its ABI documents. Handles (`coll`, `recv_mh`, the parts' mhandles) may be
 /// any value: the handle layer checks them and never dereferences them.
-/// - `parts` is NULL or an array of `n_parts` SGEs, readable for the call; every part and
-///   `send` lie inside their registrations (checked) and stay valid until the operation is done.
+/// - `parts` is NULL or an array of `n_parts` SGEs, readable for the call; every part and `recv`
+///   lie inside their registrations (checked) and stay valid until the operation is done.
 /// - `request` is NULL or valid for a write of a pointer.
 #[allow(clippy::too_many_arguments)] // the C signature
-pub(super) unsafe extern "C" fn iallgather_v8(
-    coll: Ptr,
-    send: Ptr,
-    n_parts: c_int,
-    parts: *mut NcclNetSgeV8,
-    bytes_per_rank: usize,
-    window_offset: usize,
-    window_bytes: usize,
-    send_mh: Ptr,
-    request: *mut Ptr,
-) -> NcclResult {
-    // SAFETY: forwarded unchanged.
-    unsafe {
-        iallgather_common(
-            coll,
-            send,
-            n_parts,
-            parts,
-            bytes_per_rank,
-            window_offset,
-            window_bytes,
-            send_mh,
-            request,
-        )
-    }
-}
-
-/// `iallgather` of v9+.
-///
-/// # Safety
-/// NCCL calls it as its ABI documents. Handles (`coll`, `send_mh`, the parts' mhandles) may be
-/// any value: the handle layer checks them and never dereferences them.
-/// - `parts` is NULL or an array of `n_parts` SGEs, readable for the call; every part and
-///   `send` lie inside their registrations (checked) and stay valid until the operation is done.
-/// - `request` is NULL or valid for a write of a pointer.
-#[allow(clippy::too_many_arguments)] // the C signature
-pub(super) unsafe extern "C" fn iallgather_v9(
-    coll: Ptr,
-    send: Ptr,
-    n_parts: c_int,
-    parts: *mut NcclNetSgeV9,
-    bytes_per_rank: usize,
-    window_offset: usize,
-    window_bytes: usize,
-    send_mh: Ptr,
-    request: *mut Ptr,
-) -> NcclResult {
-    // SAFETY: forwarded unchanged.
-    unsafe {
-        iallgather_common(
-            coll,
-            send,
-            n_parts,
-            parts,
-            bytes_per_rank,
-            window_offset,
-            window_bytes,
-            send_mh,
-            request,
-        )
-    }
-}
-
-/// # Safety
-/// As the `ireducescatter` entries.
-#[allow(clippy::too_many_arguments)] // the C signature
-unsafe fn ireducescatter_common<S: Sge>(
+pub(super) unsafe extern "C" fn ireducescatter<S: Sge>(
     coll: Ptr,
     n_parts: c_int,
-    parts: *const S,
+    parts: *mut S,
     recv: Ptr,
     bytes_per_rank: usize,
     window_offset: usize,
@@ -605,86 +545,6 @@ unsafe fn ireducescatter_common<S: Sge>(
             )
         }
     })
-}
-
-/// `ireducescatter` of v8 (32-bit SGE sizes).
-///
-/// # Safety
-/// NCCL calls it as its ABI documents. Handles (`coll`, `recv_mh`, the parts' mhandles) may be
-/// any value: the handle layer checks them and never dereferences them.
-/// - `parts` is NULL or an array of `n_parts` SGEs, readable for the call; every part and `recv`
-///   lie inside their registrations (checked) and stay valid until the operation is done.
-/// - `request` is NULL or valid for a write of a pointer.
-#[allow(clippy::too_many_arguments)] // the C signature
-pub(super) unsafe extern "C" fn ireducescatter_v8(
-    coll: Ptr,
-    n_parts: c_int,
-    parts: *mut NcclNetSgeV8,
-    recv: Ptr,
-    bytes_per_rank: usize,
-    window_offset: usize,
-    window_bytes: usize,
-    dtype: c_int,
-    op: c_int,
-    recv_mh: Ptr,
-    request: *mut Ptr,
-) -> NcclResult {
-    // SAFETY: forwarded unchanged.
-    unsafe {
-        ireducescatter_common(
-            coll,
-            n_parts,
-            parts,
-            recv,
-            bytes_per_rank,
-            window_offset,
-            window_bytes,
-            dtype,
-            op,
-            recv_mh,
-            request,
-        )
-    }
-}
-
-/// `ireducescatter` of v9+.
-///
-/// # Safety
-/// NCCL calls it as its ABI documents. Handles (`coll`, `recv_mh`, the parts' mhandles) may be
-/// any value: the handle layer checks them and never dereferences them.
-/// - `parts` is NULL or an array of `n_parts` SGEs, readable for the call; every part and `recv`
-///   lie inside their registrations (checked) and stay valid until the operation is done.
-/// - `request` is NULL or valid for a write of a pointer.
-#[allow(clippy::too_many_arguments)] // the C signature
-pub(super) unsafe extern "C" fn ireducescatter_v9(
-    coll: Ptr,
-    n_parts: c_int,
-    parts: *mut NcclNetSgeV9,
-    recv: Ptr,
-    bytes_per_rank: usize,
-    window_offset: usize,
-    window_bytes: usize,
-    dtype: c_int,
-    op: c_int,
-    recv_mh: Ptr,
-    request: *mut Ptr,
-) -> NcclResult {
-    // SAFETY: forwarded unchanged.
-    unsafe {
-        ireducescatter_common(
-            coll,
-            n_parts,
-            parts,
-            recv,
-            bytes_per_rank,
-            window_offset,
-            window_bytes,
-            dtype,
-            op,
-            recv_mh,
-            request,
-        )
-    }
 }
 
 /// `iflush(collComm, data, size, mhandle, request)`: Rivet's CollNet works on host memory, so
