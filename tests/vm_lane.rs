@@ -2,7 +2,7 @@
 //! checks discovery (`rivet info`), the C loader with devices present, the verbs-ffi device tests,
 //! two processes moving data through the plugin's C tables for ABI v9 … v12, and the conformance
 //! suite (`tests/c/conformance.c`: NCCL's calling contract through every table v6 … v12), the
-//! CollNet conformance (`tests/c/collnet.c`: three ranks, bit-exact results, a killed and a
+//! CollNet conformance (`tests/c/collnet.c`: 2, 3 and 8 ranks, bit-exact results, a killed and a
 //! missing member), and `rivet selftest --quick` (the verbs path PASSes, the mlx5 direct path is
 //! skipped on rxe).
 //!
@@ -42,6 +42,8 @@ fn script() -> String {
     }
     s += &format!("step conformance {conformance} {lib}\n");
     s += &format!("step collnet {collnet} {lib} --ranks 3 --quick\n");
+    s += &format!("step collnet-2 {collnet} {lib} --ranks 2 --quick\n");
+    s += &format!("step collnet-8 {collnet} {lib} --ranks 8 --quick\n");
     s += &format!("step collnet-kill {collnet} {lib} --ranks 3 --kill\n");
     s += &format!("step collnet-missing {collnet} {lib} --ranks 3 --missing\n");
     s += &format!("step selftest {rivet} selftest --quick --plugin {lib}\n");
@@ -117,7 +119,13 @@ fn soft_roce_lane() {
         0,
         "conformance suite failed: see its FAIL lines above"
     );
-    for name in ["collnet", "collnet-kill", "collnet-missing"] {
+    for name in [
+        "collnet",
+        "collnet-2",
+        "collnet-8",
+        "collnet-kill",
+        "collnet-missing",
+    ] {
         assert_eq!(step(name), 0, "{name} failed: see its FAIL lines above");
     }
     for needle in [
@@ -127,6 +135,8 @@ fn soft_roce_lane() {
         "PASS two groups formed and used at once",
         "PASS host memory only: getProperties offers NCCL_PTR_HOST, regMr refuses NCCL_PTR_CUDA",
         "PASS ncclCollNetPlugin_v8: group, iallreduce, iallgather",
+        "bit-exact on 2 ranks (240 operations)",
+        "bit-exact on 8 ranks (240 operations)",
         "PASS a member killed mid-operation fails the others",
         "PASS a member that never connects fails connect",
     ] {
