@@ -167,6 +167,67 @@ impl Format {
     }
 }
 
+/// fp16 → `f32`, the same value as [`FP16`]`.decode` (NaN as `f32`'s canonical quiet NaN), in
+/// straight-line integer and float operations the compiler turns into vector selects: the
+/// exponent is rebiased in place; zero and subnormals go through one exact `f32` subtraction.
+#[inline(always)]
+pub fn fp16_to_f32(h: u16) -> f32 {
+    let h = u32::from(h);
+    let sign = (h & 0x8000) << 16;
+    let exp_man = (h & 0x7fff) << 13;
+    let exp = exp_man & (0x1f << 23);
+    let normal = f32::from_bits(exp_man + ((127 - 15) << 23));
+    // exp 0: man × 2^-24 = (2^-14 + man × 2^-24) − 2^-14, both exact in f32.
+    let small = f32::from_bits(exp_man + (113 << 23)) - f32::from_bits(113 << 23);
+    let magnitude = if exp == 0 {
+        small.to_bits()
+    } else if exp == 0x1f << 23 {
+        if exp_man & 0x7f_ffff == 0 {
+            0x7f80_0000
+        } else {
+            0x7fc0_0000
+        }
+    } else {
+        normal.to_bits()
+    };
+    f32::from_bits(sign | magnitude)
+}
+
+/// `f32` → fp16, the same bits as [`FP16`]`.encode` (round to nearest even, overflow to infinity,
+/// NaN canonical): normal results by adding the rounding bias to the rebiased `f32` bits, results
+/// below fp16's smallest normal by one exact `f32` addition that aligns the bits (IEEE
+/// round-to-nearest-even does the rounding).
+#[inline(always)]
+pub fn f32_to_fp16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let abs = bits & 0x7fff_ffff;
+    // Normal fp16 range: rebias the exponent, add 0x0fff plus the lowest kept bit, drop 13 bits.
+    // A carry out of the mantissa bumps the exponent, up to infinity at 65520.
+    let odd = (abs >> 13) & 1;
+    let normal = (abs
+        .wrapping_sub((127 - 15) << 23)
+        .wrapping_add(0x0fff + odd)
+        >> 13) as u16;
+    // Below 2^-14: x + 0.5 puts the fp16 subnormal's bits at the bottom of the sum's mantissa.
+    let small = (f32::from_bits(abs) + 0.5)
+        .to_bits()
+        .wrapping_sub(0x3f00_0000) as u16;
+    let magnitude = if abs >= 0x4780_0000 {
+        // 65536 and beyond (infinity too).
+        0x7c00
+    } else if abs < 0x3880_0000 {
+        small
+    } else {
+        normal
+    };
+    if abs > 0x7f80_0000 {
+        FP16.nan
+    } else {
+        sign | magnitude
+    }
+}
+
 /// Decoding table of an 8-bit format (fp8): every value precomputed.
 pub const fn table(format: Format) -> [f32; 256] {
     let mut out = [0.0f32; 256];
@@ -186,6 +247,52 @@ pub static E5M2_VALUES: [f32; 256] = table(FP8_E5M2);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fast_fp16_conversions_equal_the_reference_ones() {
+        for h in 0..=u16::MAX {
+            let fast = fp16_to_f32(h);
+            let slow = FP16.decode(h);
+            assert!(
+                fast.to_bits() == slow.to_bits(),
+                "decode {h:#06x}: {fast:?} vs {slow:?}"
+            );
+        }
+        // Every fp16 value, the f32 values next to it and the midpoints to its neighbours (where
+        // rounding decides), both signs; then a spread of arbitrary f32 bit patterns.
+        let mut probes = alloc::vec::Vec::new();
+        for h in 0..0x7c01u16 {
+            let v = FP16.decode(h).to_bits();
+            probes.extend([v, v.wrapping_add(1), v.wrapping_sub(1)]);
+            if h < 0x7c00 {
+                let next = FP16.decode(h + 1);
+                let mid = ((f64::from(FP16.decode(h)) + f64::from(next)) / 2.0) as f32;
+                let m = mid.to_bits();
+                probes.extend([m, m + 1, m - 1]);
+            }
+        }
+        let mut x = 0x9e37_79b9u32;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            probes.push(x);
+        }
+        probes.extend([
+            0x7f80_0000,
+            0x7fc0_0000,
+            0x7f80_0001,
+            0x4780_0000,
+            0x477f_efff,
+            0x477f_f000,
+        ]);
+        for bits in probes {
+            for b in [bits & 0x7fff_ffff, bits | 0x8000_0000] {
+                let x = f32::from_bits(b);
+                assert_eq!(f32_to_fp16(x), FP16.encode(x), "encode {b:#010x} ({x:e})");
+            }
+        }
+    }
 
     /// Reference rounding through `f64`: the exact value of `x`, scaled so one unit is the
     /// format's spacing at that magnitude, rounded with ties to even by explicit comparison.

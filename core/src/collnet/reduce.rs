@@ -26,7 +26,7 @@
 //! compiler cannot turn into a select, so they vectorise where the type allows (integers, fp32,
 //! fp64, bf16); the narrow float types convert element by element.
 
-use super::float::{BF16, E4M3_VALUES, E5M2_VALUES, FP8_E4M3, FP8_E5M2, FP16};
+use super::float::{BF16, E4M3_VALUES, E5M2_VALUES, FP8_E4M3, FP8_E5M2};
 use core::fmt;
 
 /// NCCL's `ncclDataType_t`, by value.
@@ -197,6 +197,9 @@ impl fmt::Display for ReduceError {
 /// One element type's arithmetic.
 trait Element: Copy {
     const SIZE: usize;
+    /// Whether the kernels run in blocks of [`LANES`] (the types whose operations vectorise;
+    /// the narrow floats' conversions do not, and blocks only spill their registers).
+    const BLOCKED: bool = true;
     fn load(bytes: &[u8]) -> Self;
     fn store(self, bytes: &mut [u8]);
     fn sum(a: Self, b: Self) -> Self;
@@ -351,6 +354,7 @@ macro_rules! narrow_element {
 
         impl Element for $name {
             const SIZE: usize = size_of::<$storage>();
+            const BLOCKED: bool = false;
             #[inline(always)]
             fn load(bytes: &[u8]) -> Self {
                 Self(
@@ -388,7 +392,17 @@ macro_rules! narrow_element {
 
 #[inline(always)]
 fn fp16_value(bits: u16) -> f32 {
-    FP16.decode(bits)
+    super::float::fp16_to_f32(bits)
+}
+
+/// fp16's encoder in its straight-line form ([`super::float::f32_to_fp16`], equal to the
+/// generic [`super::float::Format::encode`] for every input).
+struct Fp16Format;
+impl Fp16Format {
+    #[inline(always)]
+    fn encode(&self, x: f32) -> u16 {
+        super::float::f32_to_fp16(x)
+    }
 }
 #[inline(always)]
 fn bf16_value(bits: u16) -> f32 {
@@ -415,17 +429,48 @@ impl Bf16Format {
     }
 }
 
-narrow_element!(Fp16, u16, FP16, fp16_value);
+narrow_element!(Fp16, u16, Fp16Format, fp16_value);
 narrow_element!(Bf16, u16, Bf16Format, bf16_value);
 narrow_element!(E4m3, u8, FP8_E4M3, e4m3_value);
 narrow_element!(E5m2, u8, FP8_E5M2, e5m2_value);
 
+/// Elements per block of the kernels' main loops: loads, operations and stores run over
+/// fixed-size arrays, which the compiler turns into vector instructions.
+const LANES: usize = 16;
+
+/// `f` over one block of [`LANES`] elements: `dst[i] = f(lhs[i], rhs[i])`.
+#[inline(always)]
+fn block<T: Element>(dst: &mut [u8], lhs: &[u8], rhs: &[u8], f: &impl Fn(T, T) -> T) {
+    let a: [T; LANES] = core::array::from_fn(|i| T::load(&lhs[i * T::SIZE..(i + 1) * T::SIZE]));
+    let b: [T; LANES] = core::array::from_fn(|i| T::load(&rhs[i * T::SIZE..(i + 1) * T::SIZE]));
+    let r: [T; LANES] = core::array::from_fn(|i| f(a[i], b[i]));
+    for (i, v) in r.into_iter().enumerate() {
+        v.store(&mut dst[i * T::SIZE..(i + 1) * T::SIZE]);
+    }
+}
+
 #[inline(always)]
 fn zip3<T: Element>(dst: &mut [u8], lhs: &[u8], rhs: &[u8], f: impl Fn(T, T) -> T) {
-    for ((d, a), b) in dst
+    let block_bytes = if T::BLOCKED { T::SIZE * LANES } else { T::SIZE };
+    let whole = if T::BLOCKED {
+        dst.len() / block_bytes * block_bytes
+    } else {
+        0
+    };
+    let (dst_blocks, dst_rest) = dst.split_at_mut(whole);
+    let (lhs_blocks, lhs_rest) = lhs.split_at(whole.min(lhs.len()));
+    let (rhs_blocks, rhs_rest) = rhs.split_at(whole.min(rhs.len()));
+    for ((d, a), b) in dst_blocks
+        .chunks_exact_mut(block_bytes)
+        .zip(lhs_blocks.chunks_exact(block_bytes))
+        .zip(rhs_blocks.chunks_exact(block_bytes))
+    {
+        block(d, a, b, &f);
+    }
+    for ((d, a), b) in dst_rest
         .chunks_exact_mut(T::SIZE)
-        .zip(lhs.chunks_exact(T::SIZE))
-        .zip(rhs.chunks_exact(T::SIZE))
+        .zip(lhs_rest.chunks_exact(T::SIZE))
+        .zip(rhs_rest.chunks_exact(T::SIZE))
     {
         f(T::load(a), T::load(b)).store(d);
     }
@@ -433,7 +478,29 @@ fn zip3<T: Element>(dst: &mut [u8], lhs: &[u8], rhs: &[u8], f: impl Fn(T, T) -> 
 
 #[inline(always)]
 fn zip2<T: Element>(acc: &mut [u8], rhs: &[u8], f: impl Fn(T, T) -> T) {
-    for (d, b) in acc.chunks_exact_mut(T::SIZE).zip(rhs.chunks_exact(T::SIZE)) {
+    let block_bytes = if T::BLOCKED { T::SIZE * LANES } else { T::SIZE };
+    let whole = if T::BLOCKED {
+        acc.len() / block_bytes * block_bytes
+    } else {
+        0
+    };
+    let (acc_blocks, acc_rest) = acc.split_at_mut(whole);
+    let (rhs_blocks, rhs_rest) = rhs.split_at(whole.min(rhs.len()));
+    for (d, b) in acc_blocks
+        .chunks_exact_mut(block_bytes)
+        .zip(rhs_blocks.chunks_exact(block_bytes))
+    {
+        let a: [T; LANES] = core::array::from_fn(|i| T::load(&d[i * T::SIZE..(i + 1) * T::SIZE]));
+        let b: [T; LANES] = core::array::from_fn(|i| T::load(&b[i * T::SIZE..(i + 1) * T::SIZE]));
+        let r: [T; LANES] = core::array::from_fn(|i| f(a[i], b[i]));
+        for (i, v) in r.into_iter().enumerate() {
+            v.store(&mut d[i * T::SIZE..(i + 1) * T::SIZE]);
+        }
+    }
+    for (d, b) in acc_rest
+        .chunks_exact_mut(T::SIZE)
+        .zip(rhs_rest.chunks_exact(T::SIZE))
+    {
         f(T::load(d), T::load(b)).store(d);
     }
 }
@@ -571,6 +638,7 @@ pub const fn supported(_dtype: DataType, _op: RedOp) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collnet::float::FP16;
     use alloc::vec;
     use alloc::vec::Vec;
 
