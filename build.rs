@@ -14,12 +14,19 @@ fn main() {
             "RIVET_C_CONFORMANCE",
         ),
         ("faults", "tests/c/faults.c", "RIVET_C_FAULTS"),
+        ("collnet", "tests/c/collnet.c", "RIVET_C_COLLNET"),
+        (
+            "all_connect",
+            "tests/c/all_connect.c",
+            "RIVET_C_ALL_CONNECT",
+        ),
     ];
     for (name, source, env) in programs {
         println!("cargo:rerun-if-changed={source}");
         // The programs include the shared headers beside them.
         println!("cargo:rerun-if-changed=tests/c/harness.h");
         println!("cargo:rerun-if-changed=tests/c/nccl_net_abi.h");
+        println!("cargo:rerun-if-changed=tests/c/nccl_collnet_abi.h");
         let exe = out.join(name);
         let compiler = cc::Build::new().cargo_metadata(false).get_compiler();
         let status = compiler
@@ -37,6 +44,7 @@ fn main() {
             .arg("-o")
             .arg(&exe)
             .arg("-ldl")
+            .arg("-lm")
             .status()
             .unwrap_or_else(|e| panic!("running the C compiler for {source}: {e}"));
         assert!(status.success(), "compiling {source} failed");

@@ -1,5 +1,6 @@
 //! Loads the built plugin library the way NCCL does, through the C loader program
-//! (`tests/c/loader.c`, built by `build.rs`), and checks its exported symbols with `nm`.
+//! (`tests/c/loader.c`, built by `build.rs`), and checks its exported symbols with `nm`: the net
+//! tables `ncclNetPlugin_v6` … `v12` and the CollNet tables `ncclCollNetPlugin_v6` … `v12`.
 
 mod common;
 use common::plugin_library;
@@ -35,6 +36,10 @@ fn c_loader_accepts_every_exported_version() {
             report.contains(&format!("PASS v{version} name is \"Rivet\"")),
             "no check of v{version} ran:\n{report}"
         );
+        assert!(
+            report.contains(&format!("PASS collnet v{version} name is \"Rivet\"")),
+            "no check of the CollNet v{version} table ran:\n{report}"
+        );
     }
     assert!(
         output.stdout.is_empty(),
@@ -44,7 +49,7 @@ fn c_loader_accepts_every_exported_version() {
 }
 
 #[test]
-fn exports_exactly_the_seven_plugin_tables() {
+fn exports_exactly_the_net_and_collnet_tables() {
     let lib = plugin_library();
     let output = Command::new("nm")
         .args(["-D", "--defined-only"])
@@ -61,11 +66,18 @@ fn exports_exactly_the_seven_plugin_tables() {
         .filter_map(|line| line.split_whitespace().nth(2).map(str::to_owned))
         .collect();
     symbols.sort();
-    let expected: Vec<String> = (6..=12).map(|v| format!("ncclNetPlugin_v{v}")).collect();
+    let expected: Vec<String> = (6..=12)
+        .flat_map(|v| {
+            [
+                format!("ncclNetPlugin_v{v}"),
+                format!("ncclCollNetPlugin_v{v}"),
+            ]
+        })
+        .collect();
     let mut expected_sorted = expected.clone();
     expected_sorted.sort();
     assert_eq!(
         symbols, expected_sorted,
-        "the library must export the seven tables and nothing else"
+        "the library must export the seven net and seven CollNet tables and nothing else"
     );
 }

@@ -1,8 +1,10 @@
 //! The Soft-RoCE lane: boots the QEMU VM once (`vm/run.sh`) and, against a real `rxe0` device,
 //! checks discovery (`rivet info`), the C loader with devices present, the verbs-ffi device tests,
 //! two processes moving data through the plugin's C tables for ABI v9 … v12, and the conformance
-//! suite (`tests/c/conformance.c`: NCCL's calling contract through every table v6 … v12), and
-//! `rivet selftest --quick` (the verbs path PASSes, the mlx5 direct path is skipped on rxe).
+//! suite (`tests/c/conformance.c`: NCCL's calling contract through every table v6 … v12), the
+//! CollNet conformance (`tests/c/collnet.c`: 2, 3 and 8 ranks, bit-exact results, a killed and a
+//! missing member), and `rivet selftest --quick` (the verbs path PASSes, the mlx5 direct path is
+//! skipped on rxe).
 //!
 //! Slow (a VM under TCG), so it is `#[ignore]`d; `scripts/vm-lane.sh` (run by `.ci/run`) runs it.
 
@@ -24,6 +26,7 @@ fn script() -> String {
     let loader = env!("RIVET_C_LOADER");
     let transfer = env!("RIVET_C_TRANSFER");
     let conformance = env!("RIVET_C_CONFORMANCE");
+    let collnet = env!("RIVET_C_COLLNET");
     let device_tests = std::env::var("RIVET_VERBS_DEVICE_TEST").unwrap_or_default();
     let mut s =
         String::from("set -u\nstep() { name=$1; shift; \"$@\"; echo \"STEP $name rc=$?\"; }\n");
@@ -38,6 +41,11 @@ fn script() -> String {
         s += &format!("step transfer-v{v} {transfer} {lib} --version {v} --quick\n");
     }
     s += &format!("step conformance {conformance} {lib}\n");
+    s += &format!("step collnet {collnet} {lib} --ranks 3 --quick\n");
+    s += &format!("step collnet-2 {collnet} {lib} --ranks 2 --quick\n");
+    s += &format!("step collnet-8 {collnet} {lib} --ranks 8 --quick\n");
+    s += &format!("step collnet-kill {collnet} {lib} --ranks 3 --kill\n");
+    s += &format!("step collnet-missing {collnet} {lib} --ranks 3 --missing\n");
     s += &format!("step selftest {rivet} selftest --quick --plugin {lib}\n");
     s += &format!("step stats {rivet} info --stats\n");
     s
@@ -111,6 +119,29 @@ fn soft_roce_lane() {
         0,
         "conformance suite failed: see its FAIL lines above"
     );
+    for name in [
+        "collnet",
+        "collnet-2",
+        "collnet-8",
+        "collnet-kill",
+        "collnet-missing",
+    ] {
+        assert_eq!(step(name), 0, "{name} failed: see its FAIL lines above");
+    }
+    for needle in [
+        "PASS iallreduce: 12 types x 5 ops x 4 counts",
+        "PASS iallreduce of 1 Mi elements",
+        "PASS iallgather (3 receive parts) and ireducescatter (2 send parts",
+        "PASS two groups formed and used at once",
+        "PASS host memory only: getProperties offers NCCL_PTR_HOST, regMr refuses NCCL_PTR_CUDA",
+        "PASS ncclCollNetPlugin_v8: group, iallreduce, iallgather",
+        "bit-exact on 2 ranks (240 operations)",
+        "bit-exact on 8 ranks (240 operations)",
+        "PASS a member killed mid-operation fails the others",
+        "PASS a member that never connects fails connect",
+    ] {
+        assert!(stderr.contains(needle), "collnet: missing {needle:?}");
+    }
     assert_eq!(step("selftest"), 0, "rivet selftest failed: see above");
     assert!(
         stdout.lines().any(|l| l.starts_with("PASS verbs: rxe0:"))

@@ -9,7 +9,8 @@
 //! of 64 MiB on link 1 and the host SIGKILLs B's whole VM while A writes them; A's queue pair must
 //! fail by RDMA retry exhaustion within 2 x the retry time + 5 s of the kill
 //! (`tests/c/faults.c host-death`, `NCCL_IB_TIMEOUT=14`, `NCCL_IB_RETRY_CNT=2`), and later calls fail
-//! too.
+//! too. CollNet across hosts on link 1 (`tests/c/collnet.c`, four ranks, two per VM, bit-exact
+//! results).
 //!
 //! After the host death, B's VM boots again (`--reboot-on`) and a new connection from A to it
 //! works. A second test boots the `triangle` (three VMs, a link per pair on its own subnet) and moves
@@ -31,6 +32,7 @@ fn script() -> String {
     let transfer = env!("RIVET_C_TRANSFER");
     let faults = env!("RIVET_C_FAULTS");
     let conformance = env!("RIVET_C_CONFORMANCE");
+    let collnet = env!("RIVET_C_COLLNET");
     format!(
         r#"set -u
 step() {{ name=$1; shift; "$@"; echo "STEP $name rc=$?"; }}
@@ -60,6 +62,12 @@ if [ "$RIVET_VM_INDEX" = 1 ]; then
   step conformance env NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=eth1 {conformance} {lib} --across receiver:18630
 else
   step conformance env NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=eth1 {conformance} {lib} --across sender:${{peers[0]}}:18630
+fi
+# CollNet across hosts on link 1: four ranks, two per VM; A serves the handle exchange.
+if [ "$RIVET_VM_INDEX" = 1 ]; then
+  step collnet env NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=eth1 {collnet} {lib} --ranks 4 --first-rank 2 --local 2 --server ${{peers[0]}}:18650 --quick
+else
+  step collnet env NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=eth1 {collnet} {lib} --ranks 4 --local 2 --serve 18650 --quick
 fi
 export NCCL_IB_TIMEOUT=14
 # Link cut on link 2: B takes its eth2 down mid-stream; both ends must fail within the bound.
@@ -173,6 +181,20 @@ fn pair2_across_hosts() {
         );
     }
     for vm in ["A", "B"] {
+        assert_eq!(step(vm, "collnet"), 0, "{vm}: CollNet across hosts failed");
+    }
+    for needle in [
+        "[A] PASS a group of 4 ranks formed",
+        "[A] PASS iallreduce: 12 types x 5 ops x 4 counts",
+        "[A] PASS iallgather (3 receive parts) and ireducescatter",
+        "[A] PASS two groups formed and used at once",
+    ] {
+        assert!(
+            stderr.contains(needle),
+            "CollNet across hosts: missing {needle:?}"
+        );
+    }
+    for vm in ["A", "B"] {
         assert_eq!(
             step(vm, "link-cut"),
             0,
@@ -209,6 +231,8 @@ fn triangle_script() -> String {
     let lib = plugin_library();
     let lib = lib.display();
     let transfer = env!("RIVET_C_TRANSFER");
+    let all_connect = env!("RIVET_C_ALL_CONNECT");
+    let faults = env!("RIVET_C_FAULTS");
     format!(
         r#"set -u
 step() {{ name=$1; shift; "$@"; echo "STEP $name rc=$?"; }}
@@ -226,6 +250,67 @@ for pair in AB:18701 AC:18702 BC:18703; do
     fi
   done
 done
+# The mesh device (RIVET_MESH=1, every link NIC behind one device; rxe0 is the VMs' shared user
+# network, the same address in every VM, so it stays out): each pair again, the plugin choosing
+# the NIC; the RDMA packet counters of this VM's two link NICs show which link carried it.
+export RIVET_MESH=1 NCCL_IB_HCA=^=rxe0
+sent() {{ cat /sys/class/infiniband/$1/ports/1/hw_counters/sent_pkts; }}
+for pair in AB:18711 AC:18712 BC:18713; do
+  x=${{pair:0:1}} y=${{pair:1:1}} port=${{pair#*:}}
+  for i in 0 1; do
+    o=$((1 - i))
+    if [ "$RIVET_VM_NAME" = "$x" ] && [ "${{names[$i]}}" = "$y" ]; then role="--listen-port $port"
+    elif [ "$RIVET_VM_NAME" = "$y" ] && [ "${{names[$i]}}" = "$x" ]; then role="--peer ${{peers[$i]}}:$port"
+    else continue; fi
+    on=$(sent ${{rxes[$i]}}) off=$(sent ${{rxes[$o]}})
+    step mesh-$x$y {transfer} {lib} --quick --small 200 $role
+    on=$(( $(sent ${{rxes[$i]}}) - on )) off=$(( $(sent ${{rxes[$o]}}) - off ))
+    echo "mesh-$x$y packets: ${{rxes[$i]}} (to ${{names[$i]}}) $on, ${{rxes[$o]}} (to ${{names[$o]}}) $off"
+    step mesh-own-link-$x$y test $on -gt 200 -a $off -eq 0
+  done
+done
+# All at once: every VM sends to and receives from both others through the mesh device.
+code() {{ case $1 in A) echo 0 ;; B) echo 1 ;; C) echo 2 ;; esac; }}
+me=$(code $RIVET_VM_NAME)
+for i in 0 1; do
+  peer=${{names[$i]}} them=$(code ${{names[$i]}})
+  step a2a-from-$peer {transfer} {lib} --quick --small 200 --listen-port $((18720 + them * 3 + me)) &
+  step a2a-to-$peer {transfer} {lib} --quick --small 200 --peer ${{peers[$i]}}:$((18720 + me * 3 + them)) &
+done
+wait
+# NCCL's set-up pattern on the mesh: 9 ranks (3 processes per VM), each listening once per peer
+# and polling every peer's connect and accept from one thread until all 16 connections are up.
+step all-connect {all_connect} {lib} --ranks 9 --first-rank $((me * 3)) --local 3 --dir $RIVET_VM_SET
+# No pair of NICs reaches: A keeps only its NIC to C, B only its NIC to C; A's connect to B must
+# fail at once, naming both sides' addresses.
+for i in 0 1; do [ "${{names[$i]}}" = C ] && to_c=$i; done
+if [ "$RIVET_VM_NAME" = B ]; then
+  timeout 15 env NCCL_IB_HCA==${{rxes[$to_c]}} {transfer} {lib} --quick --listen-port 18730 >/dev/null 2>&1 || true
+elif [ "$RIVET_VM_NAME" = A ]; then
+  for i in 0 1; do [ "${{names[$i]}}" = B ] && to_b=$i; done
+  t0=$(date +%s%N)
+  env NCCL_IB_HCA==${{rxes[$to_c]}} {transfer} {lib} --quick --peer ${{peers[$to_b]}}:18730
+  echo "mismatch: exit $? after $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+fi
+# Link A-B cut mid-stream (B takes its NIC to A down) while A and C keep moving data through the
+# same mesh devices: only the A-B connection fails, within the bound; A-C works on, and after.
+export NCCL_IB_TIMEOUT=14
+for i in 0 1; do
+  case ${{names[$i]}} in A) to_a=$i ;; B) to_b=$i ;; C) to_c=$i ;; esac
+done
+case $RIVET_VM_NAME in
+  B) step mesh-cut env FAULTS_CUT_IF=${{devs[$to_a]}} {faults} {lib} link-cut --listen-port 18741 ;;
+  A)
+    step mesh-cut {faults} {lib} link-cut --peer ${{peers[$to_b]}}:18741 &
+    step mesh-cut-other {transfer} {lib} --quick --small 2000 --peer ${{peers[$to_c]}}:18740
+    wait
+    step mesh-after-cut {transfer} {lib} --quick --small 100 --peer ${{peers[$to_c]}}:18742
+    ;;
+  C)
+    step mesh-cut-other {transfer} {lib} --quick --small 2000 --listen-port 18740
+    step mesh-after-cut {transfer} {lib} --quick --small 100 --listen-port 18742
+    ;;
+esac
 "#
     )
 }
@@ -241,11 +326,90 @@ fn triangle_every_pair_over_its_own_link() {
             assert_eq!(rc, 0, "{vm}: the transfer on link {pair} failed");
         }
     }
+    for (pair, vms) in [("AB", ["A", "B"]), ("AC", ["A", "C"]), ("BC", ["B", "C"])] {
+        for vm in vms {
+            let rc = |name: &str| {
+                step_rc(&stdout, vm, name)
+                    .unwrap_or_else(|| panic!("{vm}: step {name} did not run"))
+            };
+            assert_eq!(
+                rc(&format!("mesh-{pair}")),
+                0,
+                "{vm}: mesh transfer {pair} failed"
+            );
+            assert_eq!(
+                rc(&format!("mesh-own-link-{pair}")),
+                0,
+                "{vm}: the mesh transfer {pair} did not use (only) its own link: {}",
+                stdout
+                    .lines()
+                    .find(|l| l.starts_with(&format!("[{vm}] mesh-{pair} packets")))
+                    .unwrap_or("no packet line")
+            );
+        }
+    }
+    for (vm, peers) in [("A", ["B", "C"]), ("B", ["A", "C"]), ("C", ["A", "B"])] {
+        for peer in peers {
+            for dir in ["from", "to"] {
+                let name = format!("a2a-{dir}-{peer}");
+                let rc = step_rc(&stdout, vm, &name)
+                    .unwrap_or_else(|| panic!("{vm}: step {name} did not run"));
+                assert_eq!(rc, 0, "{vm}: all-to-all {name} failed");
+            }
+        }
+    }
     assert_eq!(
         stderr
             .matches("PASS 200 small messages with a window of 8, every byte verified")
             .count(),
-        3,
-        "one verified transfer per link"
+        3 + 3 + 6,
+        "one verified transfer per link, per mesh pair and per all-to-all direction"
+    );
+    for vm in ["A", "B", "C"] {
+        let rc = step_rc(&stdout, vm, "all-connect")
+            .unwrap_or_else(|| panic!("{vm}: the all-to-all connect did not run"));
+        assert_eq!(
+            rc, 0,
+            "{vm}: 9 ranks connecting to each other at once failed"
+        );
+    }
+    assert_eq!(
+        stderr
+            .matches("connected to and from all 8 peers at once")
+            .count(),
+        9,
+        "every one of the 9 ranks connects to all 8 peers"
+    );
+    for (vm, steps) in [
+        ("A", &["mesh-cut", "mesh-cut-other", "mesh-after-cut"][..]),
+        ("B", &["mesh-cut"][..]),
+        ("C", &["mesh-cut-other", "mesh-after-cut"][..]),
+    ] {
+        for name in steps {
+            let rc = step_rc(&stdout, vm, name)
+                .unwrap_or_else(|| panic!("{vm}: step {name} did not run"));
+            assert_eq!(rc, 0, "{vm}: {name} failed");
+        }
+    }
+    assert!(
+        stderr.contains("[B] PASS [receiver] link cut: error")
+            && stderr.contains("[A] PASS [sender] link cut: error"),
+        "the cut link's connection did not fail on both ends within the bound"
+    );
+    let mismatch = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("[A] mismatch: exit "))
+        .expect("A: the mismatched connect did not run");
+    let (exit, took) = mismatch
+        .split_once(" after ")
+        .expect("mismatch line: exit and time");
+    let took_ms: u64 = took.trim_end_matches(" ms").parse().expect("mismatch time");
+    assert!(
+        exit != "0" && took_ms < 10_000,
+        "a connect with no reachable NIC pair must fail fast: {mismatch}"
+    );
+    assert!(
+        stderr.contains("no local NIC reaches the peer: this node has 192.168.100.1/24, the peer 192.168.102.2/24"),
+        "the mismatch error does not name both sides' addresses"
     );
 }

@@ -11,11 +11,13 @@ extern crate alloc;
 #[cfg(any(test, feature = "sim"))]
 extern crate std;
 
+pub mod collnet;
 pub mod data;
 pub mod event;
 pub mod flush;
 pub mod gdr;
 pub mod handshake;
+pub mod mesh;
 pub mod name_list;
 pub mod nic;
 pub mod regcache;

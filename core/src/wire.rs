@@ -37,6 +37,20 @@
 //! Bytes 0..23 (magic, wire version, Rivet version) and the checksum position are permanent, so a
 //! handle from another wire version names the Rivet release that wrote it.
 //!
+//! # Mesh address list ([`MeshList`], [`MESH_LIST_LEN`] = 48 bytes at [`MESH_LIST_AT`] = 80)
+//!
+//! Only in handles of a mesh device's listen comm ([`crate::mesh`]); all zero otherwise.
+//!
+//! | offset | size | field |
+//! |---:|---:|---|
+//! | 0 | 4 | magic `"RVTM"` |
+//! | 4 | 2 | wire version |
+//! | 6 | 1 | address count, 1..=7 |
+//! | 7 | 1 | reserved, zero |
+//! | 8 | 35 | 7 × (IPv4 address, prefix length 1..=32); unused slots zero |
+//! | 43 | 4 | CRC-32C of bytes 0..43 |
+//! | 47 | 1 | reserved, zero |
+//!
 //! # Frames ([`Message`])
 //!
 //! Every message is a 12-byte [`FrameHeader`] followed by a body of exactly the length its kind
@@ -85,6 +99,7 @@ mod crc;
 mod endpoint;
 mod error;
 mod handle;
+mod mesh;
 mod message;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -93,6 +108,7 @@ pub use ascii::{DeviceName, RivetVersion};
 pub use endpoint::{ENDPOINT_INFO_LEN, EndpointInfo, LinkLayer};
 pub use error::{MagicBytes, WireError};
 pub use handle::{HANDLE_LEN, HANDLE_MAGIC, ListenHandle};
+pub use mesh::{MAX_MESH_ADDRS, MESH_LIST_AT, MESH_LIST_LEN, MESH_MAGIC, MeshList};
 pub use message::{
     AcceptReply, ConnectRequest, FRAME_MAGIC, FrameHeader, HEADER_LEN, MAX_BODY_LEN, MAX_FRAME_LEN,
     Message, MessageKind, Reject, RejectReason,

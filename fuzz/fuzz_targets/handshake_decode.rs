@@ -1,4 +1,5 @@
-//! Every handshake decoder (listen handle, frame header, each message, endpoint info) on
+//! Every handshake decoder (listen handle, mesh address list, frame header, each message,
+//! endpoint info) on
 //! arbitrary bytes: never panics, accepts only canonical encodings (re-encoding what it accepted
 //! reproduces the input exactly), and values built from the same bytes round-trip through
 //! encode → decode exactly when they are valid.
@@ -11,7 +12,8 @@ use libfuzzer_sys::fuzz_target;
 use rivet_core::nic::RemoteRegion;
 use rivet_core::wire::{
     AcceptReply, ConnectRequest, DeviceName, EndpointInfo, FrameHeader, HANDLE_LEN, HEADER_LEN,
-    LinkLayer, ListenHandle, Message, MessageKind, Reject, RejectReason, RivetVersion,
+    LinkLayer, ListenHandle, MESH_LIST_LEN, MeshList, Message, MessageKind, Reject, RejectReason,
+    RivetVersion,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -28,6 +30,15 @@ fn raw_decoders(data: &[u8]) {
             "handle decode accepted a non-canonical input"
         );
         assert_eq!(ListenHandle::decode(&bytes), Ok(handle));
+    }
+    if let Ok(Some(list)) = MeshList::decode(data) {
+        let bytes = list.encode();
+        assert_eq!(
+            &bytes[..],
+            &data[..MESH_LIST_LEN],
+            "mesh list decode accepted a non-canonical input"
+        );
+        assert_eq!(MeshList::decode(&bytes), Ok(Some(list)));
     }
     if let Ok(message) = Message::decode(data) {
         assert_eq!(

@@ -75,6 +75,8 @@ pub(crate) struct Config {
     /// How the handshake interface is chosen: `NCCL_SOCKET_IFNAME`, `NCCL_SOCKET_FAMILY`,
     /// `NCCL_COMM_ID`.
     pub(crate) interface: IfRules,
+    /// `RIVET_MESH=1`: every port behind one mesh device (`crate::mesh`).
+    pub(crate) mesh: bool,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -135,6 +137,14 @@ impl Config {
                 ranged::<u64>("RIVET_HANDSHAKE_TIMEOUT_MS", 1, 86_400_000).unwrap_or(120_000),
             ),
             interface: interface_rules(),
+            mesh: match var("RIVET_MESH").as_deref() {
+                None | Some("0") => false,
+                Some("1") => true,
+                Some(other) => {
+                    warn!("RIVET_MESH={other} is neither 0 nor 1; the ports stay separate devices");
+                    false
+                }
+            },
         }
     }
 

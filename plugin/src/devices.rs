@@ -35,6 +35,8 @@ pub struct DeviceProps {
     pub port: c_int,
     /// Maximum number of comms.
     pub max_comms: c_int,
+    /// `regIsGlobal` (v8+): 1 when a registration serves every comm of the device.
+    pub reg_is_global: c_int,
     /// Physical members (a physical device lists itself).
     pub members: [c_int; 8],
     /// Number of valid entries in `members`.
@@ -112,6 +114,8 @@ impl Port {
             // the channels it runs over the NIC).
             max_comms: i32::try_from(info.max_qp.min(crate::handle::MAX_ENTRIES as u32))
                 .unwrap_or(i32::MAX),
+            // The registration cache is per port, and every comm of this device is on it.
+            reg_is_global: 1,
             members,
             member_count: 1,
             rail_id: info
@@ -156,16 +160,16 @@ impl Port {
 /// `Port` into its `Vec`) asserts unique access to the buffer, which invalidates the pointers
 /// taken before under Rust's aliasing rules (Miri reports the later read as undefined behaviour).
 #[derive(Debug)]
-struct PropString(NonNull<c_char>);
+pub(crate) struct PropString(NonNull<c_char>);
 
 impl PropString {
-    fn new(s: CString) -> Self {
+    pub(crate) fn new(s: CString) -> Self {
         // `into_raw` never returns NULL.
         Self(NonNull::new(s.into_raw()).unwrap_or_else(|| unreachable!("CString::into_raw")))
     }
 
     /// The NUL-terminated string, valid while `self` lives.
-    fn as_ptr(&self) -> *const c_char {
+    pub(crate) fn as_ptr(&self) -> *const c_char {
         self.0.as_ptr()
     }
 }

@@ -25,10 +25,10 @@
 //! | 3 | `oob` | the out-of-band TCP socket of the handshake |
 //! | 4 | `config`, `diag` | settings from the environment; the CLI's view of them |
 //! | 5 | `backend` | devices, queue pairs and the `Nic` the core drives (verbs and mlx5 paths) |
-//! | 6 | `devices` | discovery: the ports NCCL sees and their properties |
+//! | 6 | `devices`, `mesh` | discovery: the ports NCCL sees and their properties; the mesh device over them (`RIVET_MESH=1`) |
 //! | 7 | `net` | lifecycle (`init`, contexts, `finalize`), opened ports |
 //! | 8 | `comm` | listen/connect/accept, registrations and the data path |
-//! | 9 | `profiler` | NCCL profiler events around the data path |
+//! | 9 | `profiler`, `collnet` | NCCL profiler events around the data path; CollNet groups over the p2p comms |
 //! | 10 | `abi` | the exported tables, per-version shims, the panic guard, per-version properties |
 
 #![deny(unsafe_code)]
@@ -36,6 +36,7 @@
 pub mod abi;
 mod backend;
 mod clock;
+mod collnet;
 mod comm;
 mod config;
 pub mod devices;
@@ -43,6 +44,7 @@ pub mod diag;
 mod error;
 mod handle;
 mod log;
+mod mesh;
 mod net;
 mod oob;
 mod profiler;

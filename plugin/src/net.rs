@@ -12,6 +12,8 @@ use crate::devices::{self, DeviceProps, NoDevice, Port};
 use crate::error::{NetError, NetResult};
 use crate::handle::Registry;
 use crate::log::{INIT_NET, info, warn};
+use crate::mesh::{self, MeshDevice};
+use crate::oob::iface;
 use core::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -27,6 +29,8 @@ pub(crate) struct NetContext {
 /// Process-wide plugin state, present between the first successful `init` and the last `finalize`.
 struct Global {
     ports: Arc<Vec<Port>>,
+    /// With `RIVET_MESH=1`: the one device NCCL sees, over `ports`.
+    mesh: Option<Arc<MeshDevice>>,
     config: Config,
     /// Live v11+ contexts plus one for a v6–v10 `init` (which has no `finalize`).
     users: usize,
@@ -63,9 +67,17 @@ fn acquire(counted: bool) -> NetResult<()> {
             let config = Config::from_env();
             #[cfg(test)]
             let config = crate::backend::sim::settle_config(config);
+            let mesh = if config.mesh {
+                Some(Arc::new(
+                    mesh_device(&ports).map_err(|why| no_device(&NoDevice::BadSetting(why)))?,
+                ))
+            } else {
+                None
+            };
             device::set_retry_settings(Some((config.ib_timeout, config.ib_retry_cnt)));
             *global = Some(Global {
                 ports: Arc::new(ports),
+                mesh,
                 config,
                 users: usize::from(counted),
             });
@@ -73,6 +85,28 @@ fn acquire(counted: bool) -> NetResult<()> {
         }
         Err(why) => Err(no_device(&why)),
     }
+}
+
+/// The mesh device over `ports` (`RIVET_MESH=1`), logging which ports it holds.
+fn mesh_device(ports: &[Port]) -> Result<MeshDevice, String> {
+    let ifaddrs = iface::local_addresses()
+        .map_err(|e| format!("RIVET_MESH=1: listing the interfaces failed: {e}"))?;
+    let (device, notes) = mesh::build(ports, &ifaddrs)?;
+    for note in notes {
+        warn!("{note}");
+    }
+    let members: Vec<String> = device
+        .members
+        .iter()
+        .map(|m| format!("{} {}", m.name, m.addr))
+        .collect();
+    info!(
+        INIT_NET,
+        "RIVET_MESH=1: one mesh device over {} port(s): {}",
+        device.len(),
+        members.join(", ")
+    );
+    Ok(device)
 }
 
 /// Fork policy: registered memory must stay intact in the parent when a child is forked after
@@ -188,8 +222,45 @@ pub(crate) fn config() -> NetResult<Config> {
     })
 }
 
-/// Open device `dev` (once; later calls share it).
+/// The mesh device, when `RIVET_MESH=1` made `dev` (then always 0) one; `Err` for a device that
+/// does not exist.
+pub(crate) fn mesh_device_for(dev: c_int) -> NetResult<Option<Arc<MeshDevice>>> {
+    let mesh = global().as_ref().and_then(|g| g.mesh.clone());
+    match mesh {
+        Some(m) if dev == 0 => Ok(Some(m)),
+        Some(_) => Err(NetError::invalid_argument(format!(
+            "device {dev} does not exist (1 device: RIVET_MESH=1)"
+        ))),
+        None => Ok(None),
+    }
+}
+
+/// Open member `member` of the mesh device (once; later calls share it).
+pub(crate) fn open_mesh_member(mesh: &MeshDevice, member: usize) -> NetResult<Arc<OpenPort>> {
+    let ports = ports()?;
+    let port = mesh
+        .members
+        .get(member)
+        .and_then(|m| ports.get(m.port))
+        .ok_or_else(|| NetError::misuse(format!("mesh member {member} does not exist")))?;
+    port.open().map_err(|e| {
+        NetError::system(format!(
+            "opening {} port {}: {e}",
+            port.info.name, port.info.port
+        ))
+    })
+}
+
+/// Open device `dev` (once; later calls share it). Not for the mesh device, whose comms choose
+/// their port per connection (`comm::listen`, `comm::connect`).
 pub(crate) fn open_port(dev: c_int) -> NetResult<Arc<OpenPort>> {
+    if mesh_device_for(dev)?.is_some() {
+        return Err(NetError::invalid_usage(
+            "RIVET_MESH=1: the mesh device chooses a port per connection; CollNet and other \
+             users of a fixed port are not available on it"
+                .to_owned(),
+        ));
+    }
     let ports = ports()?;
     let port = usize::try_from(dev)
         .ok()
@@ -210,11 +281,17 @@ pub(crate) fn open_port(dev: c_int) -> NetResult<Arc<OpenPort>> {
 
 /// `devices(&n)`.
 pub(crate) fn devices() -> NetResult<c_int> {
+    if mesh_device_for(0)?.is_some() {
+        return Ok(1);
+    }
     Ok(c_int::try_from(ports()?.len()).unwrap_or(c_int::MAX))
 }
 
 /// `getProperties(dev)`.
 pub(crate) fn properties(dev: c_int) -> NetResult<DeviceProps> {
+    if let Some(mesh) = mesh_device_for(dev)? {
+        return Ok(mesh.props);
+    }
     let ports = ports()?;
     usize::try_from(dev)
         .ok()

@@ -1,7 +1,9 @@
 /* Loads a net plugin the way NCCL's loader does (dlopen RTLD_NOW|RTLD_LOCAL, dlsym of each
  * ncclNetPlugin_vN), then checks every exported table: name, non-NULL mandatory entries,
  * init/devices behaviour, getProperties writing exactly sizeof(props) bytes, errors (not crashes)
- * for NULL and bogus handles, no thread left behind, and unload/reload.
+ * for NULL and bogus handles, no thread left behind, and unload/reload. The CollNet tables
+ * (ncclCollNetPlugin_vN) are checked the same way, and against the net table of their version:
+ * the same devices and properties, reduceSupport for every type and operation.
  *
  * usage: loader LIB {no-device|devices}
  * Results go to stderr ("PASS ..."/"FAIL ..."), so a test can assert the plugin printed nothing
@@ -13,7 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "nccl_net_abi.h"
+#include "nccl_collnet_abi.h"
 
 static int failures;
 static int expect_devices;
@@ -119,6 +121,98 @@ static void check_init(int v, nccl_result r) {
               table->close_send && table->close_recv && table->close_listen,                    \
           "v%d every mandatory entry is set", v);                                               \
   } while (0)
+
+/* CollNet table of version v beside the net table of the same version: entries set, the same
+ * devices and device properties, reduceSupport answers, errors for bogus handles. */
+#define CHECK_COLLNET(v, cn, net, props_t, has_fp8, init_expr, done_expr)                        \
+  do {                                                                                          \
+    CHECK(cn != NULL, "collnet v%d symbol ncclCollNetPlugin_v%d resolves", v, v);               \
+    if (!cn || !net) break;                                                                     \
+    CHECK(cn->name && strcmp(cn->name, "Rivet") == 0, "collnet v%d name is \"Rivet\"", v);      \
+    CHECK(cn->init && cn->devices && cn->get_properties && cn->listen && cn->connect &&         \
+              cn->reduce_support && cn->reg_mr && cn->reg_mr_dma_buf && cn->dereg_mr &&         \
+              cn->iallreduce && cn->iflush && cn->test && cn->close_coll && cn->close_listen,   \
+          "collnet v%d every entry is set", v);                                                 \
+    reset_log();                                                                                \
+    nccl_result ri = init_expr;                                                                 \
+    CHECK(expect_devices ? ri == NCCL_OK : ri != NCCL_OK, "collnet v%d init %s (got %d)", v,    \
+          expect_devices ? "succeeds" : "fails cleanly without RDMA devices", ri);              \
+    int nd_net = -1, nd_cn = -1;                                                                \
+    nccl_result rn = net->devices(&nd_net), rc = cn->devices(&nd_cn);                           \
+    CHECK(rn == rc && nd_net == nd_cn, "collnet v%d devices() agrees with the net table (%d, %d)", \
+          v, nd_net, nd_cn);                                                                    \
+    if (expect_devices && rc == NCCL_OK && nd_cn > 0) {                                         \
+      props_t a, b;                                                                             \
+      nccl_result ra = net->get_properties(0, &a), rb = cn->get_properties(0, &b);              \
+      CHECK(ra == NCCL_OK && rb == NCCL_OK && strcmp(a.name, b.name) == 0 && a.guid == b.guid && \
+                a.speed == b.speed && a.port == b.port && b.ptr_support == PTR_HOST &&          \
+                a.max_comms == b.max_comms && a.latency == b.latency,                           \
+            "collnet v%d getProperties(0): the net table's, host memory only (%s)", v, b.name);\
+    }                                                                                           \
+    int all = 1;                                                                                \
+    for (int dt = 0; dt < DT_COUNT; dt++)                                                       \
+      for (int op = 0; op < OP_COUNT; op++) {                                                   \
+        int sup = -1;                                                                           \
+        int want = dt >= DT_FP8E4M3 ? (has_fp8) : 1;                                            \
+        all &= cn->reduce_support(dt, op, &sup) == NCCL_OK && sup == want;                      \
+      }                                                                                         \
+    CHECK(all, "collnet v%d reduceSupport: every type x op%s", v,                               \
+          (has_fp8) ? " (fp8 included)" : " (no fp8 before v9)");                               \
+    int sup = -1;                                                                               \
+    CHECK(cn->reduce_support(DT_FLOAT32, OP_COUNT, &sup) == NCCL_OK && sup == 0 &&              \
+              cn->reduce_support(DT_COUNT, OP_SUM, &sup) == NCCL_OK && sup == 0,                \
+          "collnet v%d reduceSupport: 0 for a user-defined op and an unknown type", v);          \
+    CHECK(cn->reduce_support(DT_FLOAT32, OP_SUM, NULL) != NCCL_OK,                              \
+          "collnet v%d reduceSupport(NULL) is an error", v);                                    \
+    void* bogus = (void*)0x12345678;                                                            \
+    void* req = bogus;                                                                          \
+    int done = 0, size = 0;                                                                     \
+    CHECK(cn->test(NULL, &done, &size) != NCCL_OK && cn->test(bogus, &done, &size) != NCCL_OK,  \
+          "collnet v%d test(NULL/bogus) is an error", v);                                       \
+    CHECK(cn->close_coll(bogus) != NCCL_OK && cn->close_listen(bogus) != NCCL_OK &&             \
+              cn->dereg_mr(bogus, bogus) != NCCL_OK && cn->iflush(bogus, NULL, 0, NULL, &req) != NCCL_OK, \
+          "collnet v%d closeColl/closeListen/deregMr/iflush on bogus handles are errors", v);   \
+    CHECK(cn->iallreduce(bogus, NULL, NULL, 0, DT_FLOAT32, OP_SUM, NULL, NULL, &req) != NCCL_OK, \
+          "collnet v%d iallreduce on a bogus collComm is an error", v);                         \
+    done_expr;                                                                                  \
+  } while (0)
+
+static void run_collnet(void* lib) {
+  collnet_v6* c6 = dlsym(lib, "ncclCollNetPlugin_v6");
+  net_v6* n6 = dlsym(lib, "ncclNetPlugin_v6");
+  CHECK_COLLNET(6, c6, n6, props_v6, 0, c6->init(logger), (void)0);
+  collnet_v7* c7 = dlsym(lib, "ncclCollNetPlugin_v7");
+  net_v7* n7 = dlsym(lib, "ncclNetPlugin_v7");
+  CHECK_COLLNET(7, c7, n7, props_v7, 0, c7->init(logger), (void)0);
+  collnet_v8* c8 = dlsym(lib, "ncclCollNetPlugin_v8");
+  net_v8* n8 = dlsym(lib, "ncclNetPlugin_v8");
+  CHECK_COLLNET(8, c8, n8, props_v8, 0, c8->init(logger), (void)0);
+  if (c8) CHECK(c8->iallgather && c8->ireducescatter, "collnet v8 iallgather and ireducescatter are set");
+  collnet_v9* c9 = dlsym(lib, "ncclCollNetPlugin_v9");
+  net_v9* n9 = dlsym(lib, "ncclNetPlugin_v9");
+  CHECK_COLLNET(9, c9, n9, props_v9, 1, c9->init(logger), (void)0);
+  if (c9) CHECK(c9->iallgather && c9->ireducescatter && !c9->make_vdevice,
+                "collnet v9 iallgather, ireducescatter set; makeVDevice NULL as in the net table");
+  collnet_v9* c10 = dlsym(lib, "ncclCollNetPlugin_v10");
+  net_v10* n10 = dlsym(lib, "ncclNetPlugin_v10");
+  CHECK_COLLNET(10, c10, n10, props_v9, 1, c10->init(logger), (void)0);
+  if (c10) CHECK(!c10->make_vdevice, "collnet v10 makeVDevice NULL");
+  collnet_v11* c11 = dlsym(lib, "ncclCollNetPlugin_v11");
+  net_v11* n11 = dlsym(lib, "ncclNetPlugin_v11");
+  void* ctx = NULL;
+  CHECK_COLLNET(11, c11, n11, props_v11, 1, c11->init(&ctx, 11, logger),
+                CHECK(!ctx || c11->finalize(ctx) == NCCL_OK, "collnet v11 finalize"));
+  if (c11) CHECK(c11->finalize && !c11->make_vdevice, "collnet v11 finalize set, makeVDevice NULL");
+  collnet_v12* c12 = dlsym(lib, "ncclCollNetPlugin_v12");
+  net_v12* n12 = dlsym(lib, "ncclNetPlugin_v12");
+  ctx = NULL;
+  CHECK_COLLNET(12, c12, n12, props_v12, 1, c12->init(&ctx, 12, logger),
+                CHECK(!ctx || c12->finalize(ctx) == NCCL_OK, "collnet v12 finalize"));
+  if (c12) {
+    CHECK(c12->finalize && !c12->make_vdevice, "collnet v12 finalize set, makeVDevice NULL");
+    CHECK(c12->finalize((void*)0x4242) != NCCL_OK, "collnet v12 finalize(bogus) is an error");
+  }
+}
 
 static void run(void* lib) {
   int threads_before = thread_count();
@@ -238,6 +332,8 @@ static void run(void* lib) {
     }
     if (ctx) CHECK(v12->finalize(ctx) == NCCL_OK, "v12 finalize");
   }
+
+  run_collnet(lib);
 
   CHECK(thread_count() == threads_before, "no thread left behind (%d before, %d after)", threads_before,
         thread_count());

@@ -62,7 +62,7 @@ impl VersionedProps for NcclNetPropertiesV8 {
             guid: v7.guid,
             ptr_support: v7.ptr_support,
             // Registrations live in a per-device cache and serve every comm of that device.
-            reg_is_global: 1,
+            reg_is_global: p.reg_is_global,
             speed: v7.speed,
             port: v7.port,
             latency: v7.latency,

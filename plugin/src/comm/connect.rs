@@ -13,19 +13,25 @@
 
 use super::data::{self, DataComm, Side};
 use crate::backend::any::AnyEndpoint as Endpoint;
+use crate::backend::device::OpenPort;
 use crate::backend::endpoint::Role;
 use crate::clock;
 use crate::config::QpSettings;
 use crate::error::{NetError, NetResult};
 use crate::handle::{Handle, Ptr, Registry};
 use crate::log::{INIT_NET, info};
+use crate::mesh::{self, MeshDevice};
 use crate::net::{self, NetContext};
 use crate::oob::{pump, socket};
 use core::ffi::c_int;
 use rivet_core::data::SendConn;
 use rivet_core::handshake::{Connector, ConnectorEvent};
-use rivet_core::wire::{EndpointInfo, HANDLE_LEN, ListenHandle, RejectReason};
-use std::net::{SocketAddr, TcpStream};
+use rivet_core::mesh::{MeshAddr, Reach};
+use rivet_core::wire::{
+    EndpointInfo, HANDLE_LEN, ListenHandle, MESH_LIST_AT, MeshList, RejectReason,
+};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::Arc;
 
 /// Marks bytes 64..72 of NCCL's handle as holding a pending-connect token.
 const TOKEN_MAGIC: [u8; 8] = *b"RVTCONN1";
@@ -75,8 +81,11 @@ fn start(
             "connect: the connection handle from the peer is not usable: {e}"
         ))
     })?;
-    let port = net::open_port(dev)?;
     let config = net::config()?;
+    let (port, target) = match net::mesh_device_for(dev)? {
+        Some(mesh) => mesh_route(&mesh, &listener, handle)?,
+        None => (net::open_port(dev)?, listener.addr),
+    };
     let settings = config.qp_settings(tc.or_else(|| ctx.and_then(|c| c.traffic_class)));
     let endpoint = Endpoint::new(&port, Role::Sender).map_err(|e| {
         NetError::system(format!(
@@ -84,8 +93,8 @@ fn start(
             port.info.name
         ))
     })?;
-    let socket = socket::start_connect(listener.addr)
-        .map_err(|e| NetError::system(format!("connect: cannot reach {}: {e}", listener.addr)))?;
+    let socket = socket::start_connect(target)
+        .map_err(|e| NetError::system(format!("connect: cannot reach {target}: {e}")))?;
     let machine = Connector::new(
         &listener,
         endpoint.local_info(&settings),
@@ -94,12 +103,52 @@ fn start(
     );
     Ok(PendingConnect {
         socket,
-        addr: listener.addr,
+        addr: target,
         tcp_connected: false,
         machine,
         endpoint,
         settings,
     })
+}
+
+/// On the mesh device: the local member and the listener address a connection uses
+/// (`rivet_core::mesh::choose` over the handle's address list; a listener that is no mesh device
+/// offers only its handshake address).
+fn mesh_route(
+    mesh: &MeshDevice,
+    listener: &ListenHandle,
+    handle: &[u8; 128],
+) -> NetResult<(Arc<OpenPort>, SocketAddr)> {
+    let list = MeshList::decode(&handle[MESH_LIST_AT..]).map_err(|e| {
+        NetError::invalid_usage(format!(
+            "connect: the mesh address list in the peer's handle is not usable: {e}"
+        ))
+    })?;
+    let peer: Vec<MeshAddr> = match (list, listener.addr.ip()) {
+        (Some(list), _) => list.addrs().to_vec(),
+        (None, IpAddr::V4(ip)) => vec![MeshAddr { ip, prefix_len: 32 }],
+        (None, IpAddr::V6(ip)) => {
+            return Err(NetError::invalid_usage(format!(
+                "connect: RIVET_MESH=1 reaches IPv4 peers only; the peer listens on {ip}"
+            )));
+        }
+    };
+    let local = mesh.addrs();
+    let choice = rivet_core::mesh::choose(&local, &peer, |i| mesh::route_source(peer[i].ip))
+        .map_err(|e| NetError::remote(format!("connect: {e}")))?;
+    let member = &mesh.members[choice.local];
+    let target = SocketAddr::from((peer[choice.peer].ip, listener.addr.port()));
+    info!(
+        INIT_NET,
+        "mesh: connecting to {target} from {} {} ({})",
+        member.name,
+        member.addr,
+        match choice.reach {
+            Reach::Subnet => "same subnet",
+            Reach::Routed => "routed",
+        }
+    );
+    Ok((net::open_mesh_member(mesh, choice.local)?, target))
 }
 
 /// Where a pending connect stands after a round of progress.

@@ -24,13 +24,17 @@ use crate::config::QpSettings;
 use crate::error::{NetError, NetResult};
 use crate::handle::{Handle, Ptr, Registry, unknown};
 use crate::log::{INIT_NET, info, warn};
+use crate::mesh::MeshDevice;
 use crate::net::{self, NetContext};
 use crate::oob::{iface, pump, socket};
 use core::ffi::c_int;
 use rivet_core::data::RecvConn;
 use rivet_core::handshake::{Acceptor, AcceptorEvent};
-use rivet_core::wire::{EndpointInfo, ListenHandle, RejectReason};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use rivet_core::mesh::{self, MeshAddr};
+use rivet_core::wire::{
+    EndpointInfo, ListenHandle, MESH_LIST_AT, MESH_LIST_LEN, MeshList, RejectReason,
+};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 
 /// Most half-open connections a listen comm keeps; beyond that the oldest is dropped, so a flood
@@ -40,7 +44,8 @@ const MAX_PENDING: usize = 64;
 /// A listen comm.
 #[derive(Debug)]
 pub(crate) struct ListenComm {
-    port: Arc<OpenPort>,
+    /// The port connections are served on; on the mesh device one per member, with its address.
+    ports: Ports,
     listener: TcpListener,
     listen_id: u64,
     config: Config,
@@ -48,9 +53,36 @@ pub(crate) struct ListenComm {
     pending: Mutex<Vec<PendingAccept>>,
 }
 
+/// Where a listen comm serves its connections.
+#[derive(Debug)]
+enum Ports {
+    /// A physical device: one port.
+    One(Arc<OpenPort>),
+    /// The mesh device: the member whose address the connector reached.
+    Mesh(Vec<(MeshAddr, Arc<OpenPort>)>),
+}
+
+impl Ports {
+    /// The port for a connection that arrived on local address `arrived_on`.
+    fn for_arrival(&self, arrived_on: Option<SocketAddr>) -> Option<Arc<OpenPort>> {
+        match self {
+            Self::One(port) => Some(port.clone()),
+            Self::Mesh(members) => {
+                let Some(SocketAddr::V4(local)) = arrived_on else {
+                    return None;
+                };
+                let addrs: Vec<MeshAddr> = members.iter().map(|(a, _)| *a).collect();
+                mesh::arrival_member(&addrs, *local.ip()).map(|i| members[i].1.clone())
+            }
+        }
+    }
+}
+
 /// One accepted TCP connection whose handshake is in progress.
 #[derive(Debug)]
 struct PendingAccept {
+    /// The port this connection is served on.
+    port: Arc<OpenPort>,
     socket: TcpStream,
     peer: SocketAddr,
     machine: Acceptor,
@@ -64,8 +96,11 @@ pub(crate) fn listen(
     dev: c_int,
     handle: &mut [u8; 128],
 ) -> NetResult<Ptr> {
-    let port = net::open_port(dev)?;
     let config = net::config()?;
+    if let Some(mesh) = net::mesh_device_for(dev)? {
+        return listen_mesh(ctx, &mesh, config, handle);
+    }
+    let port = net::open_port(dev)?;
     let candidates = iface::local_addresses()
         .map_err(|e| NetError::system(format!("listen: getifaddrs: {e}")))?;
     let local = iface::choose(&candidates, &config.interface).ok_or_else(|| {
@@ -99,7 +134,65 @@ pub(crate) fn listen(
         "listening on {addr} ({}) for {} port {}", local.name, port.info.name, port.info.port
     );
     let comm = ListenComm {
-        port,
+        ports: Ports::One(port),
+        listener,
+        listen_id,
+        config,
+        settings,
+        pending: Mutex::new(Vec::new()),
+    };
+    LISTENS
+        .insert(Box::new(comm))
+        .map(Handle::to_ptr)
+        .map_err(|full| NetError::system(format!("listen: {full}")))
+}
+
+/// `listen` on the mesh device: one socket on every IPv4 address, every member's address in the
+/// handle (bytes 80..128), each connection served on the member the connector reached.
+fn listen_mesh(
+    ctx: Option<&NetContext>,
+    mesh: &MeshDevice,
+    config: Config,
+    handle: &mut [u8; 128],
+) -> NetResult<Ptr> {
+    let mut members = Vec::with_capacity(mesh.members.len());
+    for (i, member) in mesh.members.iter().enumerate() {
+        members.push((member.addr, net::open_mesh_member(mesh, i)?));
+    }
+    let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0));
+    let listener = socket::listen(any)
+        .map_err(|e| NetError::system(format!("listen: cannot listen on {any}: {e}")))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| NetError::system(format!("listen: {e}")))?
+        .port();
+    let addrs = mesh.addrs();
+    let list = MeshList::new(&addrs)
+        .ok_or_else(|| NetError::misuse("listen: the mesh device has no member"))?;
+    let listen_id = crate::random::u64();
+    // The listen handle names the first member; a mesh connector picks from the list.
+    let first = SocketAddr::from((addrs[0].ip, port));
+    handle.fill(0);
+    handle[..rivet_core::wire::HANDLE_LEN]
+        .copy_from_slice(&ListenHandle::new(first, listen_id).encode());
+    handle[MESH_LIST_AT..MESH_LIST_AT + MESH_LIST_LEN].copy_from_slice(&list.encode());
+    let settings = config.qp_settings(ctx.and_then(|c| c.traffic_class));
+    info!(
+        INIT_NET,
+        "listening on port {port} of {} for the mesh device {}",
+        addrs
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        mesh.members
+            .iter()
+            .map(|m| m.name.as_str())
+            .collect::<Vec<_>>()
+            .join("+")
+    );
+    let comm = ListenComm {
+        ports: Ports::Mesh(members),
         listener,
         listen_id,
         config,
@@ -140,11 +233,11 @@ impl ListenComm {
         while let Some(event) = pending.machine.poll_event() {
             match event {
                 AcceptorEvent::Request { remote } => {
-                    if remote.link_layer.code() != self.port.info.link_layer.raw() {
+                    if remote.link_layer.code() != pending.port.info.link_layer.raw() {
                         let _ = pending.machine.reject(RejectReason::LinkLayerMismatch);
                         continue;
                     }
-                    match Endpoint::new(&self.port, Role::Receiver)
+                    match Endpoint::new(&pending.port, Role::Receiver)
                         .and_then(|ep| ep.connect(&remote, &self.settings).map(|()| ep))
                     {
                         Ok(endpoint) => {
@@ -228,9 +321,18 @@ pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
                         oldest.peer
                     );
                 }
+                let Some(port) = comm.ports.for_arrival(stream.local_addr().ok()) else {
+                    warn!(
+                        "accept: dropping the connection from {peer}: it arrived on {:?}, the \
+                         address of no member of the mesh device",
+                        stream.local_addr().ok()
+                    );
+                    continue;
+                };
                 let machine =
                     Acceptor::new(comm.listen_id, clock::now(), comm.config.handshake_timeout);
                 pending.push(PendingAccept {
+                    port,
                     socket: stream,
                     peer,
                     machine,

@@ -17,9 +17,11 @@ mod flush;
 mod listen;
 mod mr;
 
+use crate::backend::device::OpenPort;
 use crate::error::NetResult;
 use crate::handle::Ptr;
 use core::ffi::c_int;
+use std::sync::Arc;
 
 pub(crate) use connect::connect;
 pub(crate) use data::{RecvArgs, local_qp};
@@ -41,4 +43,27 @@ pub(crate) fn reg_mr(
 /// `deregMr` of a registration on the port of data comm `comm`.
 pub(crate) fn dereg_mr(comm: Ptr, mh: Ptr) -> NetResult<()> {
     mr::dereg_mr(&data::port_of("deregMr", comm)?, mh)
+}
+
+/// `regMr` on an opened port rather than through a data comm: a CollNet group registers once for
+/// all of its connections (they share the port's protection domain).
+pub(crate) fn reg_mr_on_port(
+    port: Arc<OpenPort>,
+    data: Ptr,
+    size: usize,
+    kind: c_int,
+    dmabuf: Option<(u64, c_int)>,
+) -> NetResult<Ptr> {
+    mr::reg_mr(port, data, size, kind, dmabuf)
+}
+
+/// `deregMr` of a registration made with [`reg_mr_on_port`].
+pub(crate) fn dereg_mr_on_port(port: &Arc<OpenPort>, mh: Ptr) -> NetResult<()> {
+    mr::dereg_mr(port, mh)
+}
+
+/// Check that `addr .. addr + len` lies inside registration `mh` (CollNet reads and writes
+/// registered buffers with the CPU).
+pub(crate) fn check_registered(call: &str, mh: Ptr, addr: u64, len: u64) -> NetResult<()> {
+    mr::lookup(call, mh)?.lkey_for(addr, len).map(drop)
 }

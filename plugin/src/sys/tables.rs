@@ -8,23 +8,31 @@ use core::ffi::{c_char, c_int, c_void};
 use core::mem::{offset_of, size_of};
 
 type Ptr = *mut c_void;
-type Fn0 = Option<unsafe extern "C" fn(Ptr) -> NcclResult>;
-type DevicesFn = Option<unsafe extern "C" fn(*mut c_int) -> NcclResult>;
-type PropsFn<P> = Option<unsafe extern "C" fn(c_int, *mut P) -> NcclResult>;
-type ListenFn = Option<unsafe extern "C" fn(c_int, Ptr, *mut Ptr) -> NcclResult>;
-type ListenCtxFn = Option<unsafe extern "C" fn(Ptr, c_int, Ptr, *mut Ptr) -> NcclResult>;
+/// A call on one handle (`closeSend`, `finalize`, …).
+pub type Fn0 = Option<unsafe extern "C" fn(Ptr) -> NcclResult>;
+/// `devices(int*)`.
+pub type DevicesFn = Option<unsafe extern "C" fn(*mut c_int) -> NcclResult>;
+/// `getProperties(dev, props)` over the version's properties struct.
+pub type PropsFn<P> = Option<unsafe extern "C" fn(c_int, *mut P) -> NcclResult>;
+/// `listen(dev, handle, listenComm)`.
+pub type ListenFn = Option<unsafe extern "C" fn(c_int, Ptr, *mut Ptr) -> NcclResult>;
+/// `listen(ctx, dev, handle, listenComm)` (v11+).
+pub type ListenCtxFn = Option<unsafe extern "C" fn(Ptr, c_int, Ptr, *mut Ptr) -> NcclResult>;
 type DevHandleOut = *mut *mut NcclNetDeviceHandle;
 /// `regMr` with an `int` size (v6 – v7).
 pub type RegMrIntFn = Option<unsafe extern "C" fn(Ptr, Ptr, c_int, c_int, *mut Ptr) -> NcclResult>;
 /// `regMr` with a `size_t` size (v8 on).
 pub type RegMrFn = Option<unsafe extern "C" fn(Ptr, Ptr, usize, c_int, *mut Ptr) -> NcclResult>;
-type RegMrDmaBufFn =
+/// `regMrDmaBuf(comm, data, size, type, offset, fd, mhandle)`.
+pub type RegMrDmaBufFn =
     Option<unsafe extern "C" fn(Ptr, Ptr, usize, c_int, u64, c_int, *mut Ptr) -> NcclResult>;
-type DeregMrFn = Option<unsafe extern "C" fn(Ptr, Ptr) -> NcclResult>;
+/// `deregMr(comm, mhandle)`.
+pub type DeregMrFn = Option<unsafe extern "C" fn(Ptr, Ptr) -> NcclResult>;
 type IflushFn = Option<
     unsafe extern "C" fn(Ptr, c_int, *mut Ptr, *mut c_int, *mut Ptr, *mut Ptr) -> NcclResult,
 >;
-type TestFn = Option<unsafe extern "C" fn(Ptr, *mut c_int, *mut c_int) -> NcclResult>;
+/// `test(request, done, sizes)`.
+pub type TestFn = Option<unsafe extern "C" fn(Ptr, *mut c_int, *mut c_int) -> NcclResult>;
 type GetDeviceMrFn = Option<unsafe extern "C" fn(Ptr, Ptr, *mut Ptr) -> NcclResult>;
 type IrecvConsumedFn = Option<unsafe extern "C" fn(Ptr, c_int, Ptr) -> NcclResult>;
 
