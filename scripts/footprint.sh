@@ -13,8 +13,8 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
 
 # The exported tables. A new table version or family goes here (and into tests/abi_loader.rs).
-required=(ncclNetPlugin_v{6..12})
-optional=(ncclCollNetPlugin_v{6..12})
+required=(ncclNetPlugin_v{6..12} ncclCollNetPlugin_v{6..12})
+optional=()
 # Demangled path prefixes of code that must not be linked in.
 test_support='rivet_verbs_ffi::(mlx5::model|selftest)::|rivet_core::sim::|nccl_net_rivet::backend::sim::'
 max_data=65536
