@@ -87,6 +87,7 @@ mod error;
 mod mock;
 #[cfg(test)]
 mod pair_tests;
+mod pool;
 pub(crate) mod queue;
 mod recv;
 mod send;

@@ -4,6 +4,7 @@ use super::codec::{
     CTS_ENTRY_LEN, CTS_SLOT_LEN, CtsEntry, Imm, RECORD_LEN, SizeRecord, WrId, WrKind, stamp_for,
 };
 use super::error::{DataError, ProtocolError};
+use super::pool::{RequestPool, RequestState};
 use super::queue::SendQueue;
 use super::{
     CQ_DEPTH, Completed, Connection, EMPTY_WR, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH,
@@ -26,13 +27,6 @@ pub const CTS_LOW_WATER: u32 = 2;
 /// Deferred CTS entries that are written at once even while the sender holds enough grants.
 pub const CTS_BATCH: u32 = 6;
 
-/// One receive slot; a receive request is named by its slot.
-#[derive(Clone, Copy, Debug)]
-struct RecvSlot {
-    generation: u16,
-    state: RecvState,
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum RecvState {
     /// Not in use.
@@ -49,6 +43,27 @@ enum RecvState {
     Refused(DataError),
 }
 
+impl RequestState for RecvState {
+    const FREE: Self = Self::Free;
+
+    #[inline(always)]
+    fn pending(&self) -> bool {
+        matches!(self, Self::Posted { .. })
+    }
+
+    #[inline(always)]
+    fn report(&self) -> Result<Completed, DataError> {
+        match *self {
+            Self::Posted { .. } | Self::Free => Ok(Completed::Pending),
+            Self::Done { n, sizes } => Ok(Completed::Done {
+                n: usize::from(n),
+                sizes,
+            }),
+            Self::Refused(err) => Err(err),
+        }
+    }
+}
+
 /// The receiving side of one connection: posts receives and clear-to-send entries, and turns
 /// write-with-immediate completions into finished receives.
 #[derive(Debug)]
@@ -60,7 +75,8 @@ pub struct RecvConn {
     next_seq: u32,
     /// Oldest receive whose write-with-immediate has not arrived.
     oldest: u32,
-    slots: [RecvSlot; SLOTS],
+    /// A receive request is named by its FIFO slot.
+    requests: RequestPool<RecvState, false>,
     /// Receive work requests posted and not completed.
     recvs_posted: usize,
     /// The newest receives whose CTS entries are staged but not yet written to the sender
@@ -69,7 +85,6 @@ pub struct RecvConn {
     /// Whether `test` ran since the last `irecv`: only a receiver that is being polled may defer
     /// (receives posted back to back are all written at once, as NCCL's IB transport writes them).
     polled: bool,
-    outstanding: usize,
     health: Health,
     /// Poll buffer, kept here so polling does not initialise one per call.
     batch: [Completion; POLL_BATCH],
@@ -96,14 +111,10 @@ impl RecvConn {
             sq: SendQueue::default(),
             next_seq: 0,
             oldest: 0,
-            slots: [RecvSlot {
-                generation: 0,
-                state: RecvState::Free,
-            }; SLOTS],
+            requests: RequestPool::new(Side::Recv),
             recvs_posted: 0,
             deferred: 0,
             polled: false,
-            outstanding: 0,
             health,
             batch: [NO_COMPLETION; POLL_BATCH],
         }
@@ -133,7 +144,7 @@ impl RecvConn {
         }
         let seq = self.next_seq;
         let slot = seq as u8;
-        if self.slots[usize::from(slot)].state != RecvState::Free {
+        if !self.requests.is_free(slot) {
             return Ok(None);
         }
         // Room for the receive and for a flush of every deferred entry (two writes at the wrap).
@@ -180,26 +191,22 @@ impl RecvConn {
         // Staged even when it may go inline: a later flush may carry it with its neighbours.
         nic.write_staging(offset, &bytes[..len]);
 
-        let entry = &mut self.slots[usize::from(slot)];
-        entry.state = RecvState::Posted {
-            seq,
-            n: n as u8,
-            capacity,
-        };
-        let generation = entry.generation;
+        let id = self.requests.occupy(
+            slot,
+            RecvState::Posted {
+                seq,
+                n: n as u8,
+                capacity,
+            },
+        );
         self.next_seq = seq.wrapping_add(1);
-        self.outstanding += 1;
         self.deferred += 1;
         let may_defer = core::mem::replace(&mut self.polled, false);
         if !may_defer || self.flush_due() {
             let inline = (self.deferred == 1 && len <= nic.max_inline()).then_some(&bytes[..len]);
             self.flush_cts(nic, inline)?;
         }
-        Ok(Some(RequestId {
-            index: slot,
-            side: Side::Recv,
-            generation,
-        }))
+        Ok(Some(id))
     }
 
     /// The cause the connection failed with, if it did.
@@ -255,7 +262,7 @@ impl RecvConn {
                 continue;
             }
             let last = start + slots - 1;
-            let RecvState::Posted { n, .. } = self.slots[last].state else {
+            let RecvState::Posted { n, .. } = self.requests.state(last) else {
                 return Err(self
                     .health
                     .fail(ProtocolError::UnexpectedCompletion { wr: WrKind::Cts }.into()));
@@ -345,7 +352,7 @@ impl RecvConn {
             seq: posted_seq,
             n,
             capacity,
-        } = self.slots[usize::from(slot)].state
+        } = self.requests.state(usize::from(slot))
         else {
             return Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }.into());
         };
@@ -416,71 +423,26 @@ impl RecvConn {
             }
             RecvState::Done { n, sizes }
         };
-        self.slots[usize::from(slot)].state = state;
+        *self.requests.state_mut(usize::from(slot)) = state;
         self.oldest = seq.wrapping_add(1);
         self.recvs_posted -= 1;
         Ok(())
-    }
-
-    fn lookup(&self, req: RequestId) -> Result<usize, DataError> {
-        let index = usize::from(req.index);
-        let entry = &self.slots[index];
-        if req.side != Side::Recv
-            || entry.generation != req.generation
-            || entry.state == RecvState::Free
-        {
-            return Err(DataError::InvalidRequest {
-                bits: req.to_bits(),
-            });
-        }
-        Ok(index)
-    }
-
-    fn release(&mut self, index: usize) {
-        let slot = &mut self.slots[index];
-        if slot.state == RecvState::Free {
-            return;
-        }
-        slot.state = RecvState::Free;
-        slot.generation = slot.generation.wrapping_add(1);
-        self.outstanding -= 1;
     }
 }
 
 impl Connection for RecvConn {
     /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
     fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
-        let index = self.lookup(req)?;
+        let index = self.requests.lookup(req)?;
         self.polled = true;
+        let mut progress = Ok(());
         if self.flush_due() && self.health.check().is_ok() {
-            if let Err(err) = self.flush_cts(nic, None) {
-                self.release(index);
-                return Err(err);
-            }
+            progress = self.flush_cts(nic, None);
         }
-        if matches!(self.slots[index].state, RecvState::Posted { .. }) {
-            if let Err(err) = self.health.check().and_then(|()| self.poll_cq(nic)) {
-                self.release(index);
-                return Err(err);
-            }
+        if progress.is_ok() && self.requests.state(index).pending() {
+            progress = self.health.check().and_then(|()| self.poll_cq(nic));
         }
-        match self.slots[index].state {
-            RecvState::Free => Err(DataError::InvalidRequest {
-                bits: req.to_bits(),
-            }),
-            RecvState::Posted { .. } => Ok(Completed::Pending),
-            RecvState::Done { n, sizes } => {
-                self.release(index);
-                Ok(Completed::Done {
-                    n: usize::from(n),
-                    sizes,
-                })
-            }
-            RecvState::Refused(err) => {
-                self.release(index);
-                Err(err)
-            }
-        }
+        self.requests.settle(index, req, progress)
     }
 
     /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it
@@ -508,7 +470,7 @@ impl Connection for RecvConn {
 
     /// Requests handed out and not yet freed by `test`.
     fn outstanding(&self) -> usize {
-        self.outstanding
+        self.requests.outstanding()
     }
 }
 

@@ -5,22 +5,17 @@ use super::codec::{
     stamp_for,
 };
 use super::error::{DataError, ProtocolError};
+use super::pool::{RequestPool, RequestState};
 use super::queue::SendQueue;
 use super::{
-    CQ_DEPTH, Completed, Connection, EMPTY_WR, Health, MAX_RECVS, MAX_REQUESTS, NO_COMPLETION,
-    POLL_BATCH, RECV_INBOUND_LEN, RequestId, SLOTS, SendBuf, Side, completion_error, region_addr,
+    CQ_DEPTH, Completed, Connection, EMPTY_WR, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH,
+    RECV_INBOUND_LEN, RequestId, SLOTS, SendBuf, Side, completion_error, region_addr,
 };
 use crate::nic::{
     Completion, CompletionKind, MAX_WR_BYTES, Nic, Payload, RemoteRegion, SendOp, SendWr, Sge,
 };
 
-/// One send request of the pool.
-#[derive(Clone, Copy, Debug)]
-struct SendReq {
-    generation: u16,
-    state: SendState,
-}
-
+/// What a send request of the pool is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SendState {
     /// In the free list.
@@ -31,6 +26,28 @@ enum SendState {
     Done { size: u64 },
     /// Refused: it did not fit its buffer.
     Refused(DataError),
+}
+
+impl RequestState for SendState {
+    const FREE: Self = Self::Free;
+
+    #[inline(always)]
+    fn pending(&self) -> bool {
+        matches!(self, Self::InFlight { .. })
+    }
+
+    #[inline(always)]
+    fn report(&self) -> Result<Completed, DataError> {
+        match *self {
+            Self::InFlight { .. } | Self::Free => Ok(Completed::Pending),
+            Self::Done { size } => {
+                let mut sizes = [0; MAX_RECVS];
+                sizes[0] = size;
+                Ok(Completed::Done { n: 1, sizes })
+            }
+            Self::Refused(err) => Err(err),
+        }
+    }
 }
 
 /// A slot whose end (write-with-immediate) is posted and not yet completed.
@@ -177,9 +194,7 @@ pub struct SendConn {
     seq: u32,
     head: Head,
     ends: [EndState; SLOTS],
-    reqs: [SendReq; MAX_REQUESTS],
-    free: [u8; MAX_REQUESTS],
-    free_len: usize,
+    requests: RequestPool<SendState, true>,
     health: Health,
     /// Consecutive reads of a fresh-stamped entry that did not check yet.
     torn_reads: u32,
@@ -195,11 +210,6 @@ impl SendConn {
     /// A sender writing completion records into `peer_records` (the receiver's inbound region,
     /// from the handshake). A region shorter than [`RECV_INBOUND_LEN`] fails the connection.
     pub fn new(peer_records: RemoteRegion) -> Self {
-        let mut free = [0u8; MAX_REQUESTS];
-        for (i, slot) in free.iter_mut().enumerate() {
-            // Popped from the end: request 0 is handed out first.
-            *slot = (MAX_REQUESTS - 1 - i) as u8;
-        }
         let mut health = Health::Active;
         if (peer_records.len as usize) < RECV_INBOUND_LEN
             || peer_records
@@ -230,12 +240,7 @@ impl SendConn {
                 },
             },
             ends: [EndState::Idle; SLOTS],
-            reqs: [SendReq {
-                generation: 0,
-                state: SendState::Free,
-            }; MAX_REQUESTS],
-            free,
-            free_len: MAX_REQUESTS,
+            requests: RequestPool::new(Side::Send),
             health,
             batch: [NO_COMPLETION; POLL_BATCH],
         }
@@ -293,9 +298,9 @@ impl SendConn {
         else {
             return Ok(None);
         };
-        if self.free_len == 0 {
+        let Some(req_index) = self.requests.next_free() else {
             return Ok(None);
-        }
+        };
         let entry = head.entries[usize::from(pos)];
         let mismatch = buf.len > entry.size;
         let matched = SendMatch {
@@ -303,7 +308,7 @@ impl SendConn {
             n,
             entry,
             slot: self.seq as u8,
-            req_index: self.free[self.free_len - 1],
+            req_index,
             mismatch,
             last: head.matched.count_ones() + 1 == u32::from(n),
             group_mismatch: head.mismatch || mismatch,
@@ -453,9 +458,7 @@ impl SendConn {
     /// to the next receive.
     #[inline(always)]
     fn commit_send(&mut self, m: &SendMatch, plan: &SendPlan, buf: SendBuf) -> RequestId {
-        self.free_len -= 1;
-        let req = &mut self.reqs[usize::from(m.req_index)];
-        req.state = if m.mismatch {
+        let state = if m.mismatch {
             SendState::Refused(DataError::SizeMismatch {
                 index: usize::from(m.pos),
                 sent: buf.len,
@@ -464,11 +467,7 @@ impl SendConn {
         } else {
             SendState::InFlight { size: buf.len }
         };
-        let id = RequestId {
-            index: m.req_index,
-            side: Side::Send,
-            generation: req.generation,
-        };
+        let id = self.requests.occupy(m.req_index, state);
         let head = &mut self.head.m;
         head.matched |= 1 << m.pos;
         head.record = plan.record;
@@ -628,9 +627,9 @@ impl SendConn {
                 }
                 self.sq.complete(id.seq, id.kind)?;
                 for &req in reqs.iter().take(usize::from(count)) {
-                    let req = &mut self.reqs[usize::from(req)];
-                    if let SendState::InFlight { size } = req.state {
-                        req.state = SendState::Done { size };
+                    let state = self.requests.state_mut(usize::from(req));
+                    if let SendState::InFlight { size } = *state {
+                        *state = SendState::Done { size };
                     }
                 }
                 self.ends[slot] = EndState::Idle;
@@ -640,33 +639,6 @@ impl SendConn {
             }
         }
         Ok(())
-    }
-
-    fn lookup(&self, req: RequestId) -> Result<usize, DataError> {
-        let index = usize::from(req.index);
-        let entry = &self.reqs[index];
-        if req.side != Side::Send
-            || entry.generation != req.generation
-            || entry.state == SendState::Free
-        {
-            return Err(DataError::InvalidRequest {
-                bits: req.to_bits(),
-            });
-        }
-        Ok(index)
-    }
-
-    fn release(&mut self, index: usize) {
-        let req = &mut self.reqs[index];
-        if req.state == SendState::Free {
-            return;
-        }
-        req.state = SendState::Free;
-        req.generation = req.generation.wrapping_add(1);
-        if self.free_len < MAX_REQUESTS {
-            self.free[self.free_len] = index as u8;
-            self.free_len += 1;
-        }
     }
 }
 
@@ -709,29 +681,13 @@ fn record_payload<'a>(
 impl Connection for SendConn {
     /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
     fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
-        let index = self.lookup(req)?;
-        if matches!(self.reqs[index].state, SendState::InFlight { .. }) {
-            if let Err(err) = self.health.check().and_then(|()| self.poll_cq(nic)) {
-                self.release(index);
-                return Err(err);
-            }
-        }
-        match self.reqs[index].state {
-            SendState::Free => Err(DataError::InvalidRequest {
-                bits: req.to_bits(),
-            }),
-            SendState::InFlight { .. } => Ok(Completed::Pending),
-            SendState::Done { size } => {
-                self.release(index);
-                let mut sizes = [0; MAX_RECVS];
-                sizes[0] = size;
-                Ok(Completed::Done { n: 1, sizes })
-            }
-            SendState::Refused(err) => {
-                self.release(index);
-                Err(err)
-            }
-        }
+        let index = self.requests.lookup(req)?;
+        let progress = if self.requests.state(index).pending() {
+            self.health.check().and_then(|()| self.poll_cq(nic))
+        } else {
+            Ok(())
+        };
+        self.requests.settle(index, req, progress)
     }
 
     /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it
@@ -761,7 +717,7 @@ impl Connection for SendConn {
 
     /// Requests handed out and not yet freed by `test`.
     fn outstanding(&self) -> usize {
-        MAX_REQUESTS - self.free_len
+        self.requests.outstanding()
     }
 }
 

@@ -1,0 +1,258 @@
+//! The request slots of one direction of a connection, shared by [`super::SendConn`] and
+//! [`super::RecvConn`]: every slot carries a generation, so a stale id (its request already
+//! reported) or one of the other direction is refused, never taken for a newer request; and
+//! `test` reports a request's end the same way on both sides.
+//!
+//! Sends take any free slot (a free list, since they end in any order); receives take the slot of
+//! their sequence number (the clear-to-send FIFO is positional), so the free list is a const
+//! parameter.
+
+use super::{Completed, DataError, MAX_REQUESTS, RequestId, Side};
+
+/// The state a direction keeps per request.
+pub(super) trait RequestState: Copy + PartialEq {
+    /// A slot not in use.
+    const FREE: Self;
+    /// Still waiting for its completion (`test` polls the NIC only then).
+    fn pending(&self) -> bool;
+    /// What `test` reports for a slot in use: [`Completed::Pending`], [`Completed::Done`] or the
+    /// request's error. Anything but pending ends the request.
+    fn report(&self) -> Result<Completed, DataError>;
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot<S> {
+    generation: u16,
+    state: S,
+}
+
+/// [`MAX_REQUESTS`] generation-checked slots; with `FREE_LIST`, a stack of the free ones.
+#[derive(Clone, Debug)]
+pub(super) struct RequestPool<S, const FREE_LIST: bool> {
+    side: Side,
+    slots: [Slot<S>; MAX_REQUESTS],
+    /// Free slots, popped from the end (only with `FREE_LIST`).
+    free: [u8; MAX_REQUESTS],
+    free_len: usize,
+    in_use: usize,
+}
+
+impl<S: RequestState, const FREE_LIST: bool> RequestPool<S, FREE_LIST> {
+    /// Every slot free; with the free list, slot 0 is handed out first.
+    pub(super) fn new(side: Side) -> Self {
+        let mut free = [0u8; MAX_REQUESTS];
+        for (i, slot) in free.iter_mut().enumerate() {
+            *slot = (MAX_REQUESTS - 1 - i) as u8;
+        }
+        Self {
+            side,
+            slots: [Slot {
+                generation: 0,
+                state: S::FREE,
+            }; MAX_REQUESTS],
+            free,
+            free_len: if FREE_LIST { MAX_REQUESTS } else { 0 },
+            in_use: 0,
+        }
+    }
+
+    /// The slot the next [`occupy`](Self::occupy) of a free-list pool takes, if any is free.
+    #[inline(always)]
+    pub(super) fn next_free(&self) -> Option<u8> {
+        FREE_LIST
+            .then(|| self.free_len.checked_sub(1).map(|top| self.free[top]))
+            .flatten()
+    }
+
+    /// Whether slot `index` is free.
+    #[inline(always)]
+    pub(super) fn is_free(&self, index: u8) -> bool {
+        self.slots[usize::from(index)].state == S::FREE
+    }
+
+    /// Put a request in slot `index` (free: [`next_free`](Self::next_free) with the free list,
+    /// [`is_free`](Self::is_free) without) and name it.
+    #[inline(always)]
+    pub(super) fn occupy(&mut self, index: u8, state: S) -> RequestId {
+        if FREE_LIST && self.next_free() == Some(index) {
+            self.free_len -= 1;
+        }
+        self.in_use += 1;
+        let slot = &mut self.slots[usize::from(index)];
+        slot.state = state;
+        RequestId {
+            index,
+            side: self.side,
+            generation: slot.generation,
+        }
+    }
+
+    /// The slot of `req`, if it names a request in use of this pool.
+    #[inline(always)]
+    pub(super) fn lookup(&self, req: RequestId) -> Result<usize, DataError> {
+        let index = usize::from(req.index);
+        let slot = &self.slots[index];
+        if req.side != self.side || slot.generation != req.generation || slot.state == S::FREE {
+            return Err(DataError::InvalidRequest {
+                bits: req.to_bits(),
+            });
+        }
+        Ok(index)
+    }
+
+    /// The state of slot `index`.
+    #[inline(always)]
+    pub(super) fn state(&self, index: usize) -> S {
+        self.slots[index].state
+    }
+
+    /// The state of slot `index`, to change.
+    #[inline(always)]
+    pub(super) fn state_mut(&mut self, index: usize) -> &mut S {
+        &mut self.slots[index].state
+    }
+
+    /// End the request in slot `index` (nothing if it is free): its id goes stale.
+    pub(super) fn release(&mut self, index: usize) {
+        let slot = &mut self.slots[index];
+        if slot.state == S::FREE {
+            return;
+        }
+        slot.state = S::FREE;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.in_use -= 1;
+        if FREE_LIST && self.free_len < MAX_REQUESTS {
+            self.free[self.free_len] = index as u8;
+            self.free_len += 1;
+        }
+    }
+
+    /// `test`'s answer for the request in slot `index` (found by [`lookup`](Self::lookup) for
+    /// `req`) after the direction's `progress` (polling the NIC): a failed progress or an ended
+    /// request frees the slot.
+    #[inline(always)]
+    pub(super) fn settle(
+        &mut self,
+        index: usize,
+        req: RequestId,
+        progress: Result<(), DataError>,
+    ) -> Result<Completed, DataError> {
+        let state = self.slots[index].state;
+        let report = match progress {
+            Err(err) => Err(err),
+            Ok(()) if state == S::FREE => {
+                return Err(DataError::InvalidRequest {
+                    bits: req.to_bits(),
+                });
+            }
+            Ok(()) => state.report(),
+        };
+        if !matches!(report, Ok(Completed::Pending)) {
+            self.release(index);
+        }
+        report
+    }
+
+    /// Requests in use.
+    #[inline(always)]
+    pub(super) fn outstanding(&self) -> usize {
+        self.in_use
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Toy {
+        Free,
+        Waiting,
+        Done,
+        Failed,
+    }
+
+    impl RequestState for Toy {
+        const FREE: Self = Self::Free;
+        fn pending(&self) -> bool {
+            *self == Self::Waiting
+        }
+        fn report(&self) -> Result<Completed, DataError> {
+            match self {
+                Self::Waiting => Ok(Completed::Pending),
+                Self::Done => Ok(Completed::Done {
+                    n: 1,
+                    sizes: [7; super::super::MAX_RECVS],
+                }),
+                Self::Failed | Self::Free => Err(DataError::InvalidArgument("toy")),
+            }
+        }
+    }
+
+    #[test]
+    fn ids_go_stale_when_reported_and_never_cross_directions() {
+        let mut sends: RequestPool<Toy, true> = RequestPool::new(Side::Send);
+        let first = sends.next_free().unwrap();
+        assert_eq!(first, 0, "request 0 is handed out first");
+        let id = sends.occupy(first, Toy::Waiting);
+        assert_eq!(sends.outstanding(), 1);
+        let i = sends.lookup(id).unwrap();
+        assert_eq!(sends.settle(i, id, Ok(())), Ok(Completed::Pending));
+        *sends.state_mut(i) = Toy::Done;
+        assert!(matches!(
+            sends.settle(i, id, Ok(())),
+            Ok(Completed::Done { n: 1, .. })
+        ));
+        assert_eq!(sends.outstanding(), 0);
+        assert!(sends.lookup(id).is_err(), "a reported id is stale");
+        // The slot comes back with a new generation: the old id does not name the new request.
+        let again = sends.occupy(sends.next_free().unwrap(), Toy::Waiting);
+        assert_eq!(again.index, id.index);
+        assert!(sends.lookup(id).is_err() && sends.lookup(again).is_ok());
+
+        let mut recvs: RequestPool<Toy, false> = RequestPool::new(Side::Recv);
+        assert_eq!(
+            recvs.next_free(),
+            None,
+            "receives take their slot by position"
+        );
+        assert!(recvs.is_free(5));
+        let r = recvs.occupy(5, Toy::Waiting);
+        assert!(!recvs.is_free(5));
+        assert!(sends.lookup(r).is_err(), "a receive id is not a send id");
+        assert!(recvs.lookup(again).is_err(), "nor the other way round");
+        // A failed progress ends the request with its error.
+        let i = recvs.lookup(r).unwrap();
+        assert_eq!(
+            recvs.settle(i, r, Err(DataError::InvalidArgument("poll"))),
+            Err(DataError::InvalidArgument("poll"))
+        );
+        assert!(recvs.is_free(5) && recvs.outstanding() == 0);
+        // A refused request reports its error once, then is gone.
+        let r = recvs.occupy(6, Toy::Failed);
+        let i = recvs.lookup(r).unwrap();
+        assert!(recvs.settle(i, r, Ok(())).is_err());
+        assert!(recvs.lookup(r).is_err());
+    }
+
+    #[test]
+    fn the_free_list_hands_out_every_slot_once() {
+        let mut pool: RequestPool<Toy, true> = RequestPool::new(Side::Send);
+        let mut seen = [false; MAX_REQUESTS];
+        while let Some(i) = pool.next_free() {
+            assert!(!seen[usize::from(i)]);
+            seen[usize::from(i)] = true;
+            pool.occupy(i, Toy::Waiting);
+        }
+        assert!(seen.iter().all(|&s| s));
+        assert_eq!(pool.outstanding(), MAX_REQUESTS);
+        pool.release(3);
+        assert_eq!(pool.next_free(), Some(3));
+        pool.release(3);
+        assert_eq!(
+            pool.outstanding(),
+            MAX_REQUESTS - 1,
+            "releasing twice is a no-op"
+        );
+    }
+}
