@@ -74,7 +74,12 @@ impl<S: RequestState, const FREE_LIST: bool> RequestPool<S, FREE_LIST> {
     /// [`is_free`](Self::is_free) without) and name it.
     #[inline(always)]
     pub(super) fn occupy(&mut self, index: u8, state: S) -> RequestId {
-        if FREE_LIST && self.next_free() == Some(index) {
+        if FREE_LIST {
+            debug_assert_eq!(
+                self.next_free(),
+                Some(index),
+                "a free-list pool takes its top"
+            );
             self.free_len -= 1;
         }
         self.in_use += 1;
@@ -127,25 +132,19 @@ impl<S: RequestState, const FREE_LIST: bool> RequestPool<S, FREE_LIST> {
         }
     }
 
-    /// `test`'s answer for the request in slot `index` (found by [`lookup`](Self::lookup) for
-    /// `req`) after the direction's `progress` (polling the NIC): a failed progress or an ended
-    /// request frees the slot.
+    /// `test`'s answer for the request in slot `index` (found in use by [`lookup`](Self::lookup))
+    /// after the direction's `progress` (polling the NIC): a failed progress or an
+    /// ended request frees the slot.
     #[inline(always)]
     pub(super) fn settle(
         &mut self,
         index: usize,
-        req: RequestId,
         progress: Result<(), DataError>,
     ) -> Result<Completed, DataError> {
-        let state = self.slots[index].state;
+        // `lookup` found the slot in use and progress never frees one: no stale check again.
         let report = match progress {
             Err(err) => Err(err),
-            Ok(()) if state == S::FREE => {
-                return Err(DataError::InvalidRequest {
-                    bits: req.to_bits(),
-                });
-            }
-            Ok(()) => state.report(),
+            Ok(()) => self.slots[index].state.report(),
         };
         if !matches!(report, Ok(Completed::Pending)) {
             self.release(index);
@@ -197,10 +196,10 @@ mod tests {
         let id = sends.occupy(first, Toy::Waiting);
         assert_eq!(sends.outstanding(), 1);
         let i = sends.lookup(id).unwrap();
-        assert_eq!(sends.settle(i, id, Ok(())), Ok(Completed::Pending));
+        assert_eq!(sends.settle(i, Ok(())), Ok(Completed::Pending));
         *sends.state_mut(i) = Toy::Done;
         assert!(matches!(
-            sends.settle(i, id, Ok(())),
+            sends.settle(i, Ok(())),
             Ok(Completed::Done { n: 1, .. })
         ));
         assert_eq!(sends.outstanding(), 0);
@@ -224,14 +223,14 @@ mod tests {
         // A failed progress ends the request with its error.
         let i = recvs.lookup(r).unwrap();
         assert_eq!(
-            recvs.settle(i, r, Err(DataError::InvalidArgument("poll"))),
+            recvs.settle(i, Err(DataError::InvalidArgument("poll"))),
             Err(DataError::InvalidArgument("poll"))
         );
         assert!(recvs.is_free(5) && recvs.outstanding() == 0);
         // A refused request reports its error once, then is gone.
         let r = recvs.occupy(6, Toy::Failed);
         let i = recvs.lookup(r).unwrap();
-        assert!(recvs.settle(i, r, Ok(())).is_err());
+        assert!(recvs.settle(i, Ok(())).is_err());
         assert!(recvs.lookup(r).is_err());
     }
 

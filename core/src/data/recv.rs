@@ -442,7 +442,7 @@ impl Connection for RecvConn {
         if progress.is_ok() && self.requests.state(index).pending() {
             progress = self.health.check().and_then(|()| self.poll_cq(nic));
         }
-        self.requests.settle(index, req, progress)
+        self.requests.settle(index, progress)
     }
 
     /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it

@@ -687,7 +687,7 @@ impl Connection for SendConn {
         } else {
             Ok(())
         };
-        self.requests.settle(index, req, progress)
+        self.requests.settle(index, progress)
     }
 
     /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it
