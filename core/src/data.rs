@@ -85,6 +85,7 @@ pub mod codec;
 mod error;
 #[cfg(test)]
 mod mock;
+pub mod multi;
 #[cfg(test)]
 mod pair_tests;
 pub(crate) mod queue;
