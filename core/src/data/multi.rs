@@ -366,14 +366,14 @@ impl MultiSend {
             },
         };
         let qps = self.conns.len();
-        for qp in first..qps {
+        for (qp, nic) in nics.iter_mut().enumerate().skip(first) {
             let (offset, len) = split_part(buf.len, qps, qp);
             let part = SendBuf {
                 addr: buf.addr + offset,
                 len,
                 lkey: buf.lkey,
             };
-            let posted = self.conns[qp].isend_at(&mut nics[qp], part, tag, offset);
+            let posted = self.conns[qp].isend_at(nic, part, tag, offset);
             match posted {
                 Ok(Some(id)) => self.parts.add(index, qp, id),
                 Ok(None) if qp == 0 => {
@@ -555,8 +555,8 @@ impl MultiRecv {
                 None => return Ok(None),
             }
         };
-        for qp in first..last {
-            match self.conns[qp].irecv(&mut nics[qp], bufs, tags) {
+        for (qp, nic) in nics.iter_mut().enumerate().take(last).skip(first) {
+            match self.conns[qp].irecv(nic, bufs, tags) {
                 Ok(Some(id)) => self.parts.add(index, qp, id),
                 Ok(None) if qp == first && self.half.is_none() => {
                     self.parts.release(index);
