@@ -264,7 +264,14 @@ impl Parts {
                     }
                 }
                 Err(err) => {
-                    req.error.get_or_insert(err);
+                    // A connection failure outranks a part refused for size: it is what
+                    // NCCL must hear about.
+                    if req
+                        .error
+                        .is_none_or(|first| err.is_fatal() && !first.is_fatal())
+                    {
+                        req.error = Some(err);
+                    }
                     if err.is_fatal() {
                         // One queue pair failing fails the connection: the others' parts
                         // would otherwise wait for data that is never sent.
