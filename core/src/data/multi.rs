@@ -246,43 +246,53 @@ impl Parts {
         index: u8,
     ) -> Result<Completed, DataError> {
         let base = usize::from(index) * self.qps;
-        let mut pending = self.reqs[usize::from(index)].pending;
-        while pending != 0 {
-            let qp = pending.trailing_zeros() as usize;
-            pending &= pending - 1;
-            let Some(id) = self.ids[base + qp] else {
-                continue;
-            };
-            let outcome = conns[qp].test(&mut nics[qp], id);
-            let req = &mut self.reqs[usize::from(index)];
-            match outcome {
-                Ok(Completed::Pending) => continue,
-                Ok(Completed::Done { n, sizes }) => {
-                    req.n = n;
-                    for (total, part) in req.sizes.iter_mut().zip(sizes) {
-                        *total = total.saturating_add(part);
+        // A second round only after a part failed the connection: the parts tested before it
+        // in the first round now report the failure instead of waiting for ever.
+        for _round in 0..2 {
+            let mut pending = self.reqs[usize::from(index)].pending;
+            while pending != 0 {
+                let qp = pending.trailing_zeros() as usize;
+                pending &= pending - 1;
+                let Some(id) = self.ids[base + qp] else {
+                    continue;
+                };
+                let outcome = conns[qp].test(&mut nics[qp], id);
+                let req = &mut self.reqs[usize::from(index)];
+                match outcome {
+                    Ok(Completed::Pending) => continue,
+                    Ok(Completed::Done { n, sizes }) => {
+                        req.n = n;
+                        for (total, part) in req.sizes.iter_mut().zip(sizes) {
+                            *total = total.saturating_add(part);
+                        }
                     }
-                }
-                Err(err) => {
-                    // A connection failure outranks a part refused for size: it is what
-                    // NCCL must hear about.
-                    if req
-                        .error
-                        .is_none_or(|first| err.is_fatal() && !first.is_fatal())
-                    {
-                        req.error = Some(err);
-                    }
-                    if err.is_fatal() {
-                        // One queue pair failing fails the connection: the others' parts
-                        // would otherwise wait for data that is never sent.
-                        for conn in conns.iter_mut() {
-                            conn.handle_fatal(err);
+                    Err(err) => {
+                        // A connection failure outranks a part refused for size: it is what
+                        // NCCL must hear about.
+                        if req
+                            .error
+                            .is_none_or(|first| err.is_fatal() && !first.is_fatal())
+                        {
+                            req.error = Some(err);
+                        }
+                        if err.is_fatal() {
+                            // One queue pair failing fails the connection: the others' parts
+                            // would otherwise wait for data that is never sent.
+                            for conn in conns.iter_mut() {
+                                conn.handle_fatal(err);
+                            }
                         }
                     }
                 }
+                req.pending &= !(1 << qp);
+                self.ids[base + qp] = None;
             }
-            req.pending &= !(1 << qp);
-            self.ids[base + qp] = None;
+            if !self.reqs[usize::from(index)]
+                .error
+                .is_some_and(|err| err.is_fatal())
+            {
+                break;
+            }
         }
         let req = self.reqs[usize::from(index)];
         if !req.posted || req.pending != 0 {
@@ -399,9 +409,9 @@ impl MultiSend {
                     // Parts already posted stay with their queue pairs; the connection fails.
                     self.half = None;
                     self.fail_all(err);
-                    if qp == 0 {
-                        self.parts.release(index);
-                    }
+                    // NCCL never got this request's id: free it (parts already posted stay
+                    // with their failed queue pairs).
+                    self.parts.release(index);
                     return Err(err);
                 }
             }
@@ -579,9 +589,7 @@ impl MultiRecv {
                 }
                 Err(err) => {
                     self.half = None;
-                    if qp == first {
-                        self.parts.release(index);
-                    }
+                    self.parts.release(index);
                     for conn in &mut self.conns {
                         conn.handle_fatal(err);
                     }
