@@ -390,3 +390,30 @@ fn adaptive_routing_splits_data_and_immediate_above_the_threshold() {
         );
     }
 }
+
+#[test]
+fn split_receive_refuses_parts_that_sum_past_the_buffer() {
+    // A hostile (or broken) peer writes 3000 bytes at offset 0 on both queue pairs: each part
+    // fits the 4096-byte buffer, their sum does not.
+    let mut p = MultiPair::new(64, policy(2, true));
+    let rbuf = p.recv_buf(4096);
+    let rid = p
+        .recv
+        .irecv(&mut p.recv_nics, &[rbuf], &[1])
+        .unwrap()
+        .unwrap();
+    p.fabric.run_until_idle();
+    let sbuf = p.send_buf(&pattern(3000, 1));
+    for (conn, nic) in p.send.conns.iter_mut().zip(&mut p.send_nics) {
+        conn.isend(nic, sbuf, 1).unwrap().unwrap();
+    }
+    p.fabric.run_until_idle();
+    assert!(matches!(
+        p.recv.test(&mut p.recv_nics, rid),
+        Err(DataError::Protocol(ProtocolError::Overflow {
+            size: 6000,
+            capacity: 4096,
+            ..
+        }))
+    ));
+}
