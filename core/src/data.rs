@@ -1,5 +1,6 @@
 //! The data path: receiver-driven rendezvous over one reliable-connected queue pair per
-//! connection.
+//! connection ([`SendConn`], [`RecvConn`]); [`multi`] drives several of them in lockstep as one
+//! connection of several queue pairs.
 //!
 //! # Protocol
 //!
