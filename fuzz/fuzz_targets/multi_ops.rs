@@ -21,6 +21,7 @@ use libfuzzer_sys::fuzz_target;
 use rivet_core::data::multi::QpPolicy;
 use rivet_core::data::{Completed, DataError, RecvBuf, RequestId, SendBuf};
 use rivet_core::sim::MultiPair;
+use rivet_core::sim::suite::pattern;
 
 #[derive(Arbitrary, Debug)]
 enum Op {
@@ -42,18 +43,6 @@ struct Input {
     ar_threshold: u16,
     inline: bool,
     ops: Vec<Op>,
-}
-
-fn pattern(id: u64, len: usize) -> Vec<u8> {
-    let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 struct Recv {

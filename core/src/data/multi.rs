@@ -169,18 +169,20 @@ impl MultiReq {
     };
 }
 
-/// The request pool and part bookkeeping both directions share.
+/// The request pool and part bookkeeping both directions share; `A` are the arguments of a
+/// call, kept while its request is half posted.
 #[derive(Debug)]
-struct Parts {
+struct Parts<A> {
     side: Side,
     qps: usize,
     reqs: Vec<MultiReq>,
     /// `ids[req * qps + qp]`: the queue pair's request for that part.
     ids: Vec<Option<RequestId>>,
     free: Vec<u8>,
+    half: Option<HalfPosted<A>>,
 }
 
-impl Parts {
+impl<A: Copy + PartialEq> Parts<A> {
     fn new(side: Side, qps: usize) -> Self {
         Self {
             side,
@@ -188,7 +190,67 @@ impl Parts {
             reqs: vec![MultiReq::FREE; MAX_REQUESTS],
             ids: vec![None; MAX_REQUESTS * qps],
             free: (0..MAX_REQUESTS).rev().map(|i| i as u8).collect(),
+            half: None,
         }
+    }
+
+    /// The request a call with `args` posts parts of, and the first queue pair left to post
+    /// on: the half-posted one when this is its retry, else a fresh one (`None`: pool empty).
+    fn start(
+        &mut self,
+        args: A,
+        retry_first: &'static str,
+    ) -> Result<Option<(u8, usize)>, DataError> {
+        match self.half {
+            Some(half) if half.args == args => Ok(Some((half.index, half.next_qp))),
+            Some(_) => Err(DataError::InvalidArgument(retry_first)),
+            None => Ok(self.take().map(|index| (index, 0))),
+        }
+    }
+
+    /// Record what posting part `qp` of request `index` gave: `Ok(true)` posted; `Ok(false)`
+    /// not now (the request is kept half posted for the retry of `args`, or freed when none of
+    /// it is posted yet); an error frees it (NCCL never sees its id; parts already posted stay
+    /// with their queue pairs, which the caller fails).
+    fn part_posted(
+        &mut self,
+        index: u8,
+        qp: usize,
+        outcome: Result<Option<RequestId>, DataError>,
+        args: A,
+    ) -> Result<bool, DataError> {
+        match outcome {
+            Ok(Some(id)) => {
+                self.add(index, qp, id);
+                Ok(true)
+            }
+            Ok(None) => {
+                // NCCL cannot test a request it has no id of: no part of it completed yet.
+                if self.reqs[usize::from(index)].pending == 0 {
+                    self.half = None;
+                    self.release(index);
+                } else {
+                    self.half = Some(HalfPosted {
+                        index,
+                        next_qp: qp,
+                        args,
+                    });
+                }
+                Ok(false)
+            }
+            Err(err) => {
+                self.half = None;
+                self.release(index);
+                Err(err)
+            }
+        }
+    }
+
+    /// Every part of `index` is posted: its id for NCCL.
+    fn posted(&mut self, index: u8) -> RequestId {
+        self.half = None;
+        self.reqs[usize::from(index)].posted = true;
+        self.id(index)
     }
 
     fn take(&mut self) -> Option<u8> {
@@ -324,8 +386,7 @@ pub struct MultiSend {
     split: bool,
     /// Round-robin: the queue pair of the oldest receive not yet ended.
     current: usize,
-    parts: Parts,
-    half: Option<HalfPosted<(SendBuf, u32)>>,
+    parts: Parts<(SendBuf, u32)>,
 }
 
 impl MultiSend {
@@ -345,7 +406,6 @@ impl MultiSend {
             split: policy.split,
             current: 0,
             parts: Parts::new(Side::Send, qps),
-            half: None,
         }
     }
 
@@ -370,17 +430,18 @@ impl MultiSend {
         if buf.len > u64::from(MAX_WR_BYTES) {
             return Err(DataError::InvalidArgument("send larger than 1 GiB"));
         }
-        let (index, first) = match self.half {
-            Some(half) if half.args == (buf, tag) => (half.index, half.next_qp),
-            Some(_) => {
-                return Err(DataError::InvalidArgument(
-                    "a split send was half posted: retry the same send first",
-                ));
-            }
-            None => match self.parts.take() {
-                Some(index) => (index, 0),
-                None => return Ok(None),
-            },
+        if buf.addr.checked_add(buf.len).is_none() {
+            return Err(DataError::InvalidArgument(
+                "send buffer wraps the address space",
+            ));
+        }
+        let args = (buf, tag);
+        let Some((index, first)) = self.parts.start(
+            args,
+            "a split send was half posted: retry the same send first",
+        )?
+        else {
+            return Ok(None);
         };
         let qps = self.conns.len();
         for (qp, nic) in nics.iter_mut().enumerate().skip(first) {
@@ -390,35 +451,19 @@ impl MultiSend {
                 len,
                 lkey: buf.lkey,
             };
-            let posted = self.conns[qp].isend_at(nic, part, tag, offset);
-            match posted {
-                Ok(Some(id)) => self.parts.add(index, qp, id),
-                Ok(None) if qp == 0 => {
-                    self.parts.release(index);
-                    return Ok(None);
-                }
-                Ok(None) => {
-                    self.half = Some(HalfPosted {
-                        index,
-                        next_qp: qp,
-                        args: (buf, tag),
-                    });
-                    return Ok(None);
-                }
+            let outcome = self.conns[qp].isend_at(nic, part, tag, offset);
+            match self.parts.part_posted(index, qp, outcome, args) {
+                Ok(true) => {}
+                Ok(false) => return Ok(None),
                 Err(err) => {
-                    // Parts already posted stay with their queue pairs; the connection fails.
-                    self.half = None;
-                    self.fail_all(err);
-                    // NCCL never got this request's id: free it (parts already posted stay
-                    // with their failed queue pairs).
-                    self.parts.release(index);
+                    if err.is_fatal() {
+                        self.fail_all(err);
+                    }
                     return Err(err);
                 }
             }
         }
-        self.half = None;
-        self.parts.reqs[usize::from(index)].posted = true;
-        Ok(Some(self.parts.id(index)))
+        Ok(Some(self.parts.posted(index)))
     }
 
     fn isend_round_robin<N: Nic>(
@@ -433,24 +478,15 @@ impl MultiSend {
         };
         let conn = &mut self.conns[qp];
         let ended = conn.receives_ended();
-        match conn.isend(&mut nics[qp], buf, tag) {
-            Ok(Some(id)) => {
-                if conn.receives_ended() != ended {
-                    self.current = (qp + 1) % self.conns.len();
-                }
-                self.parts.add(index, qp, id);
-                self.parts.reqs[usize::from(index)].posted = true;
-                Ok(Some(self.parts.id(index)))
-            }
-            Ok(None) => {
-                self.parts.release(index);
-                Ok(None)
-            }
-            Err(err) => {
-                self.parts.release(index);
-                Err(err)
-            }
+        let outcome = conn.isend(&mut nics[qp], buf, tag);
+        let slot_ended = conn.receives_ended() != ended;
+        if !self.parts.part_posted(index, qp, outcome, (buf, tag))? {
+            return Ok(None);
         }
+        if slot_ended {
+            self.current = (qp + 1) % self.conns.len();
+        }
+        Ok(Some(self.parts.posted(index)))
     }
 
     fn fail_all(&mut self, err: DataError) {
@@ -488,10 +524,9 @@ pub struct MultiRecv {
     split: bool,
     /// Round-robin: the queue pair of the next receive.
     current: usize,
-    parts: Parts,
+    parts: Parts<RecvArgs>,
     /// Capacities of each request's buffers, to check the parts' sum against.
     capacity: Vec<[u64; MAX_RECVS]>,
-    half: Option<HalfPosted<RecvArgs>>,
 }
 
 /// The arguments of a split receive, kept while it is half posted.
@@ -516,7 +551,6 @@ impl MultiRecv {
             current: 0,
             parts: Parts::new(Side::Recv, qps),
             capacity: vec![[0; MAX_RECVS]; MAX_REQUESTS],
-            half: None,
         }
     }
 
@@ -553,51 +587,31 @@ impl MultiRecv {
         args.bufs[..n].copy_from_slice(bufs);
         args.tags[..n].copy_from_slice(tags);
         let qps = self.conns.len();
-        let (index, first, last) = if self.split {
-            match self.half {
-                Some(half) if half.args == args => (half.index, half.next_qp, qps),
-                Some(_) => {
-                    return Err(DataError::InvalidArgument(
-                        "a split receive was half posted: retry the same receive first",
-                    ));
-                }
-                None => match self.parts.take() {
-                    Some(index) => (index, 0, qps),
-                    None => return Ok(None),
-                },
-            }
+        let started = if self.split {
+            self.parts.start(
+                args,
+                "a split receive was half posted: retry the same receive first",
+            )?
         } else {
-            match self.parts.take() {
-                Some(index) => (index, self.current, self.current + 1),
-                None => return Ok(None),
-            }
+            self.parts.take().map(|index| (index, self.current))
         };
+        let Some((index, first)) = started else {
+            return Ok(None);
+        };
+        let last = if self.split { qps } else { first + 1 };
         for (qp, nic) in nics.iter_mut().enumerate().take(last).skip(first) {
-            match self.conns[qp].irecv(nic, bufs, tags) {
-                Ok(Some(id)) => self.parts.add(index, qp, id),
-                Ok(None) if qp == first && self.half.is_none() => {
-                    self.parts.release(index);
-                    return Ok(None);
-                }
-                Ok(None) => {
-                    self.half = Some(HalfPosted {
-                        index,
-                        next_qp: qp,
-                        args,
-                    });
-                    return Ok(None);
-                }
+            let outcome = self.conns[qp].irecv(nic, bufs, tags);
+            match self.parts.part_posted(index, qp, outcome, args) {
+                Ok(true) => {}
+                Ok(false) => return Ok(None),
                 Err(err) => {
-                    self.half = None;
-                    self.parts.release(index);
-                    for conn in &mut self.conns {
-                        conn.handle_fatal(err);
+                    if err.is_fatal() {
+                        self.handle_fatal(err);
                     }
                     return Err(err);
                 }
             }
         }
-        self.half = None;
         if !self.split {
             self.current = (self.current + 1) % qps;
         }
@@ -606,8 +620,7 @@ impl MultiRecv {
             *cap = buf.len;
         }
         self.capacity[usize::from(index)] = capacity;
-        self.parts.reqs[usize::from(index)].posted = true;
-        Ok(Some(self.parts.id(index)))
+        Ok(Some(self.parts.posted(index)))
     }
 
     /// Test `req`: done once every part is, with each buffer's size the sum of its parts.

@@ -3,12 +3,10 @@
 
 use std::vec::Vec;
 
-use super::{EndpointId, Fabric, QpConfig, SimNic};
+use super::pair::{qp_configs, recv_buf, send_buf};
+use super::{EndpointId, Fabric, SimNic};
 use crate::data::multi::{MultiRecv, MultiSend, QpPolicy};
-use crate::data::{
-    CQ_DEPTH, RECV_INBOUND_LEN, RECV_QUEUE_DEPTH, RECV_STAGING_LEN, RecvBuf, RecvConn,
-    SEND_INBOUND_LEN, SEND_QUEUE_DEPTH, SEND_STAGING_LEN, SendBuf, SendConn,
-};
+use crate::data::{RecvBuf, RecvConn, SendBuf, SendConn};
 
 /// A sender and a receiver joined by `policy.qps()` simulated RC queue pairs.
 #[derive(Debug)]
@@ -35,19 +33,7 @@ impl MultiPair {
         let fabric = Fabric::new();
         let send_ep = fabric.endpoint();
         let recv_ep = fabric.endpoint();
-        let send_config = QpConfig {
-            max_inline,
-            sq_depth: SEND_QUEUE_DEPTH,
-            rq_depth: RECV_QUEUE_DEPTH,
-            cq_depth: CQ_DEPTH,
-            inbound_len: SEND_INBOUND_LEN,
-            staging_len: SEND_STAGING_LEN,
-        };
-        let recv_config = QpConfig {
-            inbound_len: RECV_INBOUND_LEN,
-            staging_len: RECV_STAGING_LEN,
-            ..send_config
-        };
+        let (send_config, recv_config) = qp_configs(max_inline);
         let mut send_nics = Vec::new();
         let mut recv_nics = Vec::new();
         let mut sends = Vec::new();
@@ -72,25 +58,12 @@ impl MultiPair {
 
     /// Allocate and register a send buffer holding `bytes`.
     pub fn send_buf(&self, bytes: &[u8]) -> SendBuf {
-        let mr = self
-            .fabric
-            .alloc_registered(self.send_ep, bytes.len().max(1));
-        self.fabric.write(self.send_ep, mr.addr, bytes);
-        SendBuf {
-            addr: mr.addr,
-            len: bytes.len() as u64,
-            lkey: mr.lkey,
-        }
+        send_buf(&self.fabric, self.send_ep, bytes)
     }
 
     /// Allocate and register a zeroed receive buffer of `len` bytes.
     pub fn recv_buf(&self, len: usize) -> RecvBuf {
-        let mr = self.fabric.alloc_registered(self.recv_ep, len.max(1));
-        RecvBuf {
-            addr: mr.addr,
-            len: len as u64,
-            rkey: mr.rkey,
-        }
+        recv_buf(&self.fabric, self.recv_ep, len)
     }
 
     /// The first `len` bytes of a receive buffer.

@@ -23,6 +23,24 @@ fn done_size(c: Completed) -> Option<u64> {
     }
 }
 
+fn irecv(p: &mut MultiPair, bufs: &[RecvBuf], tags: &[u32]) -> RequestId {
+    p.recv.irecv(&mut p.recv_nics, bufs, tags).unwrap().unwrap()
+}
+
+fn isend(p: &mut MultiPair, buf: SendBuf, tag: u32) -> RequestId {
+    p.send.isend(&mut p.send_nics, buf, tag).unwrap().unwrap()
+}
+
+/// The size a receive reports, `None` while pending.
+fn recv_done(p: &mut MultiPair, id: RequestId) -> Option<u64> {
+    done_size(p.recv.test(&mut p.recv_nics, id).unwrap())
+}
+
+/// The size a send reports, `None` while pending.
+fn send_done(p: &mut MultiPair, id: RequestId) -> Option<u64> {
+    done_size(p.send.test(&mut p.send_nics, id).unwrap())
+}
+
 #[test]
 fn split_parts_are_128_aligned_contiguous_and_cover_the_message() {
     assert_eq!(
@@ -70,11 +88,7 @@ fn round_robin_puts_message_k_on_qp_k_mod_n() {
     let mut recvs = Vec::new();
     for k in 0..8u8 {
         let buf = p.recv_buf(4096);
-        let id = p
-            .recv
-            .irecv(&mut p.recv_nics, &[buf], &[7])
-            .unwrap()
-            .unwrap();
+        let id = irecv(&mut p, &[buf], &[7]);
         recvs.push((buf, id));
         let _ = k;
     }
@@ -84,7 +98,7 @@ fn round_robin_puts_message_k_on_qp_k_mod_n() {
         let data = pattern(1000 + usize::from(k), k);
         let buf = p.send_buf(&data);
         let before: Vec<usize> = p.send_nics.iter().map(|n| n.sq_occupancy()).collect();
-        let id = p.send.isend(&mut p.send_nics, buf, 7).unwrap().unwrap();
+        let id = isend(&mut p, buf, 7);
         let grew: Vec<usize> = p
             .send_nics
             .iter()
@@ -102,13 +116,10 @@ fn round_robin_puts_message_k_on_qp_k_mod_n() {
     }
     p.fabric.run_until_idle();
     for ((data, sid), (rbuf, rid)) in sends.into_iter().zip(recvs) {
-        let size = done_size(p.recv.test(&mut p.recv_nics, rid).unwrap()).unwrap();
+        let size = recv_done(&mut p, rid).unwrap();
         assert_eq!(size, data.len() as u64);
         assert_eq!(p.received(&rbuf, data.len()), data);
-        assert_eq!(
-            done_size(p.send.test(&mut p.send_nics, sid).unwrap()),
-            Some(data.len() as u64)
-        );
+        assert_eq!(send_done(&mut p, sid), Some(data.len() as u64));
     }
     assert_eq!((p.send.outstanding(), p.recv.outstanding()), (0, 0));
 }
@@ -117,18 +128,14 @@ fn round_robin_puts_message_k_on_qp_k_mod_n() {
 fn round_robin_keeps_a_grouped_receive_on_one_qp() {
     let mut p = MultiPair::new(64, policy(2, false));
     let (a, b, c) = (p.recv_buf(512), p.recv_buf(512), p.recv_buf(512));
-    let group = p
-        .recv
-        .irecv(&mut p.recv_nics, &[a, b], &[1, 2])
-        .unwrap()
-        .unwrap();
-    let single = p.recv.irecv(&mut p.recv_nics, &[c], &[9]).unwrap().unwrap();
+    let group = irecv(&mut p, &[a, b], &[1, 2]);
+    let single = irecv(&mut p, &[c], &[9]);
     p.fabric.run_until_idle();
     let (da, db, dc) = (pattern(300, 1), pattern(200, 2), pattern(100, 3));
     let mut sends = Vec::new();
     for (data, tag) in [(&da, 1), (&db, 2), (&dc, 9)] {
         let buf = p.send_buf(data);
-        sends.push(p.send.isend(&mut p.send_nics, buf, tag).unwrap().unwrap());
+        sends.push(isend(&mut p, buf, tag));
     }
     // Both sends of the group went on queue pair 0 (data write + slot end), the single on 1.
     assert_eq!(p.send_nics[0].sq_occupancy(), 3);
@@ -138,15 +145,12 @@ fn round_robin_keeps_a_grouped_receive_on_one_qp() {
         Completed::Done { n, sizes } => assert_eq!((n, sizes[0], sizes[1]), (2, 300, 200)),
         Completed::Pending => panic!("group not done"),
     }
-    assert_eq!(
-        done_size(p.recv.test(&mut p.recv_nics, single).unwrap()),
-        Some(100)
-    );
+    assert_eq!(recv_done(&mut p, single), Some(100));
     assert_eq!(p.received(&a, 300), da);
     assert_eq!(p.received(&b, 200), db);
     assert_eq!(p.received(&c, 100), dc);
     for id in sends {
-        assert!(done_size(p.send.test(&mut p.send_nics, id).unwrap()).is_some());
+        assert!(send_done(&mut p, id).is_some());
     }
 }
 
@@ -155,30 +159,23 @@ fn split_writes_every_part_at_its_offset() {
     for (qps, len) in [(4, 1000usize), (4, 100), (3, 65536 + 17), (2, 0), (8, 4096)] {
         let mut p = MultiPair::new(64, policy(qps, true));
         let rbuf = p.recv_buf(70000);
-        let rid = p
-            .recv
-            .irecv(&mut p.recv_nics, &[rbuf], &[5])
-            .unwrap()
-            .unwrap();
+        let rid = irecv(&mut p, &[rbuf], &[5]);
         p.fabric.run_until_idle();
         let data = pattern(len, qps as u8);
         let sbuf = p.send_buf(&data);
-        let sid = p.send.isend(&mut p.send_nics, sbuf, 5).unwrap().unwrap();
+        let sid = isend(&mut p, sbuf, 5);
         // One write with immediate per queue pair, empty parts included.
         for nic in &p.send_nics {
             assert_eq!(nic.sq_occupancy(), 1);
         }
         p.fabric.run_until_idle();
         assert_eq!(
-            done_size(p.recv.test(&mut p.recv_nics, rid).unwrap()),
+            recv_done(&mut p, rid),
             Some(len as u64),
             "qps {qps} len {len}"
         );
         assert_eq!(p.received(&rbuf, len), data);
-        assert_eq!(
-            done_size(p.send.test(&mut p.send_nics, sid).unwrap()),
-            Some(len as u64)
-        );
+        assert_eq!(send_done(&mut p, sid), Some(len as u64));
     }
 }
 
@@ -186,15 +183,11 @@ fn split_writes_every_part_at_its_offset() {
 fn split_completes_only_after_every_part_whatever_the_qp_order() {
     let mut p = MultiPair::new(64, policy(4, true));
     let rbuf = p.recv_buf(8192);
-    let rid = p
-        .recv
-        .irecv(&mut p.recv_nics, &[rbuf], &[1])
-        .unwrap()
-        .unwrap();
+    let rid = irecv(&mut p, &[rbuf], &[1]);
     p.fabric.run_until_idle();
     let data = pattern(8000, 9);
     let sbuf = p.send_buf(&data);
-    let sid = p.send.isend(&mut p.send_nics, sbuf, 1).unwrap().unwrap();
+    let sid = isend(&mut p, sbuf, 1);
     // Deliver queue pairs 3, 2, 1 (later parts first); part 0 is still on its way.
     for qp in [3, 2, 1] {
         assert!(p.fabric.step_qp(&p.send_nics[qp]));
@@ -208,37 +201,23 @@ fn split_completes_only_after_every_part_whatever_the_qp_order() {
         );
     }
     assert!(p.fabric.step_qp(&p.send_nics[0]));
-    assert_eq!(
-        done_size(p.recv.test(&mut p.recv_nics, rid).unwrap()),
-        Some(8000)
-    );
+    assert_eq!(recv_done(&mut p, rid), Some(8000));
     assert_eq!(p.received(&rbuf, 8000), data);
-    assert_eq!(
-        done_size(p.send.test(&mut p.send_nics, sid).unwrap()),
-        Some(8000)
-    );
+    assert_eq!(send_done(&mut p, sid), Some(8000));
 }
 
 #[test]
 fn round_robin_survives_later_qps_delivering_first() {
     let mut p = MultiPair::new(64, policy(4, false));
     let bufs: Vec<RecvBuf> = (0..8).map(|_| p.recv_buf(2048)).collect();
-    let rids: Vec<RequestId> = bufs
-        .iter()
-        .map(|b| {
-            p.recv
-                .irecv(&mut p.recv_nics, &[*b], &[3])
-                .unwrap()
-                .unwrap()
-        })
-        .collect();
+    let rids: Vec<RequestId> = bufs.iter().map(|b| irecv(&mut p, &[*b], &[3])).collect();
     p.fabric.run_until_idle();
     let datas: Vec<Vec<u8>> = (0..8).map(|k| pattern(1500 + k, k as u8)).collect();
     let sids: Vec<RequestId> = datas
         .iter()
         .map(|d| {
             let buf = p.send_buf(d);
-            p.send.isend(&mut p.send_nics, buf, 3).unwrap().unwrap()
+            isend(&mut p, buf, 3)
         })
         .collect();
     // Only queue pairs 3 and 2 deliver: messages 3, 7, 2, 6 complete while 0, 1, 4, 5 wait.
@@ -254,14 +233,11 @@ fn round_robin_survives_later_qps_delivering_first() {
     }
     p.fabric.run_until_idle();
     for k in [0, 1, 4, 5] {
-        assert_eq!(
-            done_size(p.recv.test(&mut p.recv_nics, rids[k]).unwrap()),
-            Some(datas[k].len() as u64)
-        );
+        assert_eq!(recv_done(&mut p, rids[k]), Some(datas[k].len() as u64));
         assert_eq!(p.received(&bufs[k], datas[k].len()), datas[k]);
     }
     for id in sids {
-        assert!(done_size(p.send.test(&mut p.send_nics, id).unwrap()).is_some());
+        assert!(send_done(&mut p, id).is_some());
     }
 }
 
@@ -269,14 +245,10 @@ fn round_robin_survives_later_qps_delivering_first() {
 fn split_send_too_large_fails_both_requests_and_the_connection_goes_on() {
     let mut p = MultiPair::new(64, policy(4, true));
     let small = p.recv_buf(1000);
-    let rid = p
-        .recv
-        .irecv(&mut p.recv_nics, &[small], &[1])
-        .unwrap()
-        .unwrap();
+    let rid = irecv(&mut p, &[small], &[1]);
     p.fabric.run_until_idle();
     let sbuf = p.send_buf(&pattern(2000, 1));
-    let sid = p.send.isend(&mut p.send_nics, sbuf, 1).unwrap().unwrap();
+    let sid = isend(&mut p, sbuf, 1);
     p.fabric.run_until_idle();
     assert!(matches!(
         p.send.test(&mut p.send_nics, sid),
@@ -288,33 +260,22 @@ fn split_send_too_large_fails_both_requests_and_the_connection_goes_on() {
     ));
     // The next message goes through.
     let rbuf = p.recv_buf(4096);
-    let rid = p
-        .recv
-        .irecv(&mut p.recv_nics, &[rbuf], &[2])
-        .unwrap()
-        .unwrap();
+    let rid = irecv(&mut p, &[rbuf], &[2]);
     p.fabric.run_until_idle();
     let data = pattern(3000, 2);
     let sbuf = p.send_buf(&data);
-    let sid = p.send.isend(&mut p.send_nics, sbuf, 2).unwrap().unwrap();
+    let sid = isend(&mut p, sbuf, 2);
     p.fabric.run_until_idle();
-    assert_eq!(
-        done_size(p.recv.test(&mut p.recv_nics, rid).unwrap()),
-        Some(3000)
-    );
+    assert_eq!(recv_done(&mut p, rid), Some(3000));
     assert_eq!(p.received(&rbuf, 3000), data);
-    assert!(done_size(p.send.test(&mut p.send_nics, sid).unwrap()).is_some());
+    assert!(send_done(&mut p, sid).is_some());
 }
 
 #[test]
 fn split_send_half_posted_resumes_on_the_same_retry_only() {
     let mut p = MultiPair::new(64, policy(2, true));
     let rbuf = p.recv_buf(4096);
-    let rid = p
-        .recv
-        .irecv(&mut p.recv_nics, &[rbuf], &[1])
-        .unwrap()
-        .unwrap();
+    let rid = irecv(&mut p, &[rbuf], &[1]);
     // Only queue pair 0's clear-to-send lands.
     while p.fabric.step_qp(&p.recv_nics[0]) {}
     let data = pattern(4000, 4);
@@ -327,28 +288,18 @@ fn split_send_half_posted_resumes_on_the_same_retry_only() {
         Err(DataError::InvalidArgument(_))
     ));
     p.fabric.run_until_idle();
-    let sid = p.send.isend(&mut p.send_nics, sbuf, 1).unwrap().unwrap();
+    let sid = isend(&mut p, sbuf, 1);
     p.fabric.run_until_idle();
-    assert_eq!(
-        done_size(p.recv.test(&mut p.recv_nics, rid).unwrap()),
-        Some(4000)
-    );
+    assert_eq!(recv_done(&mut p, rid), Some(4000));
     assert_eq!(p.received(&rbuf, 4000), data);
-    assert_eq!(
-        done_size(p.send.test(&mut p.send_nics, sid).unwrap()),
-        Some(4000)
-    );
+    assert_eq!(send_done(&mut p, sid), Some(4000));
 }
 
 #[test]
 fn a_failed_qp_fails_every_part_of_the_connection() {
     let mut p = MultiPair::new(64, policy(2, true));
     let rbuf = p.recv_buf(4096);
-    let rid = p
-        .recv
-        .irecv(&mut p.recv_nics, &[rbuf], &[1])
-        .unwrap()
-        .unwrap();
+    let rid = irecv(&mut p, &[rbuf], &[1]);
     p.fabric.run_until_idle();
     // The receiver's queue pair 1 fails: its part is flushed, and the part still expected on
     // the healthy queue pair 0 must not keep the request pending for ever.
@@ -357,7 +308,7 @@ fn a_failed_qp_fails_every_part_of_the_connection() {
     assert!(p.recv.test(&mut p.recv_nics, rid).is_err());
     assert!(p.recv.drain(&mut p.recv_nics).is_err());
     let sbuf = p.send_buf(&pattern(4000, 4));
-    let sid = p.send.isend(&mut p.send_nics, sbuf, 1).unwrap().unwrap();
+    let sid = isend(&mut p, sbuf, 1);
     p.fabric.run_until_idle();
     assert!(p.send.test(&mut p.send_nics, sid).is_err());
 }
@@ -397,11 +348,7 @@ fn split_receive_refuses_parts_that_sum_past_the_buffer() {
     // fits the 4096-byte buffer, their sum does not.
     let mut p = MultiPair::new(64, policy(2, true));
     let rbuf = p.recv_buf(4096);
-    let rid = p
-        .recv
-        .irecv(&mut p.recv_nics, &[rbuf], &[1])
-        .unwrap()
-        .unwrap();
+    let rid = irecv(&mut p, &[rbuf], &[1]);
     p.fabric.run_until_idle();
     let sbuf = p.send_buf(&pattern(3000, 1));
     for (conn, nic) in p.send.conns.iter_mut().zip(&mut p.send_nics) {
