@@ -137,6 +137,20 @@ pub fn split_part(len: u64, parts: usize, i: usize) -> (u64, u64) {
     (offset, chunk.min(len - offset))
 }
 
+/// The GRH flow label for a queue pair connecting `local_qpn` to `remote_qpn` (20 bits, never 0).
+///
+/// On RoCE v2 the NIC derives the UDP source port from a non-zero flow label, and ECMP hashes on
+/// it: giving each queue pair of a connection its own label (from the pair of QP numbers, which
+/// differ between the queue pairs) spreads them over the paths. The mix is the kernel's
+/// `rdma_calc_flow_label` one (the product of the numbers, folded to 20 bits), so the label is
+/// what the kernel would pick for the pair; a product that folds to 0 takes 1.
+pub fn flow_label(local_qpn: u32, remote_qpn: u32) -> u32 {
+    let mut v = u64::from(local_qpn) * u64::from(remote_qpn);
+    v ^= v >> 20;
+    v ^= v >> 40;
+    ((v & 0xf_ffff) as u32).max(1)
+}
+
 /// A set of queue pairs as a bit mask (bit `i`: queue pair `i`).
 type QpMask = u128;
 

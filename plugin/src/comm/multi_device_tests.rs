@@ -2,7 +2,7 @@
 //! four sender and four receiver endpoints on the first discovered port, connected back to back
 //! in this process (a loopback connection on one device), with `NCCL_IB_QPS_PER_CONNECTION=4`'s
 //! shape, round-robin and split. Every byte, the guard bytes past each message and every size
-//! are checked. Needs an RDMA device: `#[ignore]`d, run inside the Soft-RoCE VM by the VM lane.
+//! are checked; each queue pair has its own GRH flow label. Needs an RDMA device: `#[ignore]`d, run inside the Soft-RoCE VM by the VM lane.
 //! (The plugin's own connections still use one queue pair: the handshake does not carry a list
 //! of queue pairs yet.)
 
@@ -11,7 +11,7 @@ use crate::backend::endpoint::Role;
 use crate::backend::region::Region;
 use crate::config::QpSettings;
 use crate::devices;
-use rivet_core::data::multi::{MultiRecv, MultiSend, QpPolicy};
+use rivet_core::data::multi::{MultiRecv, MultiSend, QpPolicy, flow_label};
 use rivet_core::data::{Completed, RecvBuf, RecvConn, RequestId, SendBuf, SendConn};
 use rivet_core::sim::suite::pattern;
 use rivet_verbs_ffi::sys::access;
@@ -44,6 +44,7 @@ impl Rig {
             retry_cnt: 7,
             traffic_class: 0,
             service_level: 0,
+            flow_label: 0,
         };
         let (mut sends, mut recvs) = (Vec::new(), Vec::new());
         let (mut send_nics, mut recv_nics) = (Vec::new(), Vec::new());
@@ -51,8 +52,15 @@ impl Rig {
             let s = AnyEndpoint::new(&port, Role::Sender).expect("sender endpoint");
             let r = AnyEndpoint::new(&port, Role::Receiver).expect("receiver endpoint");
             let (s_info, r_info) = (s.local_info(&settings), r.local_info(&settings));
-            r.connect(&s_info, &settings).expect("receiver RTR/RTS");
-            s.connect(&r_info, &settings).expect("sender RTR/RTS");
+            // Each queue pair its own flow label (UDP source port on RoCE v2), both directions.
+            let label = |local: u32, remote: u32| QpSettings {
+                flow_label: flow_label(local, remote),
+                ..settings
+            };
+            r.connect(&s_info, &label(r_info.qpn, s_info.qpn))
+                .expect("receiver RTR/RTS");
+            s.connect(&r_info, &label(s_info.qpn, r_info.qpn))
+                .expect("sender RTR/RTS");
             sends.push(SendConn::new(r_info.inbound));
             recvs.push(RecvConn::new(s_info.inbound));
             send_nics.push(s);

@@ -364,3 +364,18 @@ fn split_receive_refuses_parts_that_sum_past_the_buffer() {
         }))
     ));
 }
+
+#[test]
+fn each_queue_pair_gets_its_own_20_bit_flow_label() {
+    // Queue pairs of one connection, as a device numbers them: consecutive QP numbers.
+    for base in [17u32, 0x1234, 0xff_fff0] {
+        let labels: Vec<u32> = (0..4)
+            .map(|i| flow_label(base + i, base + 100 + i))
+            .collect();
+        for (i, a) in labels.iter().enumerate() {
+            assert!((1..1 << 20).contains(a), "label {a:#x}");
+            assert!(!labels[i + 1..].contains(a), "labels {labels:x?} repeat");
+        }
+    }
+    assert_eq!(flow_label(0, 5), 1);
+}
