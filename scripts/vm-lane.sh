@@ -10,4 +10,8 @@ cargo build --workspace --locked
 device_test=$(cargo test -p rivet-verbs-ffi --test device --no-run --locked --message-format=json 2>/dev/null |
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
 export RIVET_VERBS_DEVICE_TEST="$device_test"
+# The plugin's unit-test binary: its device tests (multi-QP connections on rxe0) run in the VM.
+plugin_test=$(cargo test -p rivet-plugin --lib --no-run --locked --message-format=json 2>/dev/null |
+  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+export RIVET_PLUGIN_DEVICE_TEST="$plugin_test"
 cargo test --locked --test vm_lane -- --ignored --nocapture

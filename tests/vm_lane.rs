@@ -36,6 +36,13 @@ fn script() -> String {
     if !device_tests.is_empty() {
         s += &format!("step verbs-device-tests {device_tests} --ignored --test-threads=1\n");
     }
+    // rivet-core's multi-QP connections over 4 real queue pairs (round-robin and split).
+    let plugin_tests = std::env::var("RIVET_PLUGIN_DEVICE_TEST").unwrap_or_default();
+    if !plugin_tests.is_empty() {
+        s += &format!(
+            "step multi-qp {plugin_tests} comm::multi_device_tests --ignored --test-threads=1\n"
+        );
+    }
     s += &format!("step transfer-v12 {transfer} {lib} --version 12\n");
     for v in [9, 10, 11] {
         s += &format!("step transfer-v{v} {transfer} {lib} --version {v} --quick\n");
@@ -105,6 +112,13 @@ fn soft_roce_lane() {
             step("verbs-device-tests"),
             0,
             "verbs-ffi device tests failed"
+        );
+    }
+    if std::env::var("RIVET_PLUGIN_DEVICE_TEST").is_ok_and(|v| !v.is_empty()) {
+        assert_eq!(
+            step("multi-qp"),
+            0,
+            "multi-QP transfers over 4 queue pairs on rxe0 failed"
         );
     }
     for v in [12, 11, 10, 9] {

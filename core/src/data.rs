@@ -1,5 +1,6 @@
 //! The data path: receiver-driven rendezvous over one reliable-connected queue pair per
-//! connection.
+//! connection ([`SendConn`], [`RecvConn`]); [`multi`] drives several of them in lockstep as one
+//! connection of several queue pairs.
 //!
 //! # Protocol
 //!
@@ -85,6 +86,7 @@ pub mod codec;
 mod error;
 #[cfg(test)]
 mod mock;
+pub mod multi;
 #[cfg(test)]
 mod pair_tests;
 mod pool;

@@ -33,9 +33,11 @@
 //! region, a send or receive queue posted beyond its depth, a completion queue overrun, an inbound
 //! read outside the region.
 
+mod multi_pair;
 mod pair;
 pub mod suite;
 
+pub use multi_pair::MultiPair;
 pub use pair::DataPair;
 
 #[cfg(test)]
@@ -327,6 +329,26 @@ impl Fabric {
             }
         }
         false
+    }
+
+    /// Execute the oldest queued send work request of `nic`'s queue pair only, leaving every
+    /// other queue pair's work queued: queue pairs are not ordered against each other, and
+    /// this lets a test deliver a later queue pair's messages first. False when none is queued
+    /// on it or its path is down.
+    pub fn step_qp(&self, nic: &SimNic) -> bool {
+        let mut inner = self.inner.borrow_mut();
+        let Some(i) = inner.order.iter().position(|&qp| qp == nic.qp) else {
+            return false;
+        };
+        if inner.qps[nic.qp].sq.is_empty() {
+            inner.order.remove(i);
+            return false;
+        }
+        if inner.path_down(nic.qp) {
+            return false;
+        }
+        inner.order.remove(i);
+        inner.execute_front(nic.qp)
     }
 
     /// Take `ep`'s port link down: a `PORT_ERR` event on `ep`; traffic between `ep` and its

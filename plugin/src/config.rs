@@ -17,6 +17,9 @@ pub(crate) struct QpSettings {
     pub(crate) traffic_class: u8,
     /// Service level.
     pub(crate) service_level: u8,
+    /// GRH flow label of the queue pair (0: none; a multi-QP connection gives each queue pair its
+    /// own, `rivet_core::data::multi::flow_label`, so RoCE ECMP spreads them).
+    pub(crate) flow_label: u32,
 }
 
 /// GPUDirect settings from the environment, with NCCL's names and defaults; read once, at
@@ -156,6 +159,7 @@ impl Config {
             retry_cnt: self.ib_retry_cnt,
             traffic_class: self.ib_tc.or(from_config).unwrap_or(0),
             service_level: self.ib_sl.or(from_config.map(|tc| tc & 0xf)).unwrap_or(0),
+            flow_label: 0,
         }
     }
 }

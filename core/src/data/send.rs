@@ -107,6 +107,8 @@ struct SendMatch {
     req_index: u8,
     /// Larger than the buffer: refused, no data written.
     mismatch: bool,
+    /// Where the send ends in the buffer (offset + length): the size a refused send reports.
+    end: u64,
     /// The group's last unmatched buffer: this send ends the slot.
     last: bool,
     /// Some send of the group (this one included) was refused.
@@ -200,6 +202,11 @@ pub struct SendConn {
     torn_reads: u32,
     /// Poll buffer, kept here so polling does not initialise one per call.
     batch: [Completion; POLL_BATCH],
+    /// Single sends larger than this write their data first and end the slot with a separate
+    /// write with immediate of the size record (adaptive routing may reorder the packets of
+    /// one write, never a later write before an earlier one completes at the receiver).
+    /// `u64::MAX`: always one write (the default).
+    ar_threshold: u64,
 }
 
 /// Consecutive failed checks of a fresh-stamped entry after which it is called corrupt rather
@@ -243,7 +250,22 @@ impl SendConn {
             requests: RequestPool::new(Side::Send),
             health,
             batch: [NO_COMPLETION; POLL_BATCH],
+            ar_threshold: u64::MAX,
         }
+    }
+
+    /// Adaptive routing (`NCCL_IB_ADAPTIVE_ROUTING`): single sends of more than `threshold`
+    /// bytes (`NCCL_IB_AR_THRESHOLD`) post their data as a plain RDMA WRITE followed by a
+    /// write with immediate carrying only the size record; `None` turns it off (data and
+    /// immediate in one write, whatever the size).
+    pub fn set_adaptive_routing(&mut self, threshold: Option<u64>) {
+        self.ar_threshold = threshold.unwrap_or(u64::MAX);
+    }
+
+    /// Receives whose slot this side has ended (all their sends posted): a multi-QP driver
+    /// learns from it when a grouped receive is complete on this queue pair.
+    pub fn receives_ended(&self) -> u32 {
+        self.seq
     }
 
     /// Send `buf` to the oldest outstanding receive's first unmatched buffer tagged `tag`.
@@ -261,7 +283,22 @@ impl SendConn {
         buf: SendBuf,
         tag: u32,
     ) -> Result<Option<RequestId>, DataError> {
-        let Some(matched) = self.match_send(nic, buf, tag)? else {
+        self.isend_at(nic, buf, tag, 0)
+    }
+
+    /// [`isend`](Self::isend) of one part of a larger message: `buf` goes to byte `offset` of
+    /// the matched buffer (a multi-QP connection splitting a message over its queue pairs posts
+    /// the whole buffer on every one and sends part `i` at its offset). The part is refused when
+    /// `offset + buf.len` exceeds the buffer.
+    #[inline(always)]
+    pub fn isend_at(
+        &mut self,
+        nic: &mut impl Nic,
+        buf: SendBuf,
+        tag: u32,
+        offset: u64,
+    ) -> Result<Option<RequestId>, DataError> {
+        let Some(matched) = self.match_send(nic, buf, tag, offset)? else {
             return Ok(None);
         };
         let plan = self.plan_send(&matched, buf);
@@ -278,9 +315,12 @@ impl SendConn {
         nic: &mut impl Nic,
         buf: SendBuf,
         tag: u32,
+        offset: u64,
     ) -> Result<Option<SendMatch>, DataError> {
         self.health.check()?;
-        if buf.len > u64::from(MAX_WR_BYTES) {
+        // A part's end, not only its length, stays within one work request's limit: a refused
+        // part reports its end in the size record.
+        if buf.len > u64::from(MAX_WR_BYTES) || offset > u64::from(MAX_WR_BYTES) - buf.len {
             return Err(DataError::InvalidArgument("send larger than 1 GiB"));
         }
         if buf.addr.checked_add(buf.len).is_none() {
@@ -301,8 +341,13 @@ impl SendConn {
         let Some(req_index) = self.requests.next_free() else {
             return Ok(None);
         };
-        let entry = head.entries[usize::from(pos)];
-        let mismatch = buf.len > entry.size;
+        let mut entry = head.entries[usize::from(pos)];
+        // `offset` is at most the buffer's size here, and `addr + size` was checked not to wrap.
+        let mismatch = offset > entry.size || buf.len > entry.size - offset;
+        if !mismatch {
+            entry.addr += offset;
+            entry.size -= offset;
+        }
         let matched = SendMatch {
             pos,
             n,
@@ -310,11 +355,12 @@ impl SendConn {
             slot: self.seq as u8,
             req_index,
             mismatch,
+            end: offset + buf.len,
             last: head.matched.count_ones() + 1 == u32::from(n),
             group_mismatch: head.mismatch || mismatch,
         };
         let wr_count = if n == 1 {
-            1
+            1 + usize::from(matched.writes_data(buf) && buf.len > self.ar_threshold)
         } else {
             usize::from(matched.writes_data(buf)) + usize::from(matched.last)
         };
@@ -336,9 +382,12 @@ impl SendConn {
         let mut record = self.head.m.record;
         // `buf.len <= MAX_WR_BYTES` was checked when matching, so it fits `u32`.
         let len32 = buf.len as u32;
-        record.sizes[usize::from(m.pos)] = len32;
+        // A refused send reports where it would have ended, which is what did not fit.
+        record.sizes[usize::from(m.pos)] = if m.mismatch { m.end as u32 } else { len32 };
         // Only encoded when a record is written (a group's end, or a refused single send).
-        let (record_bytes, record_len) = if m.last && (m.n > 1 || m.mismatch) {
+        let split_end = m.n == 1 && buf.len > self.ar_threshold && m.writes_data(buf);
+        let with_record = m.n > 1 || m.mismatch || split_end;
+        let (record_bytes, record_len) = if m.last && with_record {
             record.encode()
         } else {
             ([0; RECORD_LEN], 0)
@@ -351,7 +400,7 @@ impl SendConn {
         let imm = Imm {
             seq16: self.seq as u16,
             n: m.n,
-            record: m.n > 1 || m.mismatch,
+            record: with_record,
             mismatch: m.group_mismatch,
         }
         .encode();
@@ -368,7 +417,7 @@ impl SendConn {
             addr: m.entry.addr,
             rkey: m.entry.rkey,
         };
-        if m.n == 1 {
+        if m.n == 1 && !split_end {
             let (body, target) = if m.mismatch {
                 (Body::Record, Target::Record)
             } else if buf.len == 0 {

@@ -33,19 +33,7 @@ impl DataPair {
         let fabric = Fabric::new();
         let send_ep = fabric.endpoint();
         let recv_ep = fabric.endpoint();
-        let send_config = QpConfig {
-            max_inline,
-            sq_depth: SEND_QUEUE_DEPTH,
-            rq_depth: RECV_QUEUE_DEPTH,
-            cq_depth: CQ_DEPTH,
-            inbound_len: SEND_INBOUND_LEN,
-            staging_len: SEND_STAGING_LEN,
-        };
-        let recv_config = QpConfig {
-            inbound_len: RECV_INBOUND_LEN,
-            staging_len: RECV_STAGING_LEN,
-            ..send_config
-        };
+        let (send_config, recv_config) = qp_configs(max_inline);
         let (send_nic, recv_nic) = fabric.connect(send_ep, send_config, recv_ep, recv_config);
         let send = SendConn::new(recv_nic.inbound_region());
         let recv = RecvConn::new(send_nic.inbound_region());
@@ -62,30 +50,56 @@ impl DataPair {
 
     /// Allocate and register a send buffer holding `bytes`.
     pub fn send_buf(&self, bytes: &[u8]) -> SendBuf {
-        let mr = self
-            .fabric
-            .alloc_registered(self.send_ep, bytes.len().max(1));
-        self.fabric.write(self.send_ep, mr.addr, bytes);
-        SendBuf {
-            addr: mr.addr,
-            len: bytes.len() as u64,
-            lkey: mr.lkey,
-        }
+        send_buf(&self.fabric, self.send_ep, bytes)
     }
 
     /// Allocate and register a zeroed receive buffer of `len` bytes.
     pub fn recv_buf(&self, len: usize) -> RecvBuf {
-        let mr = self.fabric.alloc_registered(self.recv_ep, len.max(1));
-        RecvBuf {
-            addr: mr.addr,
-            len: len as u64,
-            rkey: mr.rkey,
-        }
+        recv_buf(&self.fabric, self.recv_ep, len)
     }
 
     /// The first `len` bytes of a receive buffer.
     pub fn received(&self, buf: &RecvBuf, len: usize) -> std::vec::Vec<u8> {
         self.fabric.read(self.recv_ep, buf.addr, len)
+    }
+}
+
+/// The queue-pair configurations (sender, receiver) the `data` module asks for.
+pub(super) fn qp_configs(max_inline: usize) -> (QpConfig, QpConfig) {
+    let send_config = QpConfig {
+        max_inline,
+        sq_depth: SEND_QUEUE_DEPTH,
+        rq_depth: RECV_QUEUE_DEPTH,
+        cq_depth: CQ_DEPTH,
+        inbound_len: SEND_INBOUND_LEN,
+        staging_len: SEND_STAGING_LEN,
+    };
+    let recv_config = QpConfig {
+        inbound_len: RECV_INBOUND_LEN,
+        staging_len: RECV_STAGING_LEN,
+        ..send_config
+    };
+    (send_config, recv_config)
+}
+
+/// Allocate and register a buffer on `ep` holding `bytes`, to send from.
+pub(super) fn send_buf(fabric: &Fabric, ep: EndpointId, bytes: &[u8]) -> SendBuf {
+    let mr = fabric.alloc_registered(ep, bytes.len().max(1));
+    fabric.write(ep, mr.addr, bytes);
+    SendBuf {
+        addr: mr.addr,
+        len: bytes.len() as u64,
+        lkey: mr.lkey,
+    }
+}
+
+/// Allocate and register a zeroed buffer of `len` bytes on `ep`, to receive into.
+pub(super) fn recv_buf(fabric: &Fabric, ep: EndpointId, len: usize) -> RecvBuf {
+    let mr = fabric.alloc_registered(ep, len.max(1));
+    RecvBuf {
+        addr: mr.addr,
+        len: len as u64,
+        rkey: mr.rkey,
     }
 }
 

@@ -96,6 +96,12 @@ pub(crate) fn rtr(port: &PortInfo, remote: &EndpointInfo, settings: &QpSettings)
         sgid_index: port.gid_index as u8,
         is_global: route.is_global(),
         traffic_class: settings.traffic_class,
+        // Only a GRH carries a flow label.
+        flow_label: if route.is_global() {
+            settings.flow_label
+        } else {
+            0
+        },
         sl: settings.service_level,
         port: port.port,
         ..RtrParams::default()
@@ -143,6 +149,7 @@ mod tests {
         retry_cnt: 7,
         traffic_class: 0,
         service_level: 0,
+        flow_label: 0,
     };
 
     /// An InfiniBand GID with subnet prefix `fe80:0000:<flid>:<subnet>`.
@@ -225,6 +232,24 @@ mod tests {
         let rtr = rtr(&port, &peer(LinkLayer::Ethernet, gid, 0), &SETTINGS);
         assert!(rtr.is_global);
         assert_eq!((rtr.dest_gid.raw, rtr.sgid_index), (gid, 1));
+    }
+
+    #[test]
+    fn the_flow_label_goes_into_the_grh_only() {
+        let settings = QpSettings {
+            flow_label: 0x1_2345,
+            ..SETTINGS
+        };
+        let mut port = fake_port_info("rxe0", None, 1, 0);
+        port.link_layer = discover::LinkLayer::Ethernet;
+        port.lid = 0;
+        port.gid = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1];
+        let gid = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2];
+        let roce = rtr(&port, &peer(LinkLayer::Ethernet, gid, 0), &settings);
+        assert_eq!((roce.is_global, roce.flow_label), (true, 0x1_2345));
+        let remote = peer(LinkLayer::Infiniband, ib_gid(0, 1, 2), 0x22);
+        let ib = rtr(&ib_port(1, 0), &remote, &settings);
+        assert_eq!((ib.is_global, ib.flow_label), (false, 0));
     }
 
     #[test]

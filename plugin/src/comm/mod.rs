@@ -16,6 +16,8 @@ mod data;
 mod flush;
 mod listen;
 mod mr;
+#[cfg(test)]
+mod multi_device_tests;
 
 use crate::backend::device::OpenPort;
 use crate::error::NetResult;
