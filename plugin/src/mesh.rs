@@ -17,6 +17,7 @@ use crate::oob::iface::IfAddr;
 use core::ffi::c_int;
 use rivet_core::mesh::MeshAddr;
 use rivet_core::wire::MAX_MESH_ADDRS;
+use rivet_verbs_ffi::discover::gid::is_ipv4_mapped;
 use std::ffi::CString;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 
@@ -49,8 +50,7 @@ unsafe impl Sync for MeshDevice {}
 
 /// The IPv4 address of a RoCE v2 IPv4-mapped GID (`::ffff:a.b.c.d`).
 fn ipv4_of_gid(gid: &[u8; 16]) -> Option<Ipv4Addr> {
-    (gid[..10].iter().all(|&b| b == 0) && gid[10..12] == [0xff, 0xff])
-        .then(|| Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15]))
+    is_ipv4_mapped(gid).then(|| Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15]))
 }
 
 fn prefix_len(netmask: Option<IpAddr>) -> Option<u8> {

@@ -39,26 +39,11 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "harness.h"
 #include "nccl_collnet_abi.h"
 
-static int g_rank = -1, g_nranks = 0, g_failures = 0, g_checks = 0, g_fd = -1, g_quick = 0;
-static char g_last_warn[1024];
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static void fail(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "FAIL [rank %d] ", g_rank);
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-  g_failures++;
-}
+static int g_rank = -1, g_nranks = 0, g_checks = 0, g_fd = -1, g_quick = 0;
+static char g_role[16] = "parent";
 
 /* PASS lines from rank 0 only (every rank checks its own results; failures print from any). */
 static void pass(const char* fmt, ...) {
@@ -66,56 +51,15 @@ static void pass(const char* fmt, ...) {
   if (g_rank != 0) return;
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "PASS ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
+  h_vline("PASS ", fmt, ap);
   va_end(ap);
-}
-
-static void logger(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
-  (void)flags; (void)file; (void)line;
-  char text[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(text, sizeof text, fmt, ap);
-  va_end(ap);
-  if (level == LOG_WARN) {
-    snprintf(g_last_warn, sizeof g_last_warn, "%s", text);
-    fprintf(stderr, "[rank %d] plugin: %s\n", g_rank, text);
-  } else if (getenv("COLLNET_VERBOSE")) {
-    fprintf(stderr, "[rank %d] plugin: %s\n", g_rank, text);
-  }
 }
 
 /* ---- out-of-band exchange through the parent: every rank gives `len` bytes, gets n*len ---- */
 
-static int write_all(int fd, const void* buf, size_t n) {
-  const char* p = buf;
-  while (n) {
-    ssize_t w = write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return 0;
-    p += w;
-    n -= (size_t)w;
-  }
-  return 1;
-}
-
-static int read_all(int fd, void* buf, size_t n) {
-  char* p = buf;
-  while (n) {
-    ssize_t r = read(fd, p, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return 0;
-    p += r;
-    n -= (size_t)r;
-  }
-  return 1;
-}
-
 static int exchange(const void* mine, uint32_t len, void* all) {
-  return write_all(g_fd, &len, sizeof len) && write_all(g_fd, mine, len) &&
-         read_all(g_fd, all, (size_t)len * (size_t)g_nranks);
+  return h_control_send(g_fd, &len, sizeof len) && h_control_send(g_fd, mine, len) &&
+         h_control_recv(g_fd, all, (size_t)len * (size_t)g_nranks);
 }
 
 /* ---- reference arithmetic, independent of the plugin ---- */
@@ -357,16 +301,16 @@ static collnet_v12* cn;
 static void* g_ctx;
 
 static int wait_req(void* req, int* size, double limit, const char* what) {
-  double start = now_s();
+  double start = h_now();
   int done = 0;
   while (!done) {
     nccl_result r = cn->test(req, &done, size);
     if (r != NCCL_OK) {
-      fail("%s: test returned %d: %s", what, r, g_last_warn);
+      h_fail("%s: test returned %d: %s", what, r, h_last_warn);
       return 0;
     }
-    if (now_s() - start > limit) {
-      fail("%s: not done after %.0f s", what, limit);
+    if (h_now() - start > limit) {
+      h_fail("%s: not done after %.0f s", what, limit);
       return 0;
     }
   }
@@ -376,15 +320,15 @@ static int wait_req(void* req, int* size, double limit, const char* what) {
 /* Post an allreduce, retrying while the group's queue is full; NULL (with a FAIL) on an error. */
 static void* post_allreduce(void* coll, void* send, void* recv, size_t count, int dt, int op, void* smh, void* rmh) {
   void* req = NULL;
-  double start = now_s();
+  double start = h_now();
   while (!req) {
     nccl_result r = cn->iallreduce(coll, send, recv, count, dt, op, smh, rmh, &req);
     if (r != NCCL_OK) {
-      fail("iallreduce %s %s count %zu returned %d: %s", type_name(dt), op_name(op), count, r, g_last_warn);
+      h_fail("iallreduce %s %s count %zu returned %d: %s", type_name(dt), op_name(op), count, r, h_last_warn);
       return NULL;
     }
-    if (now_s() - start > 30) {
-      fail("iallreduce never accepted the operation");
+    if (h_now() - start > 30) {
+      h_fail("iallreduce never accepted the operation");
       return NULL;
     }
   }
@@ -396,13 +340,13 @@ static void* form_group(void) {
   char handle[NET_HANDLE_MAXSIZE];
   void* listen_comm = NULL;
   if (cn->listen(g_ctx, 0, handle, &listen_comm) != NCCL_OK) {
-    fail("listen: %s", g_last_warn);
+    h_fail("listen: %s", h_last_warn);
     return NULL;
   }
   char* all = malloc((size_t)NET_HANDLE_MAXSIZE * g_nranks);
   void** ptrs = malloc(sizeof(void*) * g_nranks);
   if (!exchange(handle, NET_HANDLE_MAXSIZE, all)) {
-    fail("handle exchange");
+    h_fail("handle exchange");
     return NULL;
   }
   for (int i = 0; i < g_nranks; i++) ptrs[i] = all + (size_t)i * NET_HANDLE_MAXSIZE;
@@ -412,7 +356,7 @@ static void* form_group(void) {
   free(all);
   free(ptrs);
   if (r != NCCL_OK || !coll) {
-    fail("connect returned %d: %s", r, g_last_warn);
+    h_fail("connect returned %d: %s", r, h_last_warn);
     return NULL;
   }
   return coll;
@@ -429,7 +373,7 @@ static int alloc_bufs(void* coll, bufs* b, size_t bytes) {
   memset(b->recv, 0, bytes);
   if (cn->reg_mr(coll, b->send, bytes, PTR_HOST, &b->send_mh) != NCCL_OK ||
       cn->reg_mr(coll, b->recv, bytes, PTR_HOST, &b->recv_mh) != NCCL_OK) {
-    fail("regMr of %zu bytes: %s", bytes, g_last_warn);
+    h_fail("regMr of %zu bytes: %s", bytes, h_last_warn);
     return 0;
   }
   return 1;
@@ -437,7 +381,7 @@ static int alloc_bufs(void* coll, bufs* b, size_t bytes) {
 
 static void free_bufs(void* coll, bufs* b) {
   if (cn->dereg_mr(coll, b->send_mh) != NCCL_OK || cn->dereg_mr(coll, b->recv_mh) != NCCL_OK)
-    fail("deregMr: %s", g_last_warn);
+    h_fail("deregMr: %s", h_last_warn);
   free(b->send);
   free(b->recv);
 }
@@ -449,7 +393,7 @@ static int check_allreduce(const unsigned char* out, int dt, int op, uint64_t se
     uint64_t want = reference(dt, op, seed, i, owner_of(i, count));
     uint64_t got = load(out + i * size, size);
     if (got != want) {
-      fail("%s %s %s count %zu: element %zu (owner %d) is %#llx, the reference %#llx", what, type_name(dt),
+      h_fail("%s %s %s count %zu: element %zu (owner %d) is %#llx, the reference %#llx", what, type_name(dt),
            op_name(op), count, i, owner_of(i, count), (unsigned long long)got, (unsigned long long)want);
       return 0;
     }
@@ -468,7 +412,7 @@ static int allreduce_once(void* coll, bufs* b, int dt, int op, size_t count, uin
   int reported = -1;
   if (!wait_req(req, &reported, 120, "iallreduce")) return 0;
   if ((size_t)reported != count * size) {
-    fail("iallreduce reported %d bytes for %zu", reported, count * size);
+    h_fail("iallreduce reported %d bytes for %zu", reported, count * size);
     return 0;
   }
   return check_allreduce(out, dt, op, seed, count, in_place ? "in place" : "iallreduce");
@@ -508,7 +452,7 @@ static void test_in_flight(void* coll, bufs* b) {
     while (!reqs[k]) {
       if (cn->iallreduce(coll, b->send + k * count * size, b->recv + k * count * size, count, dt, OP_SUM,
                          b->send_mh, b->recv_mh, &reqs[k]) != NCCL_OK) {
-        fail("iallreduce %d of %d: %s", k, K, g_last_warn);
+        h_fail("iallreduce %d of %d: %s", k, K, h_last_warn);
         return;
       }
     }
@@ -545,7 +489,7 @@ static void test_windows(void* coll, bufs* b) {
     void* req = NULL;
     while (!req)
       if (cn->iallgather(coll, b->send, 3, parts, bpr, off, len, b->send_mh, &req) != NCCL_OK) {
-        fail("iallgather window %zu+%zu: %s", off, len, g_last_warn);
+        h_fail("iallgather window %zu+%zu: %s", off, len, h_last_warn);
         return;
       }
     int reported = 0;
@@ -553,7 +497,7 @@ static void test_windows(void* coll, bufs* b) {
     for (size_t i = 0; i < len && ok; i++) {
       unsigned char got = i < cut1 ? b->recv[i] : i < cut2 ? b->recv[i + 64] : b->recv[i + 128];
       if (got != (unsigned char)mix(off + i)) {
-        fail("iallgather window %zu+%zu: byte %zu is %d, want %d", off, len, i, got, (unsigned char)mix(off + i));
+        h_fail("iallgather window %zu+%zu: byte %zu is %d, want %d", off, len, i, got, (unsigned char)mix(off + i));
         ok = 0;
       }
     }
@@ -572,7 +516,7 @@ static void test_windows(void* coll, bufs* b) {
       req = NULL;
       while (!req)
         if (cn->ireducescatter(coll, 2, sparts, b->recv, bpr, off, len, dt, op, b->recv_mh, &req) != NCCL_OK) {
-          fail("ireducescatter window %zu+%zu: %s", off, len, g_last_warn);
+          h_fail("ireducescatter window %zu+%zu: %s", off, len, h_last_warn);
           return;
         }
       if (!wait_req(req, &reported, 60, "ireducescatter")) return;
@@ -580,13 +524,13 @@ static void test_windows(void* coll, bufs* b) {
         uint64_t want = reference(dt, op, seed, g / size, g_rank);
         uint64_t got = load(b->recv + (g - s), size);
         if (got != want) {
-          fail("ireducescatter %s %s window %zu+%zu: byte %zu is %#llx, want %#llx", type_name(dt), op_name(op), off,
+          h_fail("ireducescatter %s %s window %zu+%zu: byte %zu is %#llx, want %#llx", type_name(dt), op_name(op), off,
                len, g, (unsigned long long)got, (unsigned long long)want);
           ok = 0;
         }
       }
       if ((size_t)reported != own) {
-        fail("ireducescatter reported %d bytes, own part %zu", reported, own);
+        h_fail("ireducescatter reported %d bytes, own part %zu", reported, own);
         ok = 0;
       }
     }
@@ -607,16 +551,16 @@ static void test_two_groups(void* coll_a, bufs* a) {
   void* rb = post_allreduce(coll_b, b.send, b.recv, count, DT_INT32, OP_MAX, b.send_mh, b.recv_mh);
   if (!ra || !rb) return;
   int da = 0, db = 0, sz;
-  double start = now_s();
-  while ((!da || !db) && now_s() - start < 60) {
+  double start = h_now();
+  while ((!da || !db) && h_now() - start < 60) {
     if (!db && cn->test(rb, &db, &sz) != NCCL_OK) break;
     if (!da && cn->test(ra, &da, &sz) != NCCL_OK) break;
   }
   int ok = da && db && check_allreduce(a->recv, DT_FLOAT64, OP_SUM, 31, count, "group A") &&
            check_allreduce(b.recv, DT_INT32, OP_MAX, 32, count, "group B");
-  if (!da || !db) fail("two groups: operations did not finish (%d %d): %s", da, db, g_last_warn);
+  if (!da || !db) h_fail("two groups: operations did not finish (%d %d): %s", da, db, h_last_warn);
   free_bufs(coll_b, &b);
-  if (cn->close_coll(coll_b) != NCCL_OK) fail("closeColl of the second group");
+  if (cn->close_coll(coll_b) != NCCL_OK) h_fail("closeColl of the second group");
   if (ok) pass("two groups formed and used at once");
 }
 
@@ -625,20 +569,20 @@ static void test_two_groups(void* coll_a, bufs* a) {
 #define OLDER_TABLE(v, type, count_t, sge_t, has_windows, init_expr, listen_expr)                      \
   do {                                                                                                \
     type* t = dlsym(lib, "ncclCollNetPlugin_v" #v);                                                   \
-    if (!t) { fail("no ncclCollNetPlugin_v" #v); break; }                                             \
-    if (init_expr != NCCL_OK) { fail("v" #v " init: %s", g_last_warn); break; }                       \
+    if (!t) { h_fail("no ncclCollNetPlugin_v" #v); break; }                                             \
+    if (init_expr != NCCL_OK) { h_fail("v" #v " init: %s", h_last_warn); break; }                       \
     char handle[NET_HANDLE_MAXSIZE];                                                                  \
     void* lc = NULL;                                                                                  \
-    if (listen_expr != NCCL_OK) { fail("v" #v " listen: %s", g_last_warn); break; }                   \
+    if (listen_expr != NCCL_OK) { h_fail("v" #v " listen: %s", h_last_warn); break; }                   \
     char* all = malloc((size_t)NET_HANDLE_MAXSIZE * g_nranks);                                        \
     void* ptrs[64];                                                                                   \
-    if (!exchange(handle, NET_HANDLE_MAXSIZE, all)) { fail("exchange"); break; }                      \
+    if (!exchange(handle, NET_HANDLE_MAXSIZE, all)) { h_fail("exchange"); break; }                      \
     for (int i = 0; i < g_nranks; i++) ptrs[i] = all + (size_t)i * NET_HANDLE_MAXSIZE;                \
     void* coll = NULL;                                                                                \
     nccl_result r = t->connect(ptrs, g_nranks, g_rank, lc, &coll);                                    \
     t->close_listen(lc);                                                                              \
     free(all);                                                                                        \
-    if (r != NCCL_OK) { fail("v" #v " connect: %s", g_last_warn); break; }                            \
+    if (r != NCCL_OK) { h_fail("v" #v " connect: %s", h_last_warn); break; }                            \
     size_t count = 4099;                                                                              \
     unsigned char* s = aligned_alloc(4096, 65536);                                                    \
     unsigned char* o = aligned_alloc(4096, 65536);                                                    \
@@ -649,11 +593,11 @@ static void test_two_groups(void* coll_a, bufs* a) {
     void* req = NULL;                                                                                 \
     while (!req)                                                                                      \
       if (t->iallreduce(coll, s, o, (count_t)count, DT_FLOAT32, OP_SUM, smh, omh, &req) != NCCL_OK) {  \
-        fail("v" #v " iallreduce: %s", g_last_warn); break;                                           \
+        h_fail("v" #v " iallreduce: %s", h_last_warn); break;                                           \
       }                                                                                               \
     int done = 0, sz = 0;                                                                             \
-    double start = now_s();                                                                           \
-    while (req && !done && now_s() - start < 60)                                                      \
+    double start = h_now();                                                                           \
+    while (req && !done && h_now() - start < 60)                                                      \
       if (t->test(req, &done, &sz) != NCCL_OK) break;                                                 \
     int ok = done && check_allreduce(o, DT_FLOAT32, OP_SUM, 600 + v, count, "v" #v);                  \
     if (has_windows && ok) ok = older_windows_##v(t, coll, s, o, smh, omh);                           \
@@ -661,7 +605,7 @@ static void test_two_groups(void* coll_a, bufs* a) {
     t->dereg_mr(coll, omh);                                                                           \
     free(s);                                                                                          \
     free(o);                                                                                          \
-    if (t->close_coll(coll) != NCCL_OK) fail("v" #v " closeColl");                                    \
+    if (t->close_coll(coll) != NCCL_OK) h_fail("v" #v " closeColl");                                    \
     if (ok) pass("ncclCollNetPlugin_v" #v ": group, iallreduce%s", has_windows ? ", iallgather" : "");  \
   } while (0)
 
@@ -675,12 +619,12 @@ static void test_two_groups(void* coll_a, bufs* a) {
     while (!req)                                                                                      \
       if (t->iallgather(coll, s, 1, &part, bpr, 0, bpr * g_nranks, smh, &req) != NCCL_OK) return 0;  \
     int done = 0, sz = 0;                                                                             \
-    double start = now_s();                                                                           \
-    while (!done && now_s() - start < 60)                                                             \
+    double start = h_now();                                                                           \
+    while (!done && h_now() - start < 60)                                                             \
       if (t->test(req, &done, &sz) != NCCL_OK) return 0;                                              \
     for (size_t i = 0; i < bpr * g_nranks; i++)                                                       \
       if (o[i] != (unsigned char)mix(i)) {                                                            \
-        fail("v" #v " iallgather: byte %zu", i);                                                      \
+        h_fail("v" #v " iallgather: byte %zu", i);                                                      \
         return 0;                                                                                     \
       }                                                                                               \
     return done;                                                                                      \
@@ -693,9 +637,9 @@ static int older_windows_6(collnet_v6* t, void* c, unsigned char* s, unsigned ch
 }
 
 static void test_older_tables(void* lib) {
-  OLDER_TABLE(6, collnet_v6, int, sge_v8, 0, t->init(logger), t->listen(0, handle, &lc));
-  OLDER_TABLE(8, collnet_v8, int, sge_v8, 1, t->init(logger), t->listen(0, handle, &lc));
-  OLDER_TABLE(9, collnet_v9, size_t, sge_v9, 1, t->init(logger), t->listen(0, handle, &lc));
+  OLDER_TABLE(6, collnet_v6, int, sge_v8, 0, t->init(h_logger), t->listen(0, handle, &lc));
+  OLDER_TABLE(8, collnet_v8, int, sge_v8, 1, t->init(h_logger), t->listen(0, handle, &lc));
+  OLDER_TABLE(9, collnet_v9, size_t, sge_v9, 1, t->init(h_logger), t->listen(0, handle, &lc));
 }
 
 /* ---- failure modes ---- */
@@ -713,22 +657,22 @@ static void test_kill(void* coll, bufs* b) {
   }
   req = post_allreduce(coll, b->send, b->recv, count, DT_FLOAT32, OP_SUM, b->send_mh, b->recv_mh);
   if (!req) return;
-  double start = now_s();
+  double start = h_now();
   int done = 0, size = 0;
   nccl_result r = NCCL_OK;
-  while (!done && now_s() - start < 60) {
+  while (!done && h_now() - start < 60) {
     r = cn->test(req, &done, &size);
     if (r != NCCL_OK) break;
   }
-  double took = now_s() - start;
+  double took = h_now() - start;
   if (r != NCCL_OK && took < 20)
-    pass("a member killed mid-operation fails the others in %.1f s (error %d: %s)", took, r, g_last_warn);
+    pass("a member killed mid-operation fails the others in %.1f s (error %d: %s)", took, r, h_last_warn);
   else
-    fail("a member killed mid-operation: test returned %d after %.1f s, done %d", r, took, done);
+    h_fail("a member killed mid-operation: test returned %d after %.1f s, done %d", r, took, done);
   /* Later calls report the same failure; close still works. */
   void* again = NULL;
   if (cn->iallreduce(coll, b->send, b->recv, 16, DT_FLOAT32, OP_SUM, b->send_mh, b->recv_mh, &again) == NCCL_OK)
-    fail("an operation posted on a failed group was accepted");
+    h_fail("an operation posted on a failed group was accepted");
   else
     pass("the failure is sticky: a later iallreduce is refused");
 }
@@ -745,11 +689,11 @@ static void bench_allreduce(void* coll, bufs* b) {
     double best = 1e30, total = 0;
     for (int it = 0; it <= iters; it++) {
       exchange(&sync, 1, all); /* start together */
-      double t0 = now_s();
+      double t0 = h_now();
       void* req = post_allreduce(coll, b->send, b->recv, count, DT_FLOAT32, OP_SUM, b->send_mh, b->recv_mh);
       int reported = -1;
       if (!req || !wait_req(req, &reported, 120, "bench iallreduce")) return;
-      double took = now_s() - t0;
+      double took = h_now() - t0;
       if (it == 0) continue; /* warm-up */
       total += took;
       if (took < best) best = took;
@@ -757,10 +701,9 @@ static void bench_allreduce(void* coll, bufs* b) {
     if (!check_allreduce(b->recv, DT_FLOAT32, OP_SUM, 77, count, "bench")) return;
     double mean = total / iters, bus = 2.0 * (g_nranks - 1) / g_nranks;
     if (g_rank == 0)
-      fprintf(stderr,
-              "BENCH allreduce float32 sum %zu B x %d ranks: mean %.0f us, best %.0f us, algbw %.1f MB/s, "
-              "busbw %.1f MB/s\n",
-              bytes, g_nranks, mean * 1e6, best * 1e6, bytes / mean / 1e6, bytes / mean / 1e6 * bus);
+      h_line("", "BENCH allreduce float32 sum %zu B x %d ranks: mean %.0f us, best %.0f us, algbw %.1f MB/s, "
+             "busbw %.1f MB/s",
+             bytes, g_nranks, mean * 1e6, best * 1e6, bytes / mean / 1e6, bytes / mean / 1e6 * bus);
   }
   pass("allreduce bandwidth measured (%d ranks)", g_nranks);
 }
@@ -768,16 +711,16 @@ static void bench_allreduce(void* coll, bufs* b) {
 static int run_rank(const char* path, int mode) {
   void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
-    fail("dlopen %s: %s", path, dlerror());
+    h_fail("dlopen %s: %s", path, dlerror());
     return 1;
   }
   cn = dlsym(lib, "ncclCollNetPlugin_v12");
   if (!cn) {
-    fail("no ncclCollNetPlugin_v12");
+    h_fail("no ncclCollNetPlugin_v12");
     return 1;
   }
-  if (cn->init(&g_ctx, 42, logger) != NCCL_OK) {
-    fail("init: %s", g_last_warn);
+  if (cn->init(&g_ctx, 42, h_logger) != NCCL_OK) {
+    h_fail("init: %s", h_last_warn);
     return 1;
   }
   if (mode == 2) { /* --missing */
@@ -790,21 +733,21 @@ static int run_rank(const char* path, int mode) {
     for (int i = 0; i < g_nranks; i++) ptrs[i] = all + (size_t)i * NET_HANDLE_MAXSIZE;
     if (g_rank == g_nranks - 1) {
       sleep(8); /* never connects */
-      return g_failures;
+      return h_failures;
     }
     void* coll = NULL;
-    double start = now_s();
+    double start = h_now();
     nccl_result r = cn->connect(ptrs, g_nranks, g_rank, lc, &coll);
-    double took = now_s() - start;
+    double took = h_now() - start;
     char want[32], want_list[32];
     snprintf(want, sizeof want, "rank %d", g_nranks - 1);
     snprintf(want_list, sizeof want_list, "rank(s) %d", g_nranks - 1);
-    if (r != NCCL_OK && took < 10 && (strstr(g_last_warn, want) || strstr(g_last_warn, want_list)))
-      pass("a member that never connects fails connect in %.1f s: %s", took, g_last_warn);
+    if (r != NCCL_OK && took < 10 && (strstr(h_last_warn, want) || strstr(h_last_warn, want_list)))
+      pass("a member that never connects fails connect in %.1f s: %s", took, h_last_warn);
     else
-      fail("missing member: connect returned %d after %.1f s: %s", r, took, g_last_warn);
+      h_fail("missing member: connect returned %d after %.1f s: %s", r, took, h_last_warn);
     cn->close_listen(lc);
-    return g_failures;
+    return h_failures;
   }
   void* coll = form_group();
   if (!coll) return 1;
@@ -816,63 +759,48 @@ static int run_rank(const char* path, int mode) {
     props_v12 props;
     void* gpu_mh = NULL;
     if (cn->get_properties(0, &props) != NCCL_OK || props.ptr_support != PTR_HOST)
-      fail("CollNet getProperties: ptrSupport %#x, expected host memory only", props.ptr_support);
+      h_fail("CollNet getProperties: ptrSupport %#x, expected host memory only", props.ptr_support);
     else if (cn->reg_mr(coll, b.send, 4096, 0x2 /* NCCL_PTR_CUDA */, &gpu_mh) == NCCL_OK)
-      fail("CollNet regMr accepted memory of type NCCL_PTR_CUDA");
-    else if (!strstr(g_last_warn, "host memory only"))
-      fail("CollNet regMr of NCCL_PTR_CUDA: the message does not say why: %s", g_last_warn);
+      h_fail("CollNet regMr accepted memory of type NCCL_PTR_CUDA");
+    else if (!strstr(h_last_warn, "host memory only"))
+      h_fail("CollNet regMr of NCCL_PTR_CUDA: the message does not say why: %s", h_last_warn);
     else
       pass("host memory only: getProperties offers NCCL_PTR_HOST, regMr refuses NCCL_PTR_CUDA");
   }
   if (mode == 1) {
     test_kill(coll, &b);
-    return g_failures;
+    return h_failures;
   }
   if (mode == 3) {
     bench_allreduce(coll, &b);
     free_bufs(coll, &b);
-    if (cn->close_coll(coll) != NCCL_OK) fail("closeColl: %s", g_last_warn);
-    return g_failures;
+    if (cn->close_coll(coll) != NCCL_OK) h_fail("closeColl: %s", h_last_warn);
+    return h_failures;
   }
   test_allreduce_matrix(coll, &b);
   test_in_flight(coll, &b);
   test_windows(coll, &b);
   test_two_groups(coll, &b);
   free_bufs(coll, &b);
-  if (cn->close_coll(coll) != NCCL_OK) fail("closeColl: %s", g_last_warn);
+  if (cn->close_coll(coll) != NCCL_OK) h_fail("closeColl: %s", h_last_warn);
   else pass("closeColl");
   test_older_tables(lib);
-  if (cn->finalize(g_ctx) != NCCL_OK) fail("finalize");
-  return g_failures;
+  if (cn->finalize(g_ctx) != NCCL_OK) h_fail("finalize");
+  return h_failures;
 }
 
 /* A rank on a client host: connect to the exchange server (it may not be up yet), say who we are. */
 static int connect_server(const char* addr_port, int rank) {
-  char host[64];
-  snprintf(host, sizeof host, "%s", addr_port);
-  char* colon = strrchr(host, ':');
-  if (!colon) return -1;
-  *colon = 0;
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
-  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) return -1;
-  double start = now_s();
-  while (now_s() - start < 60) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    if (connect(fd, (struct sockaddr*)&sa, sizeof sa) == 0) {
-      int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      uint32_t r = (uint32_t)rank;
-      if (!write_all(fd, &r, sizeof r)) {
-        close(fd);
-        return -1;
-      }
-      return fd;
-    }
+  int fd = h_control_dial(addr_port, 60);
+  if (fd < 0) return -1;
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  uint32_t r = (uint32_t)rank;
+  if (!h_control_send(fd, &r, sizeof r)) {
     close(fd);
-    usleep(200000);
+    return -1;
   }
-  return -1;
+  return fd;
 }
 
 /* The server host: accept the ranks of the other hosts; each says its rank first. */
@@ -881,7 +809,7 @@ static int accept_remote_ranks(int port, int* fds, const int* local, int nranks)
   setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   if (ls < 0 || bind(ls, (struct sockaddr*)&sa, sizeof sa) || listen(ls, 16)) {
-    fprintf(stderr, "FAIL exchange server on port %d: %s\n", port, strerror(errno));
+    h_fail("exchange server on port %d: %s", port, strerror(errno));
     return 0;
   }
   int remote = 0;
@@ -894,8 +822,8 @@ static int accept_remote_ranks(int port, int* fds, const int* local, int nranks)
     }
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     uint32_t r = 0;
-    if (!read_all(fd, &r, sizeof r) || r >= (uint32_t)nranks || local[r] || fds[r] >= 0) {
-      fprintf(stderr, "FAIL exchange server: a connection claimed rank %u\n", r);
+    if (!h_control_recv(fd, &r, sizeof r) || r >= (uint32_t)nranks || local[r] || fds[r] >= 0) {
+      h_fail("exchange server: a connection claimed rank %u", r);
       close(fd);
       continue;
     }
@@ -907,6 +835,7 @@ static int accept_remote_ranks(int port, int* fds, const int* local, int nranks)
 }
 
 int main(int argc, char** argv) {
+  h_role = g_role;
   if (argc < 2) {
     fprintf(stderr,
             "usage: %s LIB [--ranks N] [--quick] [--kill] [--missing] [--bench] [--serve PORT | --server "
@@ -946,7 +875,7 @@ int main(int argc, char** argv) {
   int fds[8], local[8] = {0};
   pid_t pids[8];
   for (int r = 0; r < 8; r++) fds[r] = -1;
-  double start = now_s();
+  double start = h_now();
   for (int r = first; r < first + nlocal; r++) {
     int sv[2] = {-1, -1};
     if (!server && socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) return 2;
@@ -955,10 +884,11 @@ int main(int argc, char** argv) {
       for (int k = 0; k < 8; k++)
         if (fds[k] >= 0) close(fds[k]);
       g_rank = r;
+      snprintf(g_role, sizeof g_role, "rank %d", r);
       if (server) {
         g_fd = connect_server(server, r);
         if (g_fd < 0) {
-          fprintf(stderr, "FAIL [rank %d] cannot reach the exchange server %s\n", r, server);
+          h_fail("cannot reach the exchange server %s", server);
           _exit(1);
         }
       } else {
@@ -967,7 +897,7 @@ int main(int argc, char** argv) {
       }
       alarm(mode == 3 ? 300 : mode ? 60 : 900); /* a hang ends as a failure, not a stuck lane */
       int failures = run_rank(argv[1], mode);
-      fprintf(stderr, "[rank %d] %d check(s) passed, %d failure(s)\n", r, g_checks, failures);
+      h_line("", "[rank %d] %d check(s) passed, %d failure(s)", r, g_checks, failures);
       _exit(failures ? 1 : 0);
     }
     if (!server) {
@@ -985,19 +915,19 @@ int main(int argc, char** argv) {
     char* blob = NULL;
     int broken = 0;
     for (int r = 0; r < nranks && !broken; r++) {
-      if (!read_all(fds[r], &len, sizeof len)) { broken = 1; break; }
+      if (!h_control_recv(fds[r], &len, sizeof len)) { broken = 1; break; }
       if (r == 0) {
         first_len = len;
         blob = malloc((size_t)len * nranks);
       } else if (len != first_len) {
-        fprintf(stderr, "FAIL ranks exchanged different sizes (%u, %u)\n", first_len, len);
+        h_fail("ranks exchanged different sizes (%u, %u)", first_len, len);
         broken = 1;
         break;
       }
-      if (!read_all(fds[r], blob + (size_t)r * len, len)) broken = 1;
+      if (!h_control_recv(fds[r], blob + (size_t)r * len, len)) broken = 1;
     }
     if (!broken)
-      for (int r = 0; r < nranks; r++) write_all(fds[r], blob, (size_t)len * nranks);
+      for (int r = 0; r < nranks; r++) h_control_send(fds[r], blob, (size_t)len * nranks);
     free(blob);
     if (broken) break;
   }
@@ -1008,13 +938,13 @@ int main(int argc, char** argv) {
     waitpid(pids[r], &status, 0);
     int expected_exit = (mode == 1 || mode == 2) && r == nranks - 1; /* the victim's own result does not count */
     if (!expected_exit && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-      fprintf(stderr, "FAIL rank %d: %s %d\n", r, WIFSIGNALED(status) ? "killed by signal" : "exit status",
-              WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+      h_fail("rank %d: %s %d", r, WIFSIGNALED(status) ? "killed by signal" : "exit status",
+             WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
       bad++;
     }
   }
   fprintf(stderr, "collnet: %d ranks (%d here), %s, %d rank(s) failed, %.1f s\n", nranks, nlocal,
           mode == 1 ? "killed member" : mode == 2 ? "missing member" : mode == 3 ? "bench" : g_quick ? "quick" : "full",
-          bad, now_s() - start);
+          bad, h_now() - start);
   return bad ? 1 : 0;
 }

@@ -7,6 +7,7 @@
 #endif
 #include <arpa/inet.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -29,22 +30,45 @@ static inline double h_now(void) {
   return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static inline void h_fail(const char* fmt, ...) {
+/* One line to stderr in one write(2): ranks and roles of one test share the stream, and a line
+ * built from several stdio calls can be cut in two by another process's line. */
+static inline void h_vline(const char* prefix, const char* fmt, va_list ap) {
+  char line[1200];
+  int n = snprintf(line, sizeof line, "%s", prefix);
+  if (n < 0) return;
+  if ((size_t)n < sizeof line) {
+    int m = vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    if (m > 0) n += m;
+  }
+  if ((size_t)n >= sizeof line - 1) n = (int)sizeof line - 2;
+  line[n++] = '\n';
+  ssize_t w = write(2, line, (size_t)n);
+  (void)w;
+}
+
+static inline void h_line(const char* prefix, const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "FAIL [%s] ", h_role);
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
+  h_vline(prefix, fmt, ap);
+  va_end(ap);
+}
+
+static inline void h_fail(const char* fmt, ...) {
+  char prefix[96];
+  snprintf(prefix, sizeof prefix, "FAIL [%s] ", h_role);
+  va_list ap;
+  va_start(ap, fmt);
+  h_vline(prefix, fmt, ap);
   va_end(ap);
   h_failures++;
 }
 
 static inline void h_pass(const char* fmt, ...) {
+  char prefix[96];
+  snprintf(prefix, sizeof prefix, "PASS [%s] ", h_role);
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "PASS [%s] ", h_role);
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
+  h_vline(prefix, fmt, ap);
   va_end(ap);
 }
 
@@ -60,7 +84,7 @@ static inline void h_logger(int level, unsigned long flags, const char* file, in
     h_warns++;
     snprintf(h_last_warn, sizeof h_last_warn, "%s", text);
   }
-  if (level == LOG_WARN || getenv("HARNESS_VERBOSE")) fprintf(stderr, "[%s] plugin: %s\n", h_role, text);
+  if (level == LOG_WARN || getenv("HARNESS_VERBOSE")) h_line("", "[%s] plugin: %s", h_role, text);
 }
 
 static inline unsigned char h_pattern(unsigned seed, size_t i) { return (unsigned char)(seed * 131u + i * 7u + (i >> 12)); }
@@ -199,6 +223,7 @@ static inline int h_control_send(int fd, const void* buf, size_t n) {
   const char* p = buf;
   while (n) {
     ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return 0;
     p += w;
     n -= (size_t)w;
@@ -210,6 +235,7 @@ static inline int h_control_recv(int fd, void* buf, size_t n) {
   char* p = buf;
   while (n) {
     ssize_t r = read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return 0;
     p += r;
     n -= (size_t)r;

@@ -58,8 +58,12 @@ pub(crate) struct ListenComm {
 enum Ports {
     /// A physical device: one port.
     One(Arc<OpenPort>),
-    /// The mesh device: the member whose address the connector reached.
-    Mesh(Vec<(MeshAddr, Arc<OpenPort>)>),
+    /// The mesh device: the member whose address the connector reached (`addrs[i]` is the
+    /// address of `ports[i]`).
+    Mesh {
+        addrs: Vec<MeshAddr>,
+        ports: Vec<Arc<OpenPort>>,
+    },
 }
 
 impl Ports {
@@ -67,12 +71,11 @@ impl Ports {
     fn for_arrival(&self, arrived_on: Option<SocketAddr>) -> Option<Arc<OpenPort>> {
         match self {
             Self::One(port) => Some(port.clone()),
-            Self::Mesh(members) => {
+            Self::Mesh { addrs, ports } => {
                 let Some(SocketAddr::V4(local)) = arrived_on else {
                     return None;
                 };
-                let addrs: Vec<MeshAddr> = members.iter().map(|(a, _)| *a).collect();
-                mesh::arrival_member(&addrs, *local.ip()).map(|i| members[i].1.clone())
+                mesh::arrival_member(addrs, *local.ip()).and_then(|i| ports.get(i).cloned())
             }
         }
     }
@@ -155,10 +158,9 @@ fn listen_mesh(
     config: Config,
     handle: &mut [u8; 128],
 ) -> NetResult<Ptr> {
-    let mut members = Vec::with_capacity(mesh.members.len());
-    for (i, member) in mesh.members.iter().enumerate() {
-        members.push((member.addr, net::open_mesh_member(mesh, i)?));
-    }
+    let ports = (0..mesh.members.len())
+        .map(|i| net::open_mesh_member(mesh, i))
+        .collect::<NetResult<Vec<_>>>()?;
     let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0));
     let listener = socket::listen(any)
         .map_err(|e| NetError::system(format!("listen: cannot listen on {any}: {e}")))?;
@@ -192,7 +194,7 @@ fn listen_mesh(
             .join("+")
     );
     let comm = ListenComm {
-        ports: Ports::Mesh(members),
+        ports: Ports::Mesh { addrs, ports },
         listener,
         listen_id,
         config,
