@@ -66,10 +66,16 @@
 //!
 //! | kind | code | body |
 //! |---|---:|---|
-//! | [`ConnectRequest`] | 1 | listen id `u64` @0, Rivet version length @8, Rivet version (16 bytes) @9, reserved zero (3 bytes) @25, sender [`EndpointInfo`] @28; 108 bytes |
+//! | [`ConnectRequest`] | 1 | listen id `u64` @0, Rivet version length @8, Rivet version (16 bytes) @9, [`Lanes`] count − 1 (0..=127) @25, width − 1 (0..count) @26, reserved zero @27, sender [`EndpointInfo`] (lane 0) @28; 108 bytes |
 //! | [`AcceptReply`] | 2 | receiver [`EndpointInfo`]; 80 bytes |
 //! | `Ready` | 3 | empty |
 //! | [`Reject`] | 4 | reason code `u16` @0, reserved zero `u16` @2; 4 bytes |
+//! | `Lane` | 5 | one more [`EndpointInfo`] of a connection with several lanes; 80 bytes |
+//!
+//! A connection with `count` lanes sends `count - 1` Lane frames right after the connect request
+//! (the connector's lanes 1.., in order) and `count - 1` right after the accept reply (the
+//! acceptor's). Lane bytes were reserved zero before lanes existed, so a one-lane request is
+//! byte for byte what earlier releases of this wire version send.
 //!
 //! # Endpoint info ([`EndpointInfo`], [`ENDPOINT_INFO_LEN`] = 80 bytes)
 //!
@@ -110,8 +116,8 @@ pub use error::{MagicBytes, WireError};
 pub use handle::{HANDLE_LEN, HANDLE_MAGIC, ListenHandle};
 pub use mesh::{MAX_MESH_ADDRS, MESH_LIST_AT, MESH_LIST_LEN, MESH_MAGIC, MeshList};
 pub use message::{
-    AcceptReply, ConnectRequest, FRAME_MAGIC, FrameHeader, HEADER_LEN, MAX_BODY_LEN, MAX_FRAME_LEN,
-    Message, MessageKind, Reject, RejectReason,
+    AcceptReply, ConnectRequest, FRAME_MAGIC, FrameHeader, HEADER_LEN, Lanes, MAX_BODY_LEN,
+    MAX_FRAME_LEN, MAX_LANES, Message, MessageKind, Reject, RejectReason,
 };
 
 /// The version of every format in this module. Both ends of a connection must speak the same one.

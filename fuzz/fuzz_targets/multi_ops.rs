@@ -1,5 +1,6 @@
 //! Arbitrary interleavings of isend / irecv / test / per-queue-pair fabric steps / faults on a
-//! multi-QP connection (1..=4 queue pairs, round-robin or split, adaptive routing on or off)
+//! multi-QP connection (1..=4 queue pairs: round-robin, split, or striped over some of them;
+//! adaptive routing on or off)
 //! through the simulated fabric. Stepping one queue pair at a time delivers the queue pairs in
 //! any order against each other. Checked against a model:
 //!
@@ -39,6 +40,8 @@ enum Op {
 struct Input {
     qps: u8,
     split: bool,
+    /// Without split: queue pairs per message, 1..=qps (a fused device's stripes).
+    width: u8,
     adaptive_routing: bool,
     ar_threshold: u16,
     inline: bool,
@@ -196,8 +199,18 @@ fuzz_target!(|input: Input| {
     ) else {
         panic!("valid policy refused");
     };
+    let width = if policy.split() {
+        policy.qps()
+    } else {
+        usize::from(input.width) % policy.qps() + 1
+    };
     let mut h = Harness {
-        p: MultiPair::new(if input.inline { 64 } else { 0 }, policy),
+        p: MultiPair::with_width(
+            if input.inline { 64 } else { 0 },
+            policy.qps(),
+            width,
+            policy.ar_threshold(),
+        ),
         recvs: VecDeque::new(),
         sends: Vec::new(),
         next_msg: 0,

@@ -6,7 +6,9 @@
 //! what spans them: which queue pairs a message uses, and when a message is complete.
 //!
 //! **Ordering across queue pairs.** Both ends count messages (receives, and the slots the sender
-//! ends) the same way, so they pick the same queue pairs without telling each other:
+//! ends) the same way, so they pick the same queue pairs without telling each other. In general
+//! each receive's messages travel over `width` queue pairs starting at a rotating one (NCCL's
+//! `qpIndex`), which moves on by `width` per receive; the two settings NCCL names are its ends:
 //! - round-robin ([`QpPolicy::split`] off, NCCL's default): message `k` travels whole on queue
 //!   pair `k % qps`; a grouped receive's sends all go to the queue pair of its receive, and the
 //!   sender moves on once that queue pair has ended the receive's slot;
@@ -14,7 +16,11 @@
 //!   each; the sender cuts its payload into `qps` parts of [`split_part`] (NCCL's
 //!   `roundup(ceil(len / qps), 128)` chunks, so LL and LL128 lines are never cut) and writes
 //!   part `i` at its offset through queue pair `i`. Parts past the end are zero-length sends, so
-//!   every queue pair's receive completes.
+//!   every queue pair's receive completes;
+//! - in between (a fused device of `d` ports without split: `width = d`, one queue pair per port
+//!   for each message, as NCCL's IB transport stripes over its `nDataQps`), the receive at
+//!   rotation `r` uses queue pairs `r, r + 1, …, r + width - 1` (mod their count) and the message
+//!   is cut into `width` parts.
 //!
 //! Each queue pair is reliable-connected and in order; queue pairs are not ordered against each
 //! other (a fabric may deliver queue pair 1's message before queue pair 0's). Nothing here relies
@@ -208,28 +214,29 @@ impl<A: Copy + PartialEq> Parts<A> {
         }
     }
 
-    /// The request a call with `args` posts parts of, and the first queue pair left to post
-    /// on: the half-posted one when this is its retry, else a fresh one (`None`: pool empty).
+    /// The request a call with `args` posts parts of, and the first part left to post: the
+    /// half-posted one when this is its retry, else a fresh one (`None`: pool empty).
     fn start(
         &mut self,
         args: A,
         retry_first: &'static str,
     ) -> Result<Option<(u8, usize)>, DataError> {
         match self.half {
-            Some(half) if half.args == args => Ok(Some((half.index, half.next_qp))),
+            Some(half) if half.args == args => Ok(Some((half.index, half.next_part))),
             Some(_) => Err(DataError::InvalidArgument(retry_first)),
             None => Ok(self.take().map(|index| (index, 0))),
         }
     }
 
-    /// Record what posting part `qp` of request `index` gave: `Ok(true)` posted; `Ok(false)`
+    /// Record what posting part `part` of request `index` on queue pair `qp` gave: `Ok(true)`
+    /// posted; `Ok(false)`
     /// not now (the request is kept half posted for the retry of `args`, or freed when none of
     /// it is posted yet); an error frees it (NCCL never sees its id; parts already posted stay
     /// with their queue pairs, which the caller fails).
     fn part_posted(
         &mut self,
         index: u8,
-        qp: usize,
+        (qp, part): (usize, usize),
         outcome: Result<Option<RequestId>, DataError>,
         args: A,
     ) -> Result<bool, DataError> {
@@ -246,7 +253,7 @@ impl<A: Copy + PartialEq> Parts<A> {
                 } else {
                     self.half = Some(HalfPosted {
                         index,
-                        next_qp: qp,
+                        next_part: part,
                         args,
                     });
                 }
@@ -389,7 +396,8 @@ impl<A: Copy + PartialEq> Parts<A> {
 #[derive(Clone, Copy, Debug)]
 struct HalfPosted<A> {
     index: u8,
-    next_qp: usize,
+    /// The first part (0..width) not posted yet.
+    next_part: usize,
     args: A,
 }
 
@@ -397,28 +405,42 @@ struct HalfPosted<A> {
 #[derive(Debug)]
 pub struct MultiSend {
     conns: Vec<SendConn>,
-    split: bool,
-    /// Round-robin: the queue pair of the oldest receive not yet ended.
+    /// Queue pairs each message is cut over.
+    width: usize,
+    /// The first queue pair of the oldest receive not yet ended.
     current: usize,
+    /// That queue pair's [`SendConn::receives_ended`] when the receive became the oldest: the
+    /// receive has ended once the count moves.
+    current_ended: u32,
     parts: Parts<(SendBuf, u32)>,
 }
 
 impl MultiSend {
     /// A sender over `conns` (one per queue pair, in the order both ends agreed on in the
-    /// handshake), using them as `policy` says.
-    pub fn new(mut conns: Vec<SendConn>, policy: QpPolicy) -> Self {
+    /// handshake), using them as `policy` says: whole messages round-robin, or each split over
+    /// all of them.
+    pub fn new(conns: Vec<SendConn>, policy: QpPolicy) -> Self {
+        let width = if policy.split { conns.len() } else { 1 };
+        Self::with_width(conns, width, policy.ar_threshold)
+    }
+
+    /// A sender cutting each message over `width` of its queue pairs (1..=`conns.len()`; the
+    /// receiver must use the same), with adaptive routing above `ar_threshold` bytes.
+    pub fn with_width(mut conns: Vec<SendConn>, width: usize, ar_threshold: Option<u64>) -> Self {
         assert!(
             !conns.is_empty() && conns.len() <= MAX_QPS,
             "1..=128 queue pairs"
         );
+        assert!((1..=conns.len()).contains(&width), "width 1..=queue pairs");
         for conn in &mut conns {
-            conn.set_adaptive_routing(policy.ar_threshold);
+            conn.set_adaptive_routing(ar_threshold);
         }
         let qps = conns.len();
         Self {
             conns,
-            split: policy.split,
+            width,
             current: 0,
+            current_ended: 0,
             parts: Parts::new(Side::Send, qps),
         }
     }
@@ -438,9 +460,6 @@ impl MultiSend {
         if nics.len() != self.conns.len() {
             return Err(DataError::InvalidArgument("one NIC per queue pair"));
         }
-        if !self.split {
-            return self.isend_round_robin(nics, buf, tag);
-        }
         if buf.len > u64::from(MAX_WR_BYTES) {
             return Err(DataError::InvalidArgument("send larger than 1 GiB"));
         }
@@ -457,16 +476,17 @@ impl MultiSend {
         else {
             return Ok(None);
         };
-        let qps = self.conns.len();
-        for (qp, nic) in nics.iter_mut().enumerate().skip(first) {
-            let (offset, len) = split_part(buf.len, qps, qp);
-            let part = SendBuf {
+        let (qps, width) = (self.conns.len(), self.width);
+        for part in first..width {
+            let qp = (self.current + part) % qps;
+            let (offset, len) = split_part(buf.len, width, part);
+            let piece = SendBuf {
                 addr: buf.addr + offset,
                 len,
                 lkey: buf.lkey,
             };
-            let outcome = self.conns[qp].isend_at(nic, part, tag, offset);
-            match self.parts.part_posted(index, qp, outcome, args) {
+            let outcome = self.conns[qp].isend_at(&mut nics[qp], piece, tag, offset);
+            match self.parts.part_posted(index, (qp, part), outcome, args) {
                 Ok(true) => {}
                 Ok(false) => return Ok(None),
                 Err(err) => {
@@ -477,28 +497,11 @@ impl MultiSend {
                 }
             }
         }
-        Ok(Some(self.parts.posted(index)))
-    }
-
-    fn isend_round_robin<N: Nic>(
-        &mut self,
-        nics: &mut [N],
-        buf: SendBuf,
-        tag: u32,
-    ) -> Result<Option<RequestId>, DataError> {
-        let qp = self.current;
-        let Some(index) = self.parts.take() else {
-            return Ok(None);
-        };
-        let conn = &mut self.conns[qp];
-        let ended = conn.receives_ended();
-        let outcome = conn.isend(&mut nics[qp], buf, tag);
-        let slot_ended = conn.receives_ended() != ended;
-        if !self.parts.part_posted(index, qp, outcome, (buf, tag))? {
-            return Ok(None);
-        }
-        if slot_ended {
-            self.current = (qp + 1) % self.conns.len();
+        // Every queue pair of the receive saw this send; when it ended the receive's slot, the
+        // next receive starts `width` queue pairs on.
+        if self.conns[self.current].receives_ended() != self.current_ended {
+            self.current = (self.current + width) % qps;
+            self.current_ended = self.conns[self.current].receives_ended();
         }
         Ok(Some(self.parts.posted(index)))
     }
@@ -535,8 +538,9 @@ impl MultiSend {
 #[derive(Debug)]
 pub struct MultiRecv {
     conns: Vec<RecvConn>,
-    split: bool,
-    /// Round-robin: the queue pair of the next receive.
+    /// Queue pairs each receive is posted on.
+    width: usize,
+    /// The first queue pair of the next receive.
     current: usize,
     parts: Parts<RecvArgs>,
     /// Capacities of each request's buffers, to check the parts' sum against.
@@ -554,14 +558,21 @@ struct RecvArgs {
 impl MultiRecv {
     /// A receiver over `conns` (one per queue pair, in the handshake's order).
     pub fn new(conns: Vec<RecvConn>, policy: QpPolicy) -> Self {
+        let width = if policy.split { conns.len() } else { 1 };
+        Self::with_width(conns, width)
+    }
+
+    /// A receiver posting each receive on `width` of its queue pairs (the sender's width).
+    pub fn with_width(conns: Vec<RecvConn>, width: usize) -> Self {
         assert!(
             !conns.is_empty() && conns.len() <= MAX_QPS,
             "1..=128 queue pairs"
         );
+        assert!((1..=conns.len()).contains(&width), "width 1..=queue pairs");
         let qps = conns.len();
         Self {
             conns,
-            split: policy.split,
+            width,
             current: 0,
             parts: Parts::new(Side::Recv, qps),
             capacity: vec![[0; MAX_RECVS]; MAX_REQUESTS],
@@ -600,22 +611,18 @@ impl MultiRecv {
         };
         args.bufs[..n].copy_from_slice(bufs);
         args.tags[..n].copy_from_slice(tags);
-        let qps = self.conns.len();
-        let started = if self.split {
-            self.parts.start(
-                args,
-                "a split receive was half posted: retry the same receive first",
-            )?
-        } else {
-            self.parts.take().map(|index| (index, self.current))
-        };
-        let Some((index, first)) = started else {
+        let (qps, width) = (self.conns.len(), self.width);
+        let Some((index, first)) = self.parts.start(
+            args,
+            "a split receive was half posted: retry the same receive first",
+        )?
+        else {
             return Ok(None);
         };
-        let last = if self.split { qps } else { first + 1 };
-        for (qp, nic) in nics.iter_mut().enumerate().take(last).skip(first) {
-            let outcome = self.conns[qp].irecv(nic, bufs, tags);
-            match self.parts.part_posted(index, qp, outcome, args) {
+        for part in first..width {
+            let qp = (self.current + part) % qps;
+            let outcome = self.conns[qp].irecv(&mut nics[qp], bufs, tags);
+            match self.parts.part_posted(index, (qp, part), outcome, args) {
                 Ok(true) => {}
                 Ok(false) => return Ok(None),
                 Err(err) => {
@@ -626,9 +633,7 @@ impl MultiRecv {
                 }
             }
         }
-        if !self.split {
-            self.current = (self.current + 1) % qps;
-        }
+        self.current = (self.current + width) % qps;
         let mut capacity = [0; MAX_RECVS];
         for (cap, buf) in capacity.iter_mut().zip(bufs) {
             *cap = buf.len;

@@ -4,17 +4,22 @@ use super::HandshakeError;
 use super::error::Incompatibility;
 use super::io::{Common, FrameReader, ReadError, misuse, unexpected};
 use crate::time::{Duration, Instant};
-use crate::wire::{AcceptReply, EndpointInfo, Message, MessageKind, RejectReason, RivetVersion};
+use crate::wire::{
+    AcceptReply, EndpointInfo, Lanes, Message, MessageKind, RejectReason, RivetVersion,
+};
+use alloc::vec::Vec;
 
 /// What the driver must act on, from [`Acceptor::poll_event`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AcceptorEvent {
-    /// A valid connect request for this listener arrived. Create the QP and control memory, move
-    /// the QP to RTR and RTS towards `remote`, then call [`Acceptor::handle_local_ready`] (or
-    /// [`Acceptor::reject`]).
+    /// A valid connect request for this listener arrived (with all its lanes). Create the QP
+    /// and control memory, move the QP to RTR and RTS towards `remote`, then call
+    /// [`Acceptor::handle_local_ready`] (or [`Acceptor::reject`]). A request of several lanes
+    /// ([`Acceptor::lanes`]) needs one QP per lane, each brought up towards its
+    /// [`Acceptor::remote_lanes`] entry, and [`Acceptor::handle_local_lanes_ready`].
     Request {
-        /// The connector's endpoint.
+        /// The connector's endpoint (lane 0).
         remote: EndpointInfo,
     },
     /// The connector's ready arrived: its QP is at RTS and may be written to. The recvComm is
@@ -82,6 +87,10 @@ pub struct Acceptor {
     common: Common<AcceptorEvent>,
     listen_id: u64,
     peer_version: Option<RivetVersion>,
+    /// The request's lanes (one until it arrived).
+    lanes: Lanes,
+    /// The connector's lanes as their frames arrive: the request's endpoint, then each Lane's.
+    remotes: Vec<EndpointInfo>,
 }
 
 impl Acceptor {
@@ -93,6 +102,21 @@ impl Acceptor {
             common: Common::new(now, timeout),
             listen_id,
             peer_version: None,
+            lanes: Lanes::ONE,
+            remotes: Vec::new(),
+        }
+    }
+
+    /// The connection's lanes, from the connect request (one before it arrived).
+    pub fn lanes(&self) -> Lanes {
+        self.lanes
+    }
+
+    /// Every lane of the connector, lane 0 first, once all arrived (empty before).
+    pub fn remote_lanes(&self) -> &[EndpointInfo] {
+        match &self.state {
+            State::AwaitingRequest(_) | State::Failed(_) => &[],
+            _ => &self.remotes,
         }
     }
 
@@ -179,7 +203,12 @@ impl Acceptor {
         }
         let stage = self.stage().name();
         let pushed = match &mut self.state {
-            State::AwaitingRequest(reader) => reader.push(bytes, &[MessageKind::ConnectRequest]),
+            State::AwaitingRequest(reader) if self.remotes.is_empty() => {
+                reader.push(bytes, &[MessageKind::ConnectRequest])
+            }
+            State::AwaitingRequest(reader) => {
+                reader.push(bytes, &[MessageKind::Lane, MessageKind::Reject])
+            }
             State::AwaitingReady { reader, .. } => {
                 reader.push(bytes, &[MessageKind::Ready, MessageKind::Reject])
             }
@@ -207,11 +236,14 @@ impl Acceptor {
                         found: request.listen_id,
                     }));
                 }
-                let remote = request.sender;
-                self.state = State::BringingUp { remote };
-                self.common
-                    .events
-                    .push_back(AcceptorEvent::Request { remote });
+                self.lanes = request.lanes;
+                self.remotes.push(request.sender);
+                self.lane_arrived();
+                Ok(())
+            }
+            (State::AwaitingRequest(_), Message::Lane(lane)) => {
+                self.remotes.push(lane);
+                self.lane_arrived();
                 Ok(())
             }
             (State::AwaitingReady { remote, .. }, Message::Ready) => {
@@ -230,31 +262,62 @@ impl Acceptor {
         }
     }
 
+    /// A lane of the request arrived: once all have, the driver hears of the request; until then
+    /// the next Lane frame is read.
+    fn lane_arrived(&mut self) {
+        if self.remotes.len() < self.lanes.count() {
+            self.state = State::AwaitingRequest(FrameReader::new());
+            return;
+        }
+        let remote = self.remotes[0];
+        self.state = State::BringingUp { remote };
+        self.common
+            .events
+            .push_back(AcceptorEvent::Request { remote });
+    }
+
     /// The driver's QP is at RTR and RTS towards the connector (after
     /// [`AcceptorEvent::Request`]): queues the accept reply carrying `local`.
     ///
     /// An invalid `local`, or one on another link layer than the connector's, fails the machine
     /// and queues a Reject.
     pub fn handle_local_ready(&mut self, local: EndpointInfo) -> Result<(), HandshakeError> {
+        self.handle_local_lanes_ready(&[local])
+    }
+
+    /// [`handle_local_ready`](Self::handle_local_ready) for every lane: `locals[i]` is brought
+    /// up towards the connector's lane `i`; there must be exactly [`lanes`](Self::lanes) of them.
+    pub fn handle_local_lanes_ready(
+        &mut self,
+        locals: &[EndpointInfo],
+    ) -> Result<(), HandshakeError> {
         let remote = match &self.state {
             State::BringingUp { remote } => *remote,
             State::Failed(error) => return Err(error.clone()),
             _ => return Err(self.fail_misuse("handle_local_ready before a Request event")),
         };
+        if locals.len() != self.remotes.len() {
+            return Err(self.fail_misuse("handle_local_lanes_ready needs one endpoint per lane"));
+        }
         let stage = self.stage().name();
-        if let Err(error) = local.validate() {
-            return Err(self.fail(HandshakeError::InvalidLocalInfo { stage, error }));
+        for (local, theirs) in locals.iter().zip(&self.remotes) {
+            if let Err(error) = local.validate() {
+                return Err(self.fail(HandshakeError::InvalidLocalInfo { stage, error }));
+            }
+            if local.link_layer != theirs.link_layer {
+                let what = Incompatibility::LinkLayer {
+                    ours: local.link_layer,
+                    theirs: theirs.link_layer,
+                };
+                return Err(self.fail(HandshakeError::Incompatible { stage, what }));
+            }
         }
-        if local.link_layer != remote.link_layer {
-            let what = Incompatibility::LinkLayer {
-                ours: local.link_layer,
-                theirs: remote.link_layer,
-            };
-            return Err(self.fail(HandshakeError::Incompatible { stage, what }));
+        self.common.outbox.push(&Message::AcceptReply(AcceptReply {
+            receiver: locals[0],
+        }));
+        for &lane in &locals[1..] {
+            self.common.outbox.push(&Message::Lane(lane));
         }
-        self.common
-            .outbox
-            .push(&Message::AcceptReply(AcceptReply { receiver: local }));
         self.state = State::AwaitingReady {
             remote,
             reader: FrameReader::new(),

@@ -5,17 +5,20 @@ use super::error::Incompatibility;
 use super::io::{Common, FrameReader, ReadError, misuse, unexpected};
 use crate::time::{Duration, Instant};
 use crate::wire::{
-    ConnectRequest, EndpointInfo, ListenHandle, Message, MessageKind, RejectReason, RivetVersion,
+    ConnectRequest, EndpointInfo, Lanes, ListenHandle, Message, MessageKind, RejectReason,
+    RivetVersion,
 };
+use alloc::vec::Vec;
 
 /// What the driver must act on, from [`Connector::poll_event`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConnectorEvent {
-    /// The acceptor's QP is at RTS. Move the local QP to RTR and RTS towards `remote`, then call
+    /// The acceptor's QPs are at RTS. Move the local QP to RTR and RTS towards `remote` (every
+    /// lane towards its [`Connector::remote_lanes`] entry), then call
     /// [`Connector::handle_qp_ready`] (or [`Connector::reject`]).
     BringUp {
-        /// The acceptor's endpoint.
+        /// The acceptor's endpoint (lane 0).
         remote: EndpointInfo,
     },
     /// Ready was written: both QPs are at RTS. The socket may be closed; the sendComm is usable.
@@ -91,8 +94,11 @@ enum State {
 pub struct Connector {
     state: State,
     common: Common<ConnectorEvent>,
-    local: EndpointInfo,
     listener_version: RivetVersion,
+    /// The local lanes (lane 0 is `local`).
+    locals: Vec<EndpointInfo>,
+    /// The acceptor's lanes as their frames arrive: the reply's endpoint, then each Lane's.
+    remotes: Vec<EndpointInfo>,
 }
 
 impl Connector {
@@ -107,26 +113,51 @@ impl Connector {
         now: Instant,
         timeout: Duration,
     ) -> Self {
+        Self::with_lanes(handle, &[local], 1, now, timeout)
+    }
+
+    /// Like [`new`](Self::new) for a connection of `locals.len()` queue pairs ("lanes", at
+    /// most [`MAX_LANES`](crate::wire::MAX_LANES)), each message spread over `width` of them: the
+    /// request carries lane 0, and one Lane frame follows for each further lane.
+    ///
+    /// No lanes, too many, or a `width` outside `1..=locals.len()` is
+    /// [`HandshakeError::Misuse`]; an invalid lane, [`HandshakeError::InvalidLocalInfo`].
+    pub fn with_lanes(
+        handle: &ListenHandle,
+        locals: &[EndpointInfo],
+        width: usize,
+        now: Instant,
+        timeout: Duration,
+    ) -> Self {
         let mut common = Common::new(now, timeout);
-        let state = match local.validate() {
-            Ok(()) => {
+        let stage = ConnectorStage::SendingRequest.name();
+        let lanes = Lanes::new(locals.len(), width);
+        let invalid = locals.iter().find_map(|l| l.validate().err());
+        let state = match (lanes, invalid, locals.first()) {
+            (Some(lanes), None, Some(&first)) => {
                 common.outbox.push(&Message::ConnectRequest(ConnectRequest {
                     listen_id: handle.listen_id,
                     rivet_version: RivetVersion::ours(),
-                    sender: local,
+                    lanes,
+                    sender: first,
                 }));
+                for &lane in &locals[1..] {
+                    common.outbox.push(&Message::Lane(lane));
+                }
                 State::AwaitingReply(FrameReader::new())
             }
-            Err(error) => State::Failed(HandshakeError::InvalidLocalInfo {
-                stage: ConnectorStage::SendingRequest.name(),
-                error,
+            (_, Some(error), _) => State::Failed(HandshakeError::InvalidLocalInfo { stage, error }),
+            _ => State::Failed(HandshakeError::Misuse {
+                stage,
+                what: "with_lanes needs 1..=128 lanes and a width of 1..=lanes",
             }),
         };
         Self {
             state,
             common,
-            local,
             listener_version: handle.rivet_version,
+            locals: locals.to_vec(),
+            remotes: Vec::new(),
         }
     }
 
@@ -164,6 +195,14 @@ impl Connector {
             | State::SendingReady { remote }
             | State::Established { remote } => Some(remote),
             State::AwaitingReply(_) | State::Failed(_) => None,
+        }
+    }
+
+    /// Every lane of the acceptor, lane 0 first, once all arrived (empty before).
+    pub fn remote_lanes(&self) -> &[EndpointInfo] {
+        match &self.state {
+            State::AwaitingReply(_) | State::Failed(_) => &[],
+            _ => &self.remotes,
         }
     }
 
@@ -221,7 +260,12 @@ impl Connector {
         let State::AwaitingReply(reader) = &mut self.state else {
             return Err(self.fail_misuse("handle_input while no input is expected"));
         };
-        let message = match reader.push(bytes, &[MessageKind::AcceptReply, MessageKind::Reject]) {
+        let allowed: &[MessageKind] = if self.remotes.is_empty() {
+            &[MessageKind::AcceptReply, MessageKind::Reject]
+        } else {
+            &[MessageKind::Lane, MessageKind::Reject]
+        };
+        let message = match reader.push(bytes, allowed) {
             Ok(None) => return Ok(()),
             Ok(Some(message)) => message,
             Err(ReadError::Wire(error)) => {
@@ -234,31 +278,44 @@ impl Connector {
                 }));
             }
         };
-        match message {
-            Message::AcceptReply(reply) => {
-                let remote = reply.receiver;
-                if remote.link_layer != self.local.link_layer {
-                    let what = Incompatibility::LinkLayer {
-                        ours: self.local.link_layer,
-                        theirs: remote.link_layer,
-                    };
-                    return Err(self.fail(HandshakeError::Incompatible { stage, what }));
-                }
-                self.state = State::BringingUp { remote };
-                self.common
-                    .events
-                    .push_back(ConnectorEvent::BringUp { remote });
-                Ok(())
+        let remote = match message {
+            Message::AcceptReply(reply) => reply.receiver,
+            Message::Lane(lane) => lane,
+            Message::Reject(reject) => {
+                return Err(self.fail(HandshakeError::Rejected {
+                    stage,
+                    reason: reject.reason,
+                }));
             }
-            Message::Reject(reject) => Err(self.fail(HandshakeError::Rejected {
-                stage,
-                reason: reject.reason,
-            })),
-            other => Err(self.fail(HandshakeError::Protocol {
-                stage,
-                what: unexpected(other.kind()),
-            })),
+            other => {
+                return Err(self.fail(HandshakeError::Protocol {
+                    stage,
+                    what: unexpected(other.kind()),
+                }));
+            }
+        };
+        // Lane i of the acceptor connects to local lane i: their link layers must agree.
+        let Some(ours) = self.locals.get(self.remotes.len()).map(|l| l.link_layer) else {
+            return Err(self.fail_misuse("a lane arrived after the last one"));
+        };
+        if remote.link_layer != ours {
+            let what = Incompatibility::LinkLayer {
+                ours,
+                theirs: remote.link_layer,
+            };
+            return Err(self.fail(HandshakeError::Incompatible { stage, what }));
         }
+        self.remotes.push(remote);
+        if self.remotes.len() < self.locals.len() {
+            self.state = State::AwaitingReply(FrameReader::new());
+            return Ok(());
+        }
+        let remote = self.remotes[0];
+        self.state = State::BringingUp { remote };
+        self.common
+            .events
+            .push_back(ConnectorEvent::BringUp { remote });
+        Ok(())
     }
 
     /// The driver moved the QP to RTR and RTS after [`ConnectorEvent::BringUp`]: queues ready.

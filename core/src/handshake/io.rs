@@ -233,5 +233,6 @@ pub(crate) fn unexpected(kind: MessageKind) -> &'static str {
         MessageKind::AcceptReply => "the peer sent an accept reply, which is not allowed here",
         MessageKind::Ready => "the peer sent ready, which is not allowed here",
         MessageKind::Reject => "the peer sent a reject, which is not allowed here",
+        MessageKind::Lane => "the peer sent a lane, which is not allowed here",
     }
 }

@@ -9,8 +9,9 @@ use super::*;
 use crate::time::Duration;
 use crate::wire::tests::{ib_endpoint, roce_endpoint};
 use crate::wire::{
-    AcceptReply, ConnectRequest, EndpointInfo, FrameHeader, HEADER_LEN, LinkLayer, ListenHandle,
-    MAX_FRAME_LEN, Message, MessageKind, Reject, RejectReason, RivetVersion, WireError,
+    AcceptReply, ConnectRequest, EndpointInfo, FrameHeader, HEADER_LEN, Lanes, LinkLayer,
+    ListenHandle, MAX_FRAME_LEN, Message, MessageKind, Reject, RejectReason, RivetVersion,
+    WireError,
 };
 
 const LISTEN_ID: u64 = 0x5eed_0000_0000_0001;
@@ -41,6 +42,7 @@ fn request_frame(listen_id: u64) -> Vec<u8> {
     Message::ConnectRequest(ConnectRequest {
         listen_id,
         rivet_version: RivetVersion::ours(),
+        lanes: Lanes::ONE,
         sender: connector_local(),
     })
     .encode()
@@ -201,6 +203,7 @@ fn sending_request_transmits_connect_request() {
         [Message::ConnectRequest(ConnectRequest {
             listen_id: LISTEN_ID,
             rivet_version: RivetVersion::ours(),
+            lanes: Lanes::ONE,
             sender: connector_local(),
         })]
     );
@@ -1137,9 +1140,33 @@ fn read_some<M: Handshake>(rng: &mut XorShift, pipe: &mut Vec<u8>, to: &mut M) {
     to.handle_input(&chunk).unwrap();
 }
 
+/// Lane `i` of `count` on one end: distinct queue pair numbers and inbound regions.
+fn lanes_of(first: EndpointInfo, count: usize) -> Vec<EndpointInfo> {
+    (0..count)
+        .map(|i| EndpointInfo {
+            qpn: first.qpn + i as u32 * 0x100,
+            inbound: crate::nic::RemoteRegion {
+                addr: first.inbound.addr + i as u64 * 0x1_0000,
+                ..first.inbound
+            },
+            ..first
+        })
+        .collect()
+}
+
 fn pump_pair(seed: u64) {
+    pump_lanes(seed, 1, 1);
+}
+
+/// A connector of `count` lanes (each message over `width`) and an acceptor pumped against
+/// each other; each end must learn every lane of the other, in order.
+fn pump_lanes(seed: u64, count: usize, width: usize) {
     let mut rng = XorShift(seed | 1);
-    let mut c = Connector::new(&handle(), connector_local(), T0, TIMEOUT);
+    let (c_lanes, a_lanes) = (
+        lanes_of(connector_local(), count),
+        lanes_of(acceptor_local(), count),
+    );
+    let mut c = Connector::with_lanes(&handle(), &c_lanes, width, T0, TIMEOUT);
     let mut a = Acceptor::new(LISTEN_ID, T0, TIMEOUT);
     let (mut c_to_a, mut a_to_c) = (Vec::new(), Vec::new());
     let (mut c_events, mut a_events) = (Vec::new(), Vec::new());
@@ -1156,7 +1183,9 @@ fn pump_pair(seed: u64) {
         }
         while let Some(event) = a.poll_event() {
             if let AcceptorEvent::Request { .. } = event {
-                a.handle_local_ready(acceptor_local()).unwrap();
+                assert_eq!(a.lanes(), Lanes::new(count, width).unwrap());
+                assert_eq!(a.remote_lanes(), &c_lanes[..]);
+                a.handle_local_lanes_ready(&a_lanes).unwrap();
             }
             a_events.push(event);
         }
@@ -1172,6 +1201,8 @@ fn pump_pair(seed: u64) {
     );
     assert_eq!(c.remote(), Some(&acceptor_local()));
     assert_eq!(a.remote(), Some(&connector_local()));
+    assert_eq!(c.remote_lanes(), &a_lanes[..]);
+    assert_eq!(a.remote_lanes(), &c_lanes[..]);
     assert_eq!(
         c_events,
         [
@@ -1219,5 +1250,121 @@ fn pair_with_stale_handle_fails_on_both_ends() {
             stage: "awaiting accept reply",
             reason: RejectReason::WrongListener
         }
+    );
+}
+
+#[test]
+fn pair_with_lanes_pumped_with_random_chunking_establishes() {
+    for (count, width) in [(2, 1), (2, 2), (4, 1), (4, 4), (5, 2), (128, 128)] {
+        for seed in 0..40 {
+            pump_lanes(0x51a7_e5ee_d000_0000 ^ seed, count, width);
+        }
+    }
+}
+
+#[test]
+fn lanes_connect_request_is_followed_by_one_lane_frame_per_further_lane() {
+    let locals = lanes_of(connector_local(), 3);
+    let mut c = Connector::with_lanes(&handle(), &locals, 3, T0, TIMEOUT);
+    let sent = frames(&drain(&mut c));
+    assert_eq!(
+        sent,
+        [
+            Message::ConnectRequest(ConnectRequest {
+                listen_id: LISTEN_ID,
+                rivet_version: RivetVersion::ours(),
+                lanes: Lanes::new(3, 3).unwrap(),
+                sender: locals[0],
+            }),
+            Message::Lane(locals[1]),
+            Message::Lane(locals[2]),
+        ]
+    );
+    // The reply alone is not enough: the connector waits for the acceptor's other lanes.
+    let remotes = lanes_of(acceptor_local(), 3);
+    feed(&mut c, &reply_frame(remotes[0])).unwrap();
+    assert_eq!(c.stage(), ConnectorStage::AwaitingReply);
+    assert!(c.poll_event().is_none() && c.remote_lanes().is_empty());
+    feed(&mut c, &Message::Lane(remotes[1]).encode()).unwrap();
+    assert!(c.poll_event().is_none());
+    feed(&mut c, &Message::Lane(remotes[2]).encode()).unwrap();
+    assert_eq!(
+        c.poll_event(),
+        Some(ConnectorEvent::BringUp { remote: remotes[0] })
+    );
+    assert_eq!(c.remote_lanes(), &remotes[..]);
+}
+
+#[test]
+fn lanes_bad_shape_is_misuse_and_sends_nothing() {
+    let locals = lanes_of(connector_local(), 2);
+    for (lanes, width) in [(&locals[..0], 1), (&locals[..], 0), (&locals[..], 3)] {
+        let mut c = Connector::with_lanes(&handle(), lanes, width, T0, TIMEOUT);
+        assert!(matches!(c.error(), Some(HandshakeError::Misuse { .. })));
+        assert!(drain(&mut c).is_empty());
+    }
+    let mut bad = locals.clone();
+    bad[1].mtu = 9;
+    let c = Connector::with_lanes(&handle(), &bad, 1, T0, TIMEOUT);
+    assert!(matches!(
+        c.error(),
+        Some(HandshakeError::InvalidLocalInfo { .. })
+    ));
+}
+
+#[test]
+fn lanes_acceptor_needs_every_lane_before_the_request_event() {
+    let locals = lanes_of(connector_local(), 3);
+    let mut c = Connector::with_lanes(&handle(), &locals, 1, T0, TIMEOUT);
+    let bytes = drain(&mut c);
+    let mut a = Acceptor::new(LISTEN_ID, T0, TIMEOUT);
+    let request_len = HEADER_LEN + MessageKind::ConnectRequest.body_len() as usize;
+    let lane_len = HEADER_LEN + MessageKind::Lane.body_len() as usize;
+    assert_eq!(
+        feed(&mut a, &bytes[..request_len + lane_len]),
+        Ok(request_len + lane_len)
+    );
+    assert!(a.poll_event().is_none());
+    assert_eq!(a.stage(), AcceptorStage::AwaitingRequest);
+    assert!(a.remote_lanes().is_empty());
+    // A second connect request where a lane belongs is a protocol error.
+    let err = feed(&mut a, &request_frame(LISTEN_ID)).unwrap_err();
+    assert!(matches!(err, HandshakeError::Protocol { .. }), "{err:?}");
+    // Fed properly, the request event comes with all three lanes; answering with two is misuse.
+    let mut a = Acceptor::new(LISTEN_ID, T0, TIMEOUT);
+    feed(&mut a, &bytes).unwrap();
+    assert_eq!(
+        a.poll_event(),
+        Some(AcceptorEvent::Request { remote: locals[0] })
+    );
+    assert_eq!(a.remote_lanes(), &locals[..]);
+    let mine = lanes_of(acceptor_local(), 3);
+    assert!(matches!(
+        a.handle_local_lanes_ready(&mine[..2]),
+        Err(HandshakeError::Misuse { .. })
+    ));
+}
+
+#[test]
+fn lanes_link_layer_is_checked_on_every_lane() {
+    let locals = lanes_of(connector_local(), 2);
+    let mut c = Connector::with_lanes(&handle(), &locals, 2, T0, TIMEOUT);
+    drain(&mut c);
+    feed(&mut c, &reply_frame(acceptor_local())).unwrap();
+    let err = feed(&mut c, &Message::Lane(ib_endpoint()).encode()).unwrap_err();
+    assert!(
+        matches!(err, HandshakeError::Incompatible { .. }),
+        "{err:?}"
+    );
+    // The acceptor checks its own lanes against the connector's, lane by lane.
+    let mut c = Connector::with_lanes(&handle(), &locals, 2, T0, TIMEOUT);
+    let mut a = Acceptor::new(LISTEN_ID, T0, TIMEOUT);
+    feed(&mut a, &drain(&mut c)).unwrap();
+    let mut mine = lanes_of(acceptor_local(), 2);
+    mine[1] = ib_endpoint();
+    let err = a.handle_local_lanes_ready(&mine).unwrap_err();
+    assert!(
+        matches!(err, HandshakeError::Incompatible { .. }),
+        "{err:?}"
     );
 }

@@ -30,6 +30,18 @@ pub struct MultiPair {
 impl MultiPair {
     /// A connected pair using its queue pairs as `policy` says.
     pub fn new(max_inline: usize, policy: QpPolicy) -> Self {
+        let width = if policy.split() { policy.qps() } else { 1 };
+        Self::with_width(max_inline, policy.qps(), width, policy.ar_threshold())
+    }
+
+    /// A connected pair of `qps` queue pairs cutting each message over `width` of them (a
+    /// fused device's stripes), adaptive routing above `ar_threshold`.
+    pub fn with_width(
+        max_inline: usize,
+        qps: usize,
+        width: usize,
+        ar_threshold: Option<u64>,
+    ) -> Self {
         let fabric = Fabric::new();
         let send_ep = fabric.endpoint();
         let recv_ep = fabric.endpoint();
@@ -38,7 +50,7 @@ impl MultiPair {
         let mut recv_nics = Vec::new();
         let mut sends = Vec::new();
         let mut recvs = Vec::new();
-        for _ in 0..policy.qps() {
+        for _ in 0..qps {
             let (send_nic, recv_nic) = fabric.connect(send_ep, send_config, recv_ep, recv_config);
             sends.push(SendConn::new(recv_nic.inbound_region()));
             recvs.push(RecvConn::new(send_nic.inbound_region()));
@@ -46,8 +58,8 @@ impl MultiPair {
             recv_nics.push(recv_nic);
         }
         Self {
-            send: MultiSend::new(sends, policy),
-            recv: MultiRecv::new(recvs, policy),
+            send: MultiSend::with_width(sends, width, ar_threshold),
+            recv: MultiRecv::with_width(recvs, width),
             fabric,
             send_ep,
             recv_ep,

@@ -22,6 +22,10 @@ pub const MAX_FRAME_LEN: usize = HEADER_LEN + CONNECT_REQUEST_LEN;
 const CONNECT_REQUEST_LEN: usize = 28 + ENDPOINT_INFO_LEN;
 const REJECT_LEN: usize = 4;
 
+/// Most queue pairs ("lanes") one connection may have: NCCL's `NCCL_IB_MAX_QPS`, which bounds
+/// `NCCL_IB_QPS_PER_CONNECTION` times the ports of a fused device.
+pub const MAX_LANES: usize = 128;
+
 /// The kind of a handshake message (byte 6 of the frame header).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MessageKind {
@@ -33,6 +37,9 @@ pub enum MessageKind {
     Ready,
     /// [`Reject`]: either direction, instead of the expected message; ends the handshake.
     Reject,
+    /// `Lane`: one more queue pair of a connection with several ([`Lanes`]); the connector
+    /// sends `count - 1` of them right after its request, the acceptor right after its reply.
+    Lane,
 }
 
 impl MessageKind {
@@ -43,6 +50,7 @@ impl MessageKind {
             Self::AcceptReply => 2,
             Self::Ready => 3,
             Self::Reject => 4,
+            Self::Lane => 5,
         }
     }
 
@@ -53,6 +61,7 @@ impl MessageKind {
             2 => Some(Self::AcceptReply),
             3 => Some(Self::Ready),
             4 => Some(Self::Reject),
+            5 => Some(Self::Lane),
             _ => None,
         }
     }
@@ -61,7 +70,7 @@ impl MessageKind {
     pub fn body_len(self) -> u32 {
         let len = match self {
             Self::ConnectRequest => CONNECT_REQUEST_LEN,
-            Self::AcceptReply => ENDPOINT_INFO_LEN,
+            Self::AcceptReply | Self::Lane => ENDPOINT_INFO_LEN,
             Self::Ready => 0,
             Self::Reject => REJECT_LEN,
         };
@@ -75,6 +84,7 @@ impl MessageKind {
             Self::AcceptReply => "accept reply",
             Self::Ready => "ready",
             Self::Reject => "reject",
+            Self::Lane => "lane",
         }
     }
 }
@@ -246,6 +256,40 @@ impl fmt::Display for RejectReason {
     }
 }
 
+/// How many queue pairs ("lanes") a connection has, and over how many of them each message is
+/// spread (`rivet_core::data::multi`). The connector decides; the acceptor follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Lanes {
+    count: u8,
+    width: u8,
+}
+
+impl Lanes {
+    /// One queue pair: the connection of every Rivet release before lanes existed.
+    pub const ONE: Self = Self { count: 1, width: 1 };
+
+    /// `count` lanes (1..=[`MAX_LANES`]), each message over `width` of them (1..=`count`).
+    pub fn new(count: usize, width: usize) -> Option<Self> {
+        if !(1..=MAX_LANES).contains(&count) || !(1..=count).contains(&width) {
+            return None;
+        }
+        Some(Self {
+            count: count as u8,
+            width: width as u8,
+        })
+    }
+
+    /// Queue pairs of the connection.
+    pub fn count(self) -> usize {
+        usize::from(self.count)
+    }
+
+    /// Queue pairs each message travels on.
+    pub fn width(self) -> usize {
+        usize::from(self.width)
+    }
+}
+
 /// First message, connector to acceptor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectRequest {
@@ -253,7 +297,9 @@ pub struct ConnectRequest {
     pub listen_id: u64,
     /// The connector's Rivet release.
     pub rivet_version: RivetVersion,
-    /// The connector's QP and inbound region.
+    /// The connection's queue pairs; `count - 1` [`Message::Lane`] frames follow the request.
+    pub lanes: Lanes,
+    /// The connector's QP (lane 0) and inbound region.
     pub sender: EndpointInfo,
 }
 
@@ -282,6 +328,9 @@ pub enum Message {
     Ready,
     /// See [`Reject`].
     Reject(Reject),
+    /// One more queue pair of a connection with several: lanes `1..count` in order, each with its
+    /// own inbound region.
+    Lane(EndpointInfo),
 }
 
 impl Message {
@@ -292,6 +341,7 @@ impl Message {
             Self::AcceptReply(_) => MessageKind::AcceptReply,
             Self::Ready => MessageKind::Ready,
             Self::Reject(_) => MessageKind::Reject,
+            Self::Lane(_) => MessageKind::Lane,
         }
     }
 
@@ -303,10 +353,11 @@ impl Message {
                 out.extend_from_slice(&m.listen_id.to_le_bytes());
                 out.push(m.rivet_version.wire_len());
                 out.extend_from_slice(m.rivet_version.wire_bytes());
-                out.extend_from_slice(&[0; 3]);
+                out.extend_from_slice(&[m.lanes.count - 1, m.lanes.width - 1, 0]);
                 m.sender.encode_into(out);
             }
             Self::AcceptReply(m) => m.receiver.encode_into(out),
+            Self::Lane(info) => info.encode_into(out),
             Self::Ready => {}
             Self::Reject(m) => {
                 out.extend_from_slice(&m.reason.code().to_le_bytes());
@@ -350,17 +401,26 @@ impl Message {
                 let listen_id = r.u64()?;
                 let version_len = r.u8()?;
                 let rivet_version = RivetVersion::from_wire(version_len, r.array()?)?;
-                r.reserved::<3>("connect request reserved bytes")?;
+                let count = usize::from(r.u8()?) + 1;
+                let width = usize::from(r.u8()?) + 1;
+                let lanes = Lanes::new(count, width).ok_or(WireError::BadField {
+                    field: "connect request lanes",
+                    value: ((count as u64) << 8) | width as u64,
+                    expected: "1..=128 lanes, each message over 1..=lanes of them",
+                })?;
+                r.reserved::<1>("connect request reserved byte")?;
                 let sender = EndpointInfo::read(&mut r)?;
                 Self::ConnectRequest(ConnectRequest {
                     listen_id,
                     rivet_version,
+                    lanes,
                     sender,
                 })
             }
             MessageKind::AcceptReply => Self::AcceptReply(AcceptReply {
                 receiver: EndpointInfo::read(&mut r)?,
             }),
+            MessageKind::Lane => Self::Lane(EndpointInfo::read(&mut r)?),
             MessageKind::Ready => Self::Ready,
             MessageKind::Reject => {
                 let code = r.u16()?;

@@ -64,11 +64,12 @@ fn reseal(mut bytes: [u8; HANDLE_LEN]) -> [u8; HANDLE_LEN] {
     bytes
 }
 
-fn all_messages() -> [Message; 5] {
+fn all_messages() -> [Message; 7] {
     [
         Message::ConnectRequest(ConnectRequest {
             listen_id: 99,
             rivet_version: RivetVersion::ours(),
+            lanes: Lanes::ONE,
             sender: roce_endpoint(),
         }),
         Message::AcceptReply(AcceptReply {
@@ -81,6 +82,13 @@ fn all_messages() -> [Message; 5] {
         Message::Reject(Reject {
             reason: RejectReason::TimedOut,
         }),
+        Message::ConnectRequest(ConnectRequest {
+            listen_id: 7,
+            rivet_version: RivetVersion::ours(),
+            lanes: Lanes::new(MAX_LANES, 3).unwrap(),
+            sender: ib_endpoint(),
+        }),
+        Message::Lane(roce_endpoint()),
     ]
 }
 
@@ -435,14 +443,47 @@ fn endpoint_decode_round_trips_alone() {
 fn connect_request_reserved_bytes_and_bad_version_string_are_rejected() {
     let good = all_messages()[0].encode();
     let mut reserved = good.clone();
-    reserved[HEADER_LEN + 26] = 1;
+    reserved[HEADER_LEN + 27] = 1;
     assert!(matches!(
         Message::decode(&reserved),
         Err(WireError::BadField {
-            field: "connect request reserved bytes",
+            field: "connect request reserved byte",
             ..
         })
     ));
+    // Lanes: count 1..=128 (byte 25 holds count - 1), width 1..=count (byte 26 holds width - 1).
+    for (count_byte, width_byte, ok) in [
+        (0, 0, true),
+        (0, 1, false),
+        (127, 127, true),
+        (127, 128, false),
+        (128, 0, false),
+        (255, 0, false),
+        (3, 2, true),
+        (3, 4, false),
+    ] {
+        let mut lanes = good.clone();
+        lanes[HEADER_LEN + 25] = count_byte;
+        lanes[HEADER_LEN + 26] = width_byte;
+        let decoded = Message::decode(&lanes);
+        match decoded {
+            Ok(Message::ConnectRequest(request)) => {
+                assert!(ok, "{count_byte} {width_byte} accepted");
+                assert_eq!(request.lanes.count(), usize::from(count_byte) + 1);
+                assert_eq!(request.lanes.width(), usize::from(width_byte) + 1);
+            }
+            other => {
+                assert!(!ok, "{count_byte} {width_byte}: {other:?}");
+                assert!(matches!(
+                    other,
+                    Err(WireError::BadField {
+                        field: "connect request lanes",
+                        ..
+                    })
+                ));
+            }
+        }
+    }
     let mut version = good;
     version[HEADER_LEN + 9] = 0x07;
     assert!(matches!(
@@ -505,13 +546,15 @@ fn committed_fuzz_seeds_decode() {
     }
 }
 
-fn seed_messages() -> [(&'static str, Message); 4] {
-    let [request, reply, ready, reject, _] = all_messages();
+fn seed_messages() -> [(&'static str, Message); 6] {
+    let [request, reply, ready, reject, _, lanes_request, lane] = all_messages();
     [
         ("connect_request", request),
         ("accept_reply", reply),
         ("ready", ready),
         ("reject", reject),
+        ("connect_request_lanes", lanes_request),
+        ("lane", lane),
     ]
 }
 

@@ -379,3 +379,64 @@ fn each_queue_pair_gets_its_own_20_bit_flow_label() {
     }
     assert_eq!(flow_label(0, 5), 1);
 }
+
+#[test]
+fn width_stripes_each_receive_over_rotating_queue_pairs() {
+    // Five queue pairs, each message over two (a fused device of two ports without split):
+    // receive k uses queue pairs 2k and 2k + 1 (mod 5), grouped receives included.
+    let (qps, width) = (5usize, 2usize);
+    let mut p = MultiPair::with_width(64, qps, width, None);
+    let mut recvs = Vec::new();
+    for k in 0..7usize {
+        let bufs = [p.recv_buf(4096), p.recv_buf(4096)];
+        let n = if k % 3 == 1 { 2 } else { 1 };
+        let tags = [k as u32, 100 + k as u32];
+        let id = irecv(&mut p, &bufs[..n], &tags[..n]);
+        recvs.push((bufs, n, id));
+    }
+    p.fabric.run_until_idle();
+    let mut sends = Vec::new();
+    for (k, (_, n, _)) in recvs.iter().enumerate() {
+        let lanes = [(2 * k) % qps, (2 * k + 1) % qps];
+        for b in 0..*n {
+            let data = pattern(700 + 300 * b + k, k as u8);
+            let buf = p.send_buf(&data);
+            let before: Vec<usize> = p.send_nics.iter().map(|n| n.sq_occupancy()).collect();
+            let tag = if b == 0 { k as u32 } else { 100 + k as u32 };
+            let id = isend(&mut p, buf, tag);
+            for (qp, nic) in p.send_nics.iter().enumerate() {
+                assert_eq!(
+                    nic.sq_occupancy() > before[qp],
+                    lanes.contains(&qp),
+                    "receive {k} buffer {b}: queue pair {qp}"
+                );
+            }
+            sends.push((k, b, data, id));
+        }
+    }
+    // Later queue pairs deliver first.
+    for qp in (0..qps).rev() {
+        while p.fabric.step_qp(&p.send_nics[qp]) {}
+    }
+    p.fabric.run_until_idle();
+    for (k, (bufs, n, rid)) in recvs.iter().enumerate() {
+        match p.recv.test(&mut p.recv_nics, *rid).unwrap() {
+            Completed::Done { n: got, sizes } => {
+                assert_eq!(got, *n);
+                for (b, size) in sizes.iter().enumerate().take(*n) {
+                    assert_eq!(*size, (700 + 300 * b + k) as u64);
+                }
+            }
+            Completed::Pending => panic!("receive {k} not done"),
+        }
+        for (sk, b, data, _) in &sends {
+            if *sk == k {
+                assert_eq!(p.received(&bufs[*b], data.len()), *data);
+            }
+        }
+    }
+    for (_, _, data, id) in sends {
+        assert_eq!(send_done(&mut p, id), Some(data.len() as u64));
+    }
+    assert_eq!((p.send.outstanding(), p.recv.outstanding()), (0, 0));
+}
