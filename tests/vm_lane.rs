@@ -1,7 +1,9 @@
 //! The Soft-RoCE lane: boots the QEMU VM once (`vm/run.sh`) and, against a real `rxe0` device,
 //! checks discovery (`rivet info`), the C loader with devices present, the verbs-ffi device tests,
 //! two processes moving data through the plugin's C tables for ABI v9 … v12, and the conformance
-//! suite (`tests/c/conformance.c`: NCCL's calling contract through every table v6 … v12), the
+//! suite (`tests/c/conformance.c`: NCCL's calling contract through every table v6 … v12; again
+//! with two queue pairs per connection), transfers over four queue pairs round-robin and three
+//! split (`NCCL_IB_QPS_PER_CONNECTION`, `NCCL_IB_SPLIT_DATA_ON_QPS`), the
 //! CollNet conformance (`tests/c/collnet.c`: 2, 3 and 8 ranks, bit-exact results, a killed and a
 //! missing member), and `rivet selftest --quick` (the verbs path PASSes, the mlx5 direct path is
 //! skipped on rxe).
@@ -48,6 +50,15 @@ fn script() -> String {
         s += &format!("step transfer-v{v} {transfer} {lib} --version {v} --quick\n");
     }
     s += &format!("step conformance {conformance} {lib}\n");
+    // The plugin's own connections with several queue pairs (NCCL_IB_QPS_PER_CONNECTION):
+    // round-robin, split, and NCCL's whole calling contract on two queue pairs.
+    s += &format!(
+        "step transfer-qps4 env NCCL_IB_QPS_PER_CONNECTION=4 HARNESS_VERBOSE=1 {transfer} {lib} --version 12\n"
+    );
+    s += &format!(
+        "step transfer-split3 env NCCL_IB_QPS_PER_CONNECTION=3 NCCL_IB_SPLIT_DATA_ON_QPS=1 HARNESS_VERBOSE=1 {transfer} {lib} --version 12\n"
+    );
+    s += &format!("step conformance-qps2 env NCCL_IB_QPS_PER_CONNECTION=2 {conformance} {lib}\n");
     s += &format!("step collnet {collnet} {lib} --ranks 3 --quick\n");
     s += &format!("step collnet-2 {collnet} {lib} --ranks 2 --quick\n");
     s += &format!("step collnet-8 {collnet} {lib} --ranks 8 --quick\n");
@@ -133,6 +144,18 @@ fn soft_roce_lane() {
         0,
         "conformance suite failed: see its FAIL lines above"
     );
+    for name in ["transfer-qps4", "transfer-split3", "conformance-qps2"] {
+        assert_eq!(step(name), 0, "{name} failed: see its FAIL lines above");
+    }
+    for lanes in [
+        "(4 queue pair(s), each message over 1)",
+        "(3 queue pair(s), each message over 3)",
+    ] {
+        assert!(
+            stderr.matches(lanes).count() >= 2,
+            "both ends should report connections of {lanes}"
+        );
+    }
     for name in [
         "collnet",
         "collnet-2",

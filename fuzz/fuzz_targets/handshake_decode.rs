@@ -12,8 +12,8 @@ use libfuzzer_sys::fuzz_target;
 use rivet_core::nic::RemoteRegion;
 use rivet_core::wire::{
     AcceptReply, ConnectRequest, DeviceName, EndpointInfo, FrameHeader, HANDLE_LEN, HEADER_LEN,
-    LinkLayer, ListenHandle, MESH_LIST_LEN, MeshList, Message, MessageKind, Reject, RejectReason,
-    RivetVersion,
+    Lanes, LinkLayer, ListenHandle, MAX_LANES, MESH_LIST_LEN, MeshList, Message, MessageKind,
+    Reject, RejectReason, RivetVersion,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -166,14 +166,20 @@ fn structured_round_trip(u: &mut Unstructured<'_>) -> Result<()> {
     }
 
     let valid = info.validate().is_ok();
-    let message = match u.int_in_range(0..=3)? {
-        0 => Message::ConnectRequest(ConnectRequest {
-            listen_id: u.arbitrary()?,
-            rivet_version: h.rivet_version,
-            sender: info,
-        }),
+    let message = match u.int_in_range(0..=4)? {
+        0 => {
+            let count = u.int_in_range(1..=MAX_LANES)?;
+            let width = u.int_in_range(1..=count)?;
+            Message::ConnectRequest(ConnectRequest {
+                listen_id: u.arbitrary()?,
+                rivet_version: h.rivet_version,
+                lanes: Lanes::new(count, width).expect("count and width in range"),
+                sender: info,
+            })
+        }
         1 => Message::AcceptReply(AcceptReply { receiver: info }),
         2 => Message::Ready,
+        3 => Message::Lane(info),
         _ => {
             let reason = RejectReason::from_code(u.int_in_range(1..=6)?).expect("codes 1..=6");
             Message::Reject(Reject { reason })
@@ -183,7 +189,7 @@ fn structured_round_trip(u: &mut Unstructured<'_>) -> Result<()> {
     let decoded = Message::decode(&bytes);
     let needs_info = matches!(
         message.kind(),
-        MessageKind::ConnectRequest | MessageKind::AcceptReply
+        MessageKind::ConnectRequest | MessageKind::AcceptReply | MessageKind::Lane
     );
     if valid || !needs_info {
         assert_eq!(decoded, Ok(message));

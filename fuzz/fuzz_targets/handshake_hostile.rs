@@ -28,8 +28,9 @@ use rivet_core::handshake::{
 use rivet_core::nic::RemoteRegion;
 use rivet_core::time::{Duration, Instant};
 use rivet_core::wire::{
-    AcceptReply, ConnectRequest, DeviceName, EndpointInfo, FrameHeader, HEADER_LEN, LinkLayer,
-    ListenHandle, MAX_FRAME_LEN, Message, MessageKind, Reject, RejectReason, RivetVersion,
+    AcceptReply, ConnectRequest, DeviceName, EndpointInfo, FrameHeader, HEADER_LEN, Lanes,
+    LinkLayer, ListenHandle, MAX_FRAME_LEN, Message, MessageKind, Reject, RejectReason,
+    RivetVersion,
 };
 
 const LISTEN_ID: u64 = 0xfeed_f00d;
@@ -72,6 +73,7 @@ fn canned(k: u8) -> Vec<u8> {
         Message::ConnectRequest(ConnectRequest {
             listen_id,
             rivet_version: RivetVersion::ours(),
+            lanes: Lanes::ONE,
             sender: connector_local(),
         })
         .encode()
@@ -104,7 +106,8 @@ fn canned(k: u8) -> Vec<u8> {
             header[6] = 0;
             header
         }
-        _ => Vec::new(),
+        // A lane where a one-lane connection expects none: a protocol error on either side.
+        _ => Message::Lane(connector_local()).encode(),
     }
 }
 

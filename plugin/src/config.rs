@@ -5,6 +5,7 @@ use crate::log::warn;
 use crate::oob::iface::{self, Family, IfRules};
 use rivet_core::name_list::NameList;
 use rivet_core::time::Duration;
+use rivet_core::wire::{Lanes, MAX_LANES};
 
 /// Queue-pair settings from the environment (NCCL's `NCCL_IB_*` knobs).
 #[derive(Clone, Copy, Debug)]
@@ -80,6 +81,55 @@ pub(crate) struct Config {
     pub(crate) interface: IfRules,
     /// `RIVET_MESH=1`: every port behind one mesh device (`crate::mesh`).
     pub(crate) mesh: bool,
+    /// How connections use several queue pairs.
+    pub(crate) lanes: LaneSettings,
+}
+
+/// NCCL's multi-QP settings, read as NCCL reads them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LaneSettings {
+    /// `NCCL_IB_QPS_PER_CONNECTION` (1..=128, default 1): queue pairs per connection and port.
+    pub(crate) qps_per_connection: usize,
+    /// `NCCL_IB_SPLIT_DATA_ON_QPS` (default 0): every message over every queue pair, instead of
+    /// one queue pair per port and message.
+    pub(crate) split_data_on_qps: bool,
+    /// `NCCL_IB_ADAPTIVE_ROUTING` (default: on for InfiniBand, off for RoCE).
+    pub(crate) adaptive_routing: Option<bool>,
+    /// `NCCL_IB_AR_THRESHOLD` (default 8192 bytes).
+    pub(crate) ar_threshold: u64,
+}
+
+impl LaneSettings {
+    fn from_env() -> Self {
+        Self {
+            qps_per_connection: ranged("NCCL_IB_QPS_PER_CONNECTION", 1, MAX_LANES as i64)
+                .unwrap_or(1),
+            split_data_on_qps: ranged::<u8>("NCCL_IB_SPLIT_DATA_ON_QPS", 0, 1) == Some(1),
+            // -2 (NCCL's default) and -1 mean "by link layer".
+            adaptive_routing: ranged::<i8>("NCCL_IB_ADAPTIVE_ROUTING", -2, 1)
+                .filter(|v| *v >= 0)
+                .map(|v| v == 1),
+            ar_threshold: ranged("NCCL_IB_AR_THRESHOLD", 0, i64::MAX).unwrap_or(8192),
+        }
+    }
+
+    /// The lanes of a connection from a device of `ports` ports: `NCCL_IB_QPS_PER_CONNECTION`
+    /// per port (at most [`MAX_LANES`] in all, as NCCL's `NCCL_IB_MAX_QPS`), each message over
+    /// all of them when split, else over one per port (NCCL's `nDataQps`).
+    pub(crate) fn lanes(&self, ports: usize) -> Lanes {
+        let ports = ports.clamp(1, MAX_LANES);
+        let count = (self.qps_per_connection * ports).min(MAX_LANES);
+        let width = if self.split_data_on_qps { count } else { ports };
+        Lanes::new(count, width).unwrap_or(Lanes::ONE)
+    }
+
+    /// The adaptive-routing threshold for a connection on `infiniband` (or RoCE) ports: `None`
+    /// when adaptive routing is off.
+    pub(crate) fn ar_threshold(&self, infiniband: bool) -> Option<u64> {
+        self.adaptive_routing
+            .unwrap_or(infiniband)
+            .then_some(self.ar_threshold)
+    }
 }
 
 fn var(name: &str) -> Option<String> {
@@ -140,6 +190,7 @@ impl Config {
                 ranged::<u64>("RIVET_HANDSHAKE_TIMEOUT_MS", 1, 86_400_000).unwrap_or(120_000),
             ),
             interface: interface_rules(),
+            lanes: LaneSettings::from_env(),
             mesh: match var("RIVET_MESH").as_deref() {
                 None | Some("0") => false,
                 Some("1") => true,
@@ -161,5 +212,47 @@ impl Config {
             service_level: self.ib_sl.or(from_config.map(|tc| tc & 0xf)).unwrap_or(0),
             flow_label: 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(qps: usize, split: bool, ar: Option<bool>) -> LaneSettings {
+        LaneSettings {
+            qps_per_connection: qps,
+            split_data_on_qps: split,
+            adaptive_routing: ar,
+            ar_threshold: 8192,
+        }
+    }
+
+    #[test]
+    fn lanes_follow_nccl_qps_split_and_ports() {
+        let shape = |s: LaneSettings, ports| {
+            let lanes = s.lanes(ports);
+            (lanes.count(), lanes.width())
+        };
+        assert_eq!(shape(settings(1, false, None), 1), (1, 1));
+        assert_eq!(shape(settings(4, false, None), 1), (4, 1));
+        assert_eq!(shape(settings(4, true, None), 1), (4, 4));
+        // A fused device: QPs per connection per port, one per port and message unless split.
+        assert_eq!(shape(settings(4, false, None), 2), (8, 2));
+        assert_eq!(shape(settings(2, true, None), 4), (8, 8));
+        // NCCL_IB_MAX_QPS bounds the total.
+        assert_eq!(shape(settings(128, false, None), 2), (128, 2));
+        assert_eq!(shape(settings(128, true, None), 8), (128, 128));
+    }
+
+    #[test]
+    fn adaptive_routing_defaults_to_infiniband_only() {
+        assert_eq!(settings(1, false, None).ar_threshold(true), Some(8192));
+        assert_eq!(settings(1, false, None).ar_threshold(false), None);
+        assert_eq!(
+            settings(1, false, Some(true)).ar_threshold(false),
+            Some(8192)
+        );
+        assert_eq!(settings(1, false, Some(false)).ar_threshold(true), None);
     }
 }

@@ -12,6 +12,7 @@
 #![allow(unsafe_code)]
 
 use super::data::{self, DataComm, Side};
+use super::path::Lanes;
 use crate::backend::any::AnyEndpoint as Endpoint;
 use crate::backend::device::OpenPort;
 use crate::backend::endpoint::Role;
@@ -25,6 +26,7 @@ use crate::net::{self, NetContext};
 use crate::oob::{pump, socket};
 use core::ffi::c_int;
 use rivet_core::data::SendConn;
+use rivet_core::data::multi::{MultiSend, flow_label};
 use rivet_core::handshake::{Connector, ConnectorEvent};
 use rivet_core::mesh::{MeshAddr, Reach};
 use rivet_core::wire::{
@@ -43,7 +45,12 @@ struct PendingConnect {
     addr: SocketAddr,
     tcp_connected: bool,
     machine: Connector,
-    endpoint: Endpoint,
+    /// One endpoint per lane, lane 0 first (one unless `NCCL_IB_QPS_PER_CONNECTION` > 1).
+    endpoints: Vec<Endpoint>,
+    /// Queue pairs each message is cut over.
+    width: usize,
+    /// Adaptive routing's threshold (`None`: off).
+    ar_threshold: Option<u64>,
     settings: QpSettings,
 }
 
@@ -87,26 +94,36 @@ fn start(
         None => (net::open_port(dev)?, listener.addr),
     };
     let settings = config.qp_settings(tc.or_else(|| ctx.and_then(|c| c.traffic_class)));
-    let endpoint = Endpoint::new(&port, Role::Sender).map_err(|e| {
-        NetError::system(format!(
-            "connect: setting up the connection on {}: {e}",
-            port.info.name
-        ))
-    })?;
+    let lanes = config.lanes.lanes(1);
+    let endpoints = (0..lanes.count())
+        .map(|_| Endpoint::new(&port, Role::Sender))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            NetError::system(format!(
+                "connect: setting up the connection on {} ({} queue pair(s)): {e}",
+                port.info.name,
+                lanes.count()
+            ))
+        })?;
     let socket = socket::start_connect(target)
         .map_err(|e| NetError::system(format!("connect: cannot reach {target}: {e}")))?;
-    let machine = Connector::new(
+    let locals: Vec<_> = endpoints.iter().map(|e| e.local_info(&settings)).collect();
+    let machine = Connector::with_lanes(
         &listener,
-        endpoint.local_info(&settings),
+        &locals,
+        lanes.width(),
         clock::now(),
         config.handshake_timeout,
     );
+    let infiniband = port.info.link_layer == rivet_verbs_ffi::discover::LinkLayer::InfiniBand;
     Ok(PendingConnect {
         socket,
         addr: target,
         tcp_connected: false,
         machine,
-        endpoint,
+        endpoints,
+        width: lanes.width(),
+        ar_threshold: config.lanes.ar_threshold(infiniband),
         settings,
     })
 }
@@ -157,6 +174,36 @@ enum Step {
     Established(EndpointInfo),
 }
 
+/// Move every lane's queue pair to RTR and RTS towards the acceptor's lane of the same index. With
+/// several lanes each gets its own GRH flow label, so RoCE ECMP spreads them over the paths.
+fn bring_up(
+    endpoints: &[Endpoint],
+    remotes: &[EndpointInfo],
+    settings: &QpSettings,
+) -> Result<(), String> {
+    if endpoints.len() != remotes.len() {
+        return Err(format!(
+            "{} local queue pair(s) for {} remote one(s)",
+            endpoints.len(),
+            remotes.len()
+        ));
+    }
+    for (endpoint, remote) in endpoints.iter().zip(remotes) {
+        let lane_settings = if endpoints.len() > 1 {
+            QpSettings {
+                flow_label: flow_label(endpoint.qp_num(), remote.qpn),
+                ..*settings
+            }
+        } else {
+            *settings
+        };
+        endpoint
+            .connect(remote, &lane_settings)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 /// Advance a pending connect.
 fn progress(p: &mut PendingConnect) -> NetResult<Step> {
     let now = clock::now();
@@ -185,8 +232,8 @@ fn progress(p: &mut PendingConnect) -> NetResult<Step> {
     io(p)?;
     while let Some(event) = p.machine.poll_event() {
         match event {
-            ConnectorEvent::BringUp { remote } => {
-                if let Err(e) = p.endpoint.connect(&remote, &p.settings) {
+            ConnectorEvent::BringUp { .. } => {
+                if let Err(e) = bring_up(&p.endpoints, p.machine.remote_lanes(), &p.settings) {
                     let _ = p.machine.reject(RejectReason::SetupFailed);
                     io(p)?;
                     return Err(NetError::system(format!(
@@ -248,20 +295,34 @@ pub(crate) fn connect(
         }
         Ok(Step::Established(remote)) => {
             write_token(handle, None);
+            let remotes = pending.machine.remote_lanes().to_vec();
             let PendingConnect {
                 socket,
                 addr,
-                endpoint,
+                mut endpoints,
+                width,
+                ar_threshold,
                 ..
             } = *pending;
             let peer = format!("{addr} ({} qp {})", remote.device_name.as_str(), remote.qpn);
             info!(
                 INIT_NET,
-                "connected to {peer} from local QP {}",
-                endpoint.qp_num()
+                "connected to {peer} from local QP {} ({} queue pair(s), each message over {width})",
+                endpoints[0].qp_num(),
+                endpoints.len()
             );
-            let side = Side::new(SendConn::new(remote.inbound), endpoint, socket, peer);
-            data::insert(DataComm::Send(side)).map(Some)
+            if endpoints.len() == 1 {
+                let mut conn = SendConn::new(remote.inbound);
+                conn.set_adaptive_routing(ar_threshold);
+                let endpoint = endpoints.remove(0);
+                let side = Side::new(conn, endpoint, socket, peer);
+                return data::insert(DataComm::Send(side)).map(Some);
+            }
+            let conns = remotes.iter().map(|r| SendConn::new(r.inbound)).collect();
+            let multi = MultiSend::with_width(conns, width, ar_threshold);
+            let lanes =
+                Lanes::new(endpoints).ok_or_else(|| NetError::misuse("connect: no queue pair"))?;
+            data::insert(DataComm::SendMulti(Side::new(multi, lanes, socket, peer))).map(Some)
         }
         Err(e) => {
             write_token(handle, None);

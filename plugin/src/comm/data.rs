@@ -18,7 +18,7 @@
 
 use super::flush::{FlushArgs, GpuFlush};
 use super::mr;
-use crate::backend::any::AnyEndpoint as Endpoint;
+use super::path::{Nics, Path, RecvPath, SendPath};
 use crate::backend::device::OpenPort;
 use crate::clock;
 use crate::error::{NetError, NetResult};
@@ -26,9 +26,8 @@ use crate::handle::{Handle, Ptr, Registry, unknown};
 use crate::log::{INIT_NET, info, warn};
 use crate::oob::socket::{self, Liveness};
 use core::ffi::c_int;
-use rivet_core::data::{
-    Completed, Connection, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn,
-};
+use rivet_core::data::multi::{MultiRecv, MultiSend};
+use rivet_core::data::{Completed, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn};
 use rivet_core::event::WatchId;
 use rivet_core::flush::FlushId;
 use rivet_core::time::{Duration, Instant};
@@ -69,11 +68,15 @@ pub(crate) enum DataComm {
     Send(Side<SendConn>),
     /// From `accept`.
     Recv(Side<RecvConn>),
+    /// From `connect`, with several queue pairs (`NCCL_IB_QPS_PER_CONNECTION`).
+    SendMulti(Side<MultiSend>),
+    /// From `accept`, with several queue pairs.
+    RecvMulti(Side<MultiRecv>),
 }
 
 /// One established direction of a connection.
 #[derive(Debug)]
-pub(crate) struct Side<Conn> {
+pub(crate) struct Side<Conn: Path> {
     state: Mutex<State<Conn>>,
     port: Arc<OpenPort>,
     /// The peer, for log lines: "10.0.2.15:41234 (rxe0 qp 17)".
@@ -85,9 +88,10 @@ pub(crate) struct Side<Conn> {
 }
 
 #[derive(Debug)]
-struct State<Conn> {
+struct State<Conn: Path> {
     conn: Conn,
-    endpoint: Endpoint,
+    /// The queue pair, or the lanes, the connection drives.
+    endpoint: Conn::Nics,
     watch: Watch,
 }
 
@@ -153,9 +157,10 @@ impl Watch {
     }
 }
 
-impl<Conn> Side<Conn> {
-    /// Wrap an established connection.
-    pub(crate) fn new(conn: Conn, endpoint: Endpoint, socket: TcpStream, peer: String) -> Self {
+impl<Conn: Path> Side<Conn> {
+    /// Wrap an established connection. The event watch covers lane 0's queue pair (a port event
+    /// concerns every lane; another lane's queue-pair error reaches its completion queue).
+    pub(crate) fn new(conn: Conn, endpoint: Conn::Nics, socket: TcpStream, peer: String) -> Self {
         let port = Arc::clone(endpoint.port());
         let watch = Watch::new(socket, port.watch(endpoint.qp_num(), endpoint.cq_addr()));
         Self {
@@ -230,7 +235,7 @@ impl<Conn> Side<Conn> {
     }
 }
 
-impl<Conn> Drop for Side<Conn> {
+impl<Conn: Path> Drop for Side<Conn> {
     fn drop(&mut self) {
         // Before the endpoint (QP and CQ) is destroyed: a later connection may get its numbers.
         let events = self
@@ -260,7 +265,7 @@ enum Drained {
     TimedOut,
 }
 
-impl<Conn: Connection> Side<Conn> {
+impl<Conn: Path> Side<Conn> {
     /// Before the queue pair is destroyed, let what is already posted finish: a receiver waits
     /// until the data of every receive the sender was granted has arrived, a sender until every
     /// posted send has completed (`rivet_core`'s `drain`). Bounded by [`CLOSE_IDLE`] without
@@ -366,6 +371,8 @@ pub(crate) fn port_of(call: &str, comm: Ptr) -> NetResult<Arc<OpenPort>> {
     Ok(match entry {
         DataComm::Send(side) => Arc::clone(side.port()),
         DataComm::Recv(side) => Arc::clone(side.port()),
+        DataComm::SendMulti(side) => Arc::clone(side.port()),
+        DataComm::RecvMulti(side) => Arc::clone(side.port()),
     })
 }
 
@@ -377,79 +384,127 @@ pub(crate) fn isend(
     mh: Ptr,
 ) -> NetResult<Option<Ptr>> {
     let (handle, entry) = COMMS.lookup("isend", "sendComm", comm)?;
-    let DataComm::Send(side) = entry else {
-        return Err(NetError::misuse("isend on a receive comm"));
-    };
-    let len = size as u64;
-    let lkey = if size == 0 && mh.is_null() {
-        0
-    } else {
-        mr::lookup("isend", mh)?.lkey_for(data as u64, len)?
-    };
-    let mut state = side.lock("isend")?;
-    let State {
-        conn,
-        endpoint,
-        watch,
-    } = &mut *state;
-    match conn.isend(
-        endpoint,
-        SendBuf {
-            addr: data as u64,
-            len,
-            lkey,
-        },
-        tag as u32,
-    ) {
-        Ok(Some(req)) => Ok(Some(handle.request_ptr(req.to_bits()))),
-        Ok(None) => match watch.check(&side.port) {
-            None => Ok(None),
-            Some(err) => {
-                conn.handle_fatal(err);
-                Err(side.fail("isend", endpoint.qp_num(), &err))
-            }
-        },
-        Err(e) => Err(side.fail("isend", endpoint.qp_num(), &e)),
+    match entry {
+        DataComm::Send(side) => side.isend(handle, data, size, tag, mh),
+        DataComm::SendMulti(side) => side.isend(handle, data, size, tag, mh),
+        DataComm::Recv(_) | DataComm::RecvMulti(_) => {
+            Err(NetError::misuse("isend on a receive comm"))
+        }
+    }
+}
+
+impl<Conn: SendPath> Side<Conn> {
+    #[inline(always)]
+    fn isend(
+        &self,
+        handle: Handle,
+        data: Ptr,
+        size: usize,
+        tag: c_int,
+        mh: Ptr,
+    ) -> NetResult<Option<Ptr>> {
+        let side = self;
+        let len = size as u64;
+        let lkey = if size == 0 && mh.is_null() {
+            0
+        } else {
+            mr::lookup("isend", mh)?.lkey_for(data as u64, len)?
+        };
+        let mut state = side.lock("isend")?;
+        let State {
+            conn,
+            endpoint,
+            watch,
+        } = &mut *state;
+        match conn.isend(
+            endpoint,
+            SendBuf {
+                addr: data as u64,
+                len,
+                lkey,
+            },
+            tag as u32,
+        ) {
+            Ok(Some(req)) => Ok(Some(handle.request_ptr(req.to_bits()))),
+            Ok(None) => match watch.check(&side.port) {
+                None => Ok(None),
+                Some(err) => {
+                    conn.handle_fatal(err);
+                    Err(side.fail("isend", endpoint.qp_num(), &err))
+                }
+            },
+            Err(e) => Err(side.fail("isend", endpoint.qp_num(), &e)),
+        }
     }
 }
 
 pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Option<Ptr>> {
     let (handle, entry) = COMMS.lookup("irecv", "recvComm", comm)?;
-    let DataComm::Recv(side) = entry else {
-        return Err(NetError::misuse("irecv on a send comm"));
-    };
-    let mut bufs = [RecvBuf {
-        addr: 0,
-        len: 0,
-        rkey: 0,
-    }; 8];
-    let mut tags = [0u32; 8];
-    for i in 0..args.n {
-        let (addr, len) = (args.data[i] as u64, args.sizes[i] as u64);
-        let rkey = if len == 0 && args.mhandles[i].is_null() {
-            0
-        } else {
-            mr::lookup("irecv", args.mhandles[i])?.rkey_for(addr, len)?
-        };
-        bufs[i] = RecvBuf { addr, len, rkey };
-        tags[i] = args.tags[i] as u32;
+    match entry {
+        DataComm::Recv(side) => side.irecv(handle, args),
+        DataComm::RecvMulti(side) => side.irecv(handle, args),
+        DataComm::Send(_) | DataComm::SendMulti(_) => Err(NetError::misuse("irecv on a send comm")),
     }
-    let mut state = side.lock("irecv")?;
-    let State {
-        conn,
-        endpoint,
-        watch,
-    } = &mut *state;
-    match conn.irecv(endpoint, &bufs[..args.n], &tags[..args.n]) {
-        Ok(Some(req)) => Ok(Some(handle.request_ptr(req.to_bits()))),
-        Ok(None) => match watch.check(&side.port) {
-            None => Ok(None),
-            Some(err) => {
-                conn.handle_fatal(err);
-                Err(side.fail("irecv", endpoint.qp_num(), &err))
-            }
-        },
-        Err(e) => Err(side.fail("irecv", endpoint.qp_num(), &e)),
+}
+
+impl<Conn: RecvPath> Side<Conn> {
+    #[inline(always)]
+    fn irecv(&self, handle: Handle, args: &RecvArgs) -> NetResult<Option<Ptr>> {
+        let side = self;
+        let mut bufs = [RecvBuf {
+            addr: 0,
+            len: 0,
+            rkey: 0,
+        }; 8];
+        let mut tags = [0u32; 8];
+        for i in 0..args.n {
+            let (addr, len) = (args.data[i] as u64, args.sizes[i] as u64);
+            let rkey = if len == 0 && args.mhandles[i].is_null() {
+                0
+            } else {
+                mr::lookup("irecv", args.mhandles[i])?.rkey_for(addr, len)?
+            };
+            bufs[i] = RecvBuf { addr, len, rkey };
+            tags[i] = args.tags[i] as u32;
+        }
+        let mut state = side.lock("irecv")?;
+        let State {
+            conn,
+            endpoint,
+            watch,
+        } = &mut *state;
+        match conn.irecv(endpoint, &bufs[..args.n], &tags[..args.n]) {
+            Ok(Some(req)) => Ok(Some(handle.request_ptr(req.to_bits()))),
+            Ok(None) => match watch.check(&side.port) {
+                None => Ok(None),
+                Some(err) => {
+                    conn.handle_fatal(err);
+                    Err(side.fail("irecv", endpoint.qp_num(), &err))
+                }
+            },
+            Err(e) => Err(side.fail("irecv", endpoint.qp_num(), &e)),
+        }
+    }
+
+    /// `iflush` on this receive comm (`None`: nothing to flush).
+    fn iflush(&self, handle: Handle, args: &FlushArgs) -> NetResult<Option<Ptr>> {
+        let Some(mut flush) = self.flush("iflush")? else {
+            return Ok(None);
+        };
+        Ok(flush
+            .start(args)?
+            .map(|id| handle.request_ptr(id.to_bits())))
+    }
+
+    /// `test` of a flush request of this receive comm.
+    fn test_flush(&self, request: Ptr, flush_id: FlushId) -> NetResult<Option<Finished>> {
+        let mut flush = self
+            .flush("test")?
+            .ok_or_else(|| unknown("test", "request", request))?;
+        Ok(flush.test(flush_id)?.then_some(Finished {
+            n: 0,
+            sizes: [0; 8],
+        }))
     }
 }
 
@@ -459,21 +514,21 @@ pub(crate) fn local_qp(comm: Ptr) -> Option<u32> {
     match entry {
         DataComm::Send(side) => Some(side.lock("profiler").ok()?.endpoint.qp_num()),
         DataComm::Recv(side) => Some(side.lock("profiler").ok()?.endpoint.qp_num()),
+        DataComm::SendMulti(side) => Some(side.lock("profiler").ok()?.endpoint.qp_num()),
+        DataComm::RecvMulti(side) => Some(side.lock("profiler").ok()?.endpoint.qp_num()),
     }
 }
 
 /// `iflush`: `None` (a NULL request, "done") when there is nothing to flush.
 pub(crate) fn iflush(comm: Ptr, args: &FlushArgs) -> NetResult<Option<Ptr>> {
     let (handle, entry) = COMMS.lookup("iflush", "recvComm", comm)?;
-    let DataComm::Recv(side) = entry else {
-        return Err(NetError::misuse("iflush on a send comm"));
-    };
-    let Some(mut flush) = side.flush("iflush")? else {
-        return Ok(None);
-    };
-    Ok(flush
-        .start(args)?
-        .map(|id| handle.request_ptr(id.to_bits())))
+    match entry {
+        DataComm::Recv(side) => side.iflush(handle, args),
+        DataComm::RecvMulti(side) => side.iflush(handle, args),
+        DataComm::Send(_) | DataComm::SendMulti(_) => {
+            Err(NetError::misuse("iflush on a send comm"))
+        }
+    }
 }
 
 fn finished(done: Completed) -> Option<Finished> {
@@ -486,28 +541,25 @@ fn finished(done: Completed) -> Option<Finished> {
 pub(crate) fn test(request: Ptr) -> NetResult<Option<Finished>> {
     let (entry, id) = COMMS.lookup_request("test", "request", request)?;
     if let Some(flush_id) = FlushId::from_bits(id) {
-        let DataComm::Recv(side) = entry else {
-            return Err(unknown("test", "request", request));
+        return match entry {
+            DataComm::Recv(side) => side.test_flush(request, flush_id),
+            DataComm::RecvMulti(side) => side.test_flush(request, flush_id),
+            DataComm::Send(_) | DataComm::SendMulti(_) => Err(unknown("test", "request", request)),
         };
-        let mut flush = side
-            .flush("test")?
-            .ok_or_else(|| unknown("test", "request", request))?;
-        return Ok(flush.test(flush_id)?.then_some(Finished {
-            n: 0,
-            sizes: [0; 8],
-        }));
     }
     let req = RequestId::from_bits(id).ok_or_else(|| unknown("test", "request", request))?;
     match entry {
         DataComm::Send(side) => side.test(req),
         DataComm::Recv(side) => side.test(req),
+        DataComm::SendMulti(side) => side.test(req),
+        DataComm::RecvMulti(side) => side.test(req),
     }
 }
 
 fn close(call: &str, comm: Ptr, want_send: bool) -> NetResult<()> {
     let what = if want_send { "sendComm" } else { "recvComm" };
     let (handle, entry) = COMMS.lookup(call, what, comm)?;
-    if matches!(entry, DataComm::Send(_)) != want_send {
+    if matches!(entry, DataComm::Send(_) | DataComm::SendMulti(_)) != want_send {
         return Err(unknown(call, what, comm));
     }
     // SAFETY: a close is NCCL's last call on a comm, after every other call on it returned; this
@@ -516,6 +568,8 @@ fn close(call: &str, comm: Ptr, want_send: bool) -> NetResult<()> {
     match &*comm {
         DataComm::Send(side) => side.drain_before_close(call),
         DataComm::Recv(side) => side.drain_before_close(call),
+        DataComm::SendMulti(side) => side.drain_before_close(call),
+        DataComm::RecvMulti(side) => side.drain_before_close(call),
     }
     drop(comm);
     Ok(())

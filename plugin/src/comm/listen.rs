@@ -14,6 +14,7 @@
 
 use super::data::{self, DataComm, Side};
 use super::flush::GpuFlush;
+use super::path::Lanes;
 use crate::backend::any::AnyEndpoint as Endpoint;
 use crate::backend::device::OpenPort;
 use crate::backend::endpoint::Role;
@@ -29,6 +30,7 @@ use crate::net::{self, NetContext};
 use crate::oob::{iface, pump, socket};
 use core::ffi::c_int;
 use rivet_core::data::RecvConn;
+use rivet_core::data::multi::{MultiRecv, flow_label};
 use rivet_core::handshake::{Acceptor, AcceptorEvent};
 use rivet_core::mesh::{self, MeshAddr};
 use rivet_core::wire::{
@@ -89,7 +91,8 @@ struct PendingAccept {
     socket: TcpStream,
     peer: SocketAddr,
     machine: Acceptor,
-    endpoint: Option<Endpoint>,
+    /// One endpoint per lane, once the request arrived.
+    endpoints: Vec<Endpoint>,
 }
 
 static LISTENS: Registry<ListenComm> = Registry::new(0x1157, "live listen comms");
@@ -216,13 +219,54 @@ enum Progress {
     Waiting,
     Dropped,
     Established {
-        endpoint: Box<Endpoint>,
-        remote: EndpointInfo,
+        endpoints: Vec<Endpoint>,
+        remotes: Vec<EndpointInfo>,
+        width: usize,
         peer: String,
     },
 }
 
+/// Create one receiver endpoint per lane of the request and bring each up towards the
+/// connector's lane of the same index (each with its own flow label when there are several).
+fn bring_up(
+    port: &Arc<OpenPort>,
+    remotes: &[EndpointInfo],
+    settings: &QpSettings,
+) -> Result<Vec<Endpoint>, String> {
+    let mut endpoints = Vec::with_capacity(remotes.len());
+    for remote in remotes {
+        let endpoint = Endpoint::new(port, Role::Receiver).map_err(|e| e.to_string())?;
+        let lane_settings = if remotes.len() > 1 {
+            QpSettings {
+                flow_label: flow_label(endpoint.qp_num(), remote.qpn),
+                ..*settings
+            }
+        } else {
+            *settings
+        };
+        endpoint
+            .connect(remote, &lane_settings)
+            .map_err(|e| e.to_string())?;
+        endpoints.push(endpoint);
+    }
+    Ok(endpoints)
+}
+
 impl ListenComm {
+    /// As NCCL's IB transport: one loopback queue pair per receive comm for the GPU flush, on
+    /// ports that need one.
+    fn with_flush<C: super::path::Path>(&self, side: Side<C>) -> NetResult<Side<C>> {
+        if !side.port().gpu.flush {
+            return Ok(side);
+        }
+        let qp = FlushQp::new(side.port(), &self.settings).map_err(|e| {
+            NetError::system(format!(
+                "accept: creating the GPU flush queue pair failed: {e}"
+            ))
+        })?;
+        Ok(side.with_flush(GpuFlush::new(qp)))
+    }
+
     fn progress(&self, pending: &mut PendingAccept) -> Progress {
         let now = clock::now();
         if let Err(e) = pump::pump(&mut pending.socket, &mut pending.machine, now) {
@@ -239,13 +283,15 @@ impl ListenComm {
                         let _ = pending.machine.reject(RejectReason::LinkLayerMismatch);
                         continue;
                     }
-                    match Endpoint::new(&pending.port, Role::Receiver)
-                        .and_then(|ep| ep.connect(&remote, &self.settings).map(|()| ep))
-                    {
-                        Ok(endpoint) => {
-                            let local = endpoint.local_info(&self.settings);
-                            pending.endpoint = Some(endpoint);
-                            let _ = pending.machine.handle_local_ready(local);
+                    let remotes = pending.machine.remote_lanes().to_vec();
+                    match bring_up(&pending.port, &remotes, &self.settings) {
+                        Ok(endpoints) => {
+                            let locals: Vec<EndpointInfo> = endpoints
+                                .iter()
+                                .map(|e| e.local_info(&self.settings))
+                                .collect();
+                            pending.endpoints = endpoints;
+                            let _ = pending.machine.handle_local_lanes_ready(&locals);
                         }
                         Err(e) => {
                             warn!(
@@ -264,9 +310,9 @@ impl ListenComm {
                     }
                 }
                 AcceptorEvent::Established => {
-                    let (Some(endpoint), Some(remote)) =
-                        (pending.endpoint.take(), pending.machine.remote().copied())
-                    else {
+                    let endpoints = std::mem::take(&mut pending.endpoints);
+                    let remotes = pending.machine.remote_lanes().to_vec();
+                    let (Some(first), Some(remote)) = (endpoints.first(), remotes.first()) else {
                         warn!(
                             "accept: handshake with {} ended without an endpoint",
                             pending.peer
@@ -279,14 +325,18 @@ impl ListenComm {
                         remote.device_name.as_str(),
                         remote.qpn
                     );
+                    let width = pending.machine.lanes().width();
                     info!(
                         INIT_NET,
-                        "accepted a connection from {peer} on local QP {}",
-                        endpoint.qp_num()
+                        "accepted a connection from {peer} on local QP {} ({} queue pair(s), \
+                         each message over {width})",
+                        first.qp_num(),
+                        endpoints.len()
                     );
                     return Progress::Established {
-                        endpoint: Box::new(endpoint),
-                        remote,
+                        endpoints,
+                        remotes,
+                        width,
                         peer,
                     };
                 }
@@ -338,7 +388,7 @@ pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
                     socket: stream,
                     peer,
                     machine,
-                    endpoint: None,
+                    endpoints: Vec::new(),
                 });
             }
             Ok(None) => break,
@@ -351,23 +401,28 @@ pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
             Progress::Waiting => index += 1,
             Progress::Dropped => drop(pending.remove(index)),
             Progress::Established {
-                endpoint,
-                remote,
+                mut endpoints,
+                remotes,
+                width,
                 peer,
             } => {
                 let done = pending.remove(index);
-                let mut side =
-                    Side::new(RecvConn::new(remote.inbound), *endpoint, done.socket, peer);
-                if side.port().gpu.flush {
-                    // As NCCL's IB transport: one loopback queue pair per receive comm.
-                    let qp = FlushQp::new(side.port(), &comm.settings).map_err(|e| {
-                        NetError::system(format!(
-                            "accept: creating the GPU flush queue pair failed: {e}"
-                        ))
-                    })?;
-                    side = side.with_flush(GpuFlush::new(qp));
+                if endpoints.len() == 1 {
+                    let endpoint = endpoints.remove(0);
+                    let side = Side::new(
+                        RecvConn::new(remotes[0].inbound),
+                        endpoint,
+                        done.socket,
+                        peer,
+                    );
+                    return data::insert(DataComm::Recv(comm.with_flush(side)?)).map(Some);
                 }
-                return data::insert(DataComm::Recv(side)).map(Some);
+                let conns = remotes.iter().map(|r| RecvConn::new(r.inbound)).collect();
+                let multi = MultiRecv::with_width(conns, width);
+                let lanes = Lanes::new(endpoints)
+                    .ok_or_else(|| NetError::misuse("accept: no queue pair"))?;
+                let side = Side::new(multi, lanes, done.socket, peer);
+                return data::insert(DataComm::RecvMulti(comm.with_flush(side)?)).map(Some);
             }
         }
     }

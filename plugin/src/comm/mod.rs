@@ -4,6 +4,7 @@
 //! Bottom to top (each file imports only the ones before it):
 //! - [`mr`]: memory registrations and their table.
 //! - [`flush`]: a receive comm's GPU flush (`iflush`).
+//! - [`path`]: a connection of one queue pair or of several, behind one interface.
 //! - [`data`]: established send/receive comms and the data path (isend/irecv/test).
 //! - [`listen`]: listen comms and `accept` (one handshake machine per incoming TCP connection).
 //! - [`connect`]: `connect`, resumable across NCCL's polling calls.
@@ -18,6 +19,7 @@ mod listen;
 mod mr;
 #[cfg(test)]
 mod multi_device_tests;
+mod path;
 
 use crate::backend::device::OpenPort;
 use crate::error::NetResult;

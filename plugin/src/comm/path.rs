@@ -1,0 +1,195 @@
+//! The two shapes of an established connection behind one interface: a single queue pair
+//! (`rivet-core`'s `SendConn`/`RecvConn` driving one endpoint) and several ("lanes":
+//! `MultiSend`/`MultiRecv` driving one endpoint per lane, `NCCL_IB_QPS_PER_CONNECTION`). The data
+//! path ([`super::data`]) is written once over [`SendPath`]/[`RecvPath`] and monomorphised per
+//! shape, so the single-QP path pays nothing for the other.
+
+use crate::backend::any::AnyEndpoint as Endpoint;
+use crate::backend::device::OpenPort;
+use rivet_core::data::multi::{MultiRecv, MultiSend};
+use rivet_core::data::{
+    Completed, Connection, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn,
+};
+use std::fmt::Debug;
+use std::sync::Arc;
+
+/// The queue pairs a connection drives: one endpoint, or its lanes.
+pub(crate) trait Nics: Debug + Send {
+    /// The port of lane 0 (registrations and asynchronous events).
+    fn port(&self) -> &Arc<OpenPort>;
+    /// Lane 0's queue pair number, for log lines and the event watch.
+    fn qp_num(&self) -> u32;
+    /// Lane 0's completion queue, for the event watch.
+    fn cq_addr(&self) -> usize;
+}
+
+impl Nics for Endpoint {
+    fn port(&self) -> &Arc<OpenPort> {
+        Self::port(self)
+    }
+    fn qp_num(&self) -> u32 {
+        Self::qp_num(self)
+    }
+    fn cq_addr(&self) -> usize {
+        Self::cq_addr(self)
+    }
+}
+
+/// The endpoints of a multi-QP connection, lane `i` at index `i` (never empty).
+#[derive(Debug)]
+pub(crate) struct Lanes(Vec<Endpoint>);
+
+impl Lanes {
+    /// `endpoints` in lane order; `None` when there are none.
+    pub(crate) fn new(endpoints: Vec<Endpoint>) -> Option<Self> {
+        (!endpoints.is_empty()).then_some(Self(endpoints))
+    }
+
+    fn first(&self) -> &Endpoint {
+        // Never empty (checked in `new`).
+        &self.0[0]
+    }
+}
+
+impl Nics for Lanes {
+    fn port(&self) -> &Arc<OpenPort> {
+        self.first().port()
+    }
+    fn qp_num(&self) -> u32 {
+        self.first().qp_num()
+    }
+    fn cq_addr(&self) -> usize {
+        self.first().cq_addr()
+    }
+}
+
+/// What both directions of a connection do, over their [`Nics`].
+pub(crate) trait Path: Debug + Send {
+    /// One endpoint or lanes.
+    type Nics: Nics;
+    /// Report on `req` (as `rivet_core`'s `Connection::test`).
+    fn test(&mut self, nics: &mut Self::Nics, req: RequestId) -> Result<Completed, DataError>;
+    /// Fail the connection with `err` unless it already failed.
+    fn handle_fatal(&mut self, err: DataError);
+    /// Poll what is posted; requests still outstanding.
+    fn drain(&mut self, nics: &mut Self::Nics) -> Result<usize, DataError>;
+    /// Requests handed out and not yet freed by `test`.
+    fn outstanding(&self) -> usize;
+}
+
+/// A send comm's connection.
+pub(crate) trait SendPath: Path {
+    /// Post `buf` for the receive tagged `tag` (`Ok(None)`: try again later).
+    fn isend(
+        &mut self,
+        nics: &mut Self::Nics,
+        buf: SendBuf,
+        tag: u32,
+    ) -> Result<Option<RequestId>, DataError>;
+}
+
+/// A receive comm's connection.
+pub(crate) trait RecvPath: Path {
+    /// Post a receive of `bufs` tagged `tags` (`Ok(None)`: try again later).
+    fn irecv(
+        &mut self,
+        nics: &mut Self::Nics,
+        bufs: &[RecvBuf],
+        tags: &[u32],
+    ) -> Result<Option<RequestId>, DataError>;
+}
+
+/// One queue pair: the core's single-QP connection on one endpoint.
+macro_rules! single_path {
+    ($conn:ty) => {
+        impl Path for $conn {
+            type Nics = Endpoint;
+            #[inline(always)]
+            fn test(&mut self, nic: &mut Endpoint, req: RequestId) -> Result<Completed, DataError> {
+                Connection::test(self, nic, req)
+            }
+            fn handle_fatal(&mut self, err: DataError) {
+                Connection::handle_fatal(self, err)
+            }
+            fn drain(&mut self, nic: &mut Endpoint) -> Result<usize, DataError> {
+                Connection::drain(self, nic)
+            }
+            fn outstanding(&self) -> usize {
+                Connection::outstanding(self)
+            }
+        }
+    };
+}
+
+single_path!(SendConn);
+single_path!(RecvConn);
+
+impl SendPath for SendConn {
+    #[inline(always)]
+    fn isend(
+        &mut self,
+        nic: &mut Endpoint,
+        buf: SendBuf,
+        tag: u32,
+    ) -> Result<Option<RequestId>, DataError> {
+        Self::isend(self, nic, buf, tag)
+    }
+}
+
+impl RecvPath for RecvConn {
+    #[inline(always)]
+    fn irecv(
+        &mut self,
+        nic: &mut Endpoint,
+        bufs: &[RecvBuf],
+        tags: &[u32],
+    ) -> Result<Option<RequestId>, DataError> {
+        Self::irecv(self, nic, bufs, tags)
+    }
+}
+
+/// Several queue pairs: the core's multi-QP connection on its lanes.
+macro_rules! multi_path {
+    ($conn:ty) => {
+        impl Path for $conn {
+            type Nics = Lanes;
+            fn test(&mut self, lanes: &mut Lanes, req: RequestId) -> Result<Completed, DataError> {
+                <$conn>::test(self, &mut lanes.0, req)
+            }
+            fn handle_fatal(&mut self, err: DataError) {
+                <$conn>::handle_fatal(self, err)
+            }
+            fn drain(&mut self, lanes: &mut Lanes) -> Result<usize, DataError> {
+                <$conn>::drain(self, &mut lanes.0)
+            }
+            fn outstanding(&self) -> usize {
+                <$conn>::outstanding(self)
+            }
+        }
+    };
+}
+
+multi_path!(MultiSend);
+multi_path!(MultiRecv);
+
+impl SendPath for MultiSend {
+    fn isend(
+        &mut self,
+        lanes: &mut Lanes,
+        buf: SendBuf,
+        tag: u32,
+    ) -> Result<Option<RequestId>, DataError> {
+        Self::isend(self, &mut lanes.0, buf, tag)
+    }
+}
+
+impl RecvPath for MultiRecv {
+    fn irecv(
+        &mut self,
+        lanes: &mut Lanes,
+        bufs: &[RecvBuf],
+        tags: &[u32],
+    ) -> Result<Option<RequestId>, DataError> {
+        Self::irecv(self, &mut lanes.0, bufs, tags)
+    }
+}
