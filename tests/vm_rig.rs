@@ -2,7 +2,8 @@
 //! --topology pair2`, the dual-rail node), Rivet between them through the plugin's C table.
 //!
 //! In one boot, on each link in turn (`NCCL_IB_HCA==rxeK`, `NCCL_SOCKET_IFNAME=ethK`):
-//! `tests/c/transfer.c` across hosts (B receives, A sends; the handle over a TCP control connection
+//! `tests/c/transfer.c` across hosts (B receives, A sends; also over four split queue pairs per
+//! connection on link 2; the handle over a TCP control connection
 //! on the link), every byte verified, and the link NIC's counters must show the traffic went that
 //! way. Then the link-cut fault on link 2 (B takes `eth2` down mid-stream: both ends must fail
 //! within the silent-peer bound, later calls too). Then the host-death fault: B grants 8 receives
@@ -56,6 +57,15 @@ for k in 1 2; do
   fi
   step traffic-link$k carried eth$k $before
 done
+# Four queue pairs per connection, every message split over all four, across hosts on link 2.
+before=$(bytes eth2)
+lanes="NCCL_IB_HCA==rxe2 NCCL_SOCKET_IFNAME=eth2 NCCL_IB_QPS_PER_CONNECTION=4 NCCL_IB_SPLIT_DATA_ON_QPS=1 HARNESS_VERBOSE=1"
+if [ "$RIVET_VM_INDEX" = 1 ]; then
+  step transfer-qps4 env $lanes {transfer} {lib} --small 2000 --listen-port 18603
+else
+  step transfer-qps4 env $lanes {transfer} {lib} --small 2000 --peer ${{peers[1]}}:18603
+fi
+step traffic-qps4 carried eth2 $before
 # Conformance across hosts on link 1: B runs the receiver side of every two-process check of every
 # table, A the sender side, a TCP control connection per check instead of the socketpair.
 if [ "$RIVET_VM_INDEX" = 1 ]; then
@@ -143,11 +153,32 @@ fn pair2_across_hosts() {
             );
         }
     }
-    // Once per link; the grouped receive a third time, in the transfer after B's reboot.
+    for vm in ["A", "B"] {
+        assert_eq!(
+            step(vm, "transfer-qps4"),
+            0,
+            "{vm}: transfer over four split queue pairs across hosts failed"
+        );
+        assert_eq!(
+            step(vm, "traffic-qps4"),
+            0,
+            "{vm}: the four-queue-pair transfer did not go through eth2"
+        );
+        let lanes = "(4 queue pair(s), each message over 4)";
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with(&format!("[{vm}] ")) && l.contains(lanes)),
+            "{vm}: no connection of four split queue pairs reported"
+        );
+    }
+    // Once per link and once over four queue pairs; the grouped receive once more in the transfer
+    // after B's reboot.
     for (needle, times) in [
-        ("[B] PASS message of 67108864 bytes arrived intact", 2),
-        ("[B] PASS grouped receive of 8 with shuffled tags", 3),
+        ("[B] PASS message of 67108864 bytes arrived intact", 3),
+        ("[B] PASS grouped receive of 8 with shuffled tags", 4),
         ("[B] PASS 10000 small messages with a window of 8", 2),
+        ("[B] PASS 2000 small messages with a window of 8", 1),
         ("[B] PASS 500 small messages with a window of 8", 1),
     ] {
         assert_eq!(

@@ -427,3 +427,95 @@ mod tests {
         assert!(!port.gpu_setup().flush);
     }
 }
+
+/// A virtual device fusing physical ports (NCCL's `makeVDevice`): a connection on it opens
+/// queue pairs on every member and stripes each message over them (`comm::connect`).
+#[derive(Debug)]
+pub struct FusedDevice {
+    /// The member ports' device indices, in NCCL's order.
+    pub members: Vec<usize>,
+    /// `getProperties` of the fused device (pointing into `_name`).
+    pub props: DeviceProps,
+    _name: PropString,
+}
+
+// SAFETY: `props` points only into the strings this value or its members own (heap buffers that
+// do not move and are never written); everything else is immutable.
+unsafe impl Send for FusedDevice {}
+// SAFETY: as above.
+unsafe impl Sync for FusedDevice {}
+
+impl FusedDevice {
+    /// Fuse `ports[members[..]]`, as NCCL's IB transport does: the name joins the members' with
+    /// `+`, the speed is their sum, the rail is kept when all share it; the rest is the first
+    /// member's (its PCI path places the device; the pointer types are what every member offers).
+    /// The members must exist, differ, and share one link layer.
+    pub fn new(ports: &[Port], members: &[usize]) -> Result<Self, String> {
+        if members.is_empty() || members.len() > 8 {
+            return Err(format!(
+                "a fused device takes 1 to 8 ports, not {}",
+                members.len()
+            ));
+        }
+        let mut parts = Vec::with_capacity(members.len());
+        for (i, &m) in members.iter().enumerate() {
+            let port = ports.get(m).ok_or_else(|| {
+                format!(
+                    "device {m} is not a physical port (there are {})",
+                    ports.len()
+                )
+            })?;
+            if members[..i].contains(&m) {
+                return Err(format!("device {m} is listed twice"));
+            }
+            parts.push(port);
+        }
+        let first = parts[0];
+        if let Some(other) = parts
+            .iter()
+            .find(|p| p.info.link_layer != first.info.link_layer)
+        {
+            return Err(format!(
+                "{} and {} use different link layers (InfiniBand and RoCE cannot be fused)",
+                first.info.name, other.info.name
+            ));
+        }
+        let joined: Vec<&str> = parts.iter().map(|p| p.info.name.as_str()).collect();
+        let name = PropString::new(CString::new(joined.join("+").replace('\0', "")).unwrap_or_default());
+        let mut member_list = [0; 8];
+        for (slot, &m) in member_list.iter_mut().zip(members) {
+            *slot = c_int::try_from(m).unwrap_or(c_int::MAX);
+        }
+        let rail = first.props.rail_id;
+        let props = DeviceProps {
+            name: name.as_ptr(),
+            speed_mbps: parts
+                .iter()
+                .fold(0i32, |sum, p| sum.saturating_add(p.props.speed_mbps)),
+            ptr_support: parts
+                .iter()
+                .fold(first.props.ptr_support, |bits, p| bits & p.props.ptr_support),
+            max_comms: parts
+                .iter()
+                .map(|p| p.props.max_comms)
+                .min()
+                .unwrap_or(first.props.max_comms),
+            members: member_list,
+            member_count: c_int::try_from(members.len()).unwrap_or(8),
+            rail_id: if parts.iter().all(|p| p.props.rail_id == rail) {
+                rail
+            } else {
+                NCCL_NET_ID_UNDEF
+            },
+            // NCCL 2.30's IB transport gives a fused device a plane bit mask of its own making;
+            // Rivet has no plane data for fused ports, so it reports "unknown".
+            plane_id: NCCL_NET_ID_UNDEF,
+            ..first.props
+        };
+        Ok(Self {
+            members: members.to_vec(),
+            props,
+            _name: name,
+        })
+    }
+}

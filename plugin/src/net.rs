@@ -8,7 +8,7 @@
 
 use crate::backend::device::{self, OpenPort};
 use crate::config::Config;
-use crate::devices::{self, DeviceProps, NoDevice, Port};
+use crate::devices::{self, DeviceProps, FusedDevice, NoDevice, Port};
 use crate::error::{NetError, NetResult};
 use crate::handle::Registry;
 use crate::log::{INIT_NET, info, warn};
@@ -31,6 +31,8 @@ struct Global {
     ports: Arc<Vec<Port>>,
     /// With `RIVET_MESH=1`: the one device NCCL sees, over `ports`.
     mesh: Option<Arc<MeshDevice>>,
+    /// Virtual devices from `makeVDevice`, indexed after the ports.
+    fused: Vec<Arc<FusedDevice>>,
     config: Config,
     /// Live v11+ contexts plus one for a v6–v10 `init` (which has no `finalize`).
     users: usize,
@@ -78,6 +80,7 @@ fn acquire(counted: bool) -> NetResult<()> {
             *global = Some(Global {
                 ports: Arc::new(ports),
                 mesh,
+                fused: Vec::new(),
                 config,
                 users: usize::from(counted),
             });
@@ -251,26 +254,20 @@ pub(crate) fn open_mesh_member(mesh: &MeshDevice, member: usize) -> NetResult<Ar
     })
 }
 
-/// Open device `dev` (once; later calls share it). Not for the mesh device, whose comms choose
-/// their port per connection (`comm::listen`, `comm::connect`).
-pub(crate) fn open_port(dev: c_int) -> NetResult<Arc<OpenPort>> {
-    if mesh_device_for(dev)?.is_some() {
-        return Err(NetError::invalid_usage(
-            "RIVET_MESH=1: the mesh device chooses a port per connection; CollNet and other \
-             users of a fixed port are not available on it"
-                .to_owned(),
-        ));
-    }
-    let ports = ports()?;
-    let port = usize::try_from(dev)
+/// The fused device `dev` names, if it is one (indices after the physical ports).
+fn fused_device_for(dev: c_int) -> NetResult<Option<Arc<FusedDevice>>> {
+    let global = global();
+    let g = global.as_ref().ok_or_else(|| {
+        NetError::misuse("the plugin is not initialized (init failed or was not called)")
+    })?;
+    Ok(usize::try_from(dev)
         .ok()
-        .and_then(|i| ports.get(i))
-        .ok_or_else(|| {
-            NetError::invalid_argument(format!(
-                "device {dev} does not exist ({} devices)",
-                ports.len()
-            ))
-        })?;
+        .and_then(|i| i.checked_sub(g.ports.len()))
+        .and_then(|i| g.fused.get(i))
+        .cloned())
+}
+
+fn open(port: &Port) -> NetResult<Arc<OpenPort>> {
     port.open().map_err(|e| {
         NetError::system(format!(
             "opening {} port {}: {e}",
@@ -279,18 +276,79 @@ pub(crate) fn open_port(dev: c_int) -> NetResult<Arc<OpenPort>> {
     })
 }
 
+/// Open device `dev` (once; later calls share it). Not for the mesh device, whose comms choose
+/// their port per connection (`comm::listen`, `comm::connect`), nor for a fused device of several
+/// ports (`open_ports`).
+pub(crate) fn open_port(dev: c_int) -> NetResult<Arc<OpenPort>> {
+    let mut ports = open_ports(dev)?;
+    if ports.len() != 1 {
+        return Err(NetError::invalid_usage(format!(
+            "device {dev} fuses {} ports; CollNet and other users of one fixed port need a              physical device",
+            ports.len()
+        )));
+    }
+    Ok(ports.remove(0))
+}
+
+/// Open the ports of device `dev`: one for a physical device, every member (in order) for a
+/// fused one. Not for the mesh device.
+pub(crate) fn open_ports(dev: c_int) -> NetResult<Vec<Arc<OpenPort>>> {
+    if mesh_device_for(dev)?.is_some() {
+        return Err(NetError::invalid_usage(
+            "RIVET_MESH=1: the mesh device chooses a port per connection; CollNet and other \
+             users of a fixed port are not available on it"
+                .to_owned(),
+        ));
+    }
+    let ports = ports()?;
+    if let Some(fused) = fused_device_for(dev)? {
+        return fused
+            .members
+            .iter()
+            .map(|&m| {
+                ports
+                    .get(m)
+                    .ok_or_else(|| NetError::misuse(format!("fused member {m} vanished")))
+                    .and_then(open)
+            })
+            .collect();
+    }
+    let port = usize::try_from(dev)
+        .ok()
+        .and_then(|i| ports.get(i))
+        .ok_or_else(|| {
+            NetError::invalid_argument(format!(
+                "device {dev} does not exist ({} devices)",
+                device_count()
+            ))
+        })?;
+    Ok(vec![open(port)?])
+}
+
+/// Physical ports plus fused devices (1 on the mesh device).
+fn device_count() -> usize {
+    global().as_ref().map_or(0, |g| {
+        if g.mesh.is_some() {
+            1
+        } else {
+            g.ports.len() + g.fused.len()
+        }
+    })
+}
+
 /// `devices(&n)`.
 pub(crate) fn devices() -> NetResult<c_int> {
-    if mesh_device_for(0)?.is_some() {
-        return Ok(1);
-    }
-    Ok(c_int::try_from(ports()?.len()).unwrap_or(c_int::MAX))
+    ports()?;
+    Ok(c_int::try_from(device_count()).unwrap_or(c_int::MAX))
 }
 
 /// `getProperties(dev)`.
 pub(crate) fn properties(dev: c_int) -> NetResult<DeviceProps> {
     if let Some(mesh) = mesh_device_for(dev)? {
         return Ok(mesh.props);
+    }
+    if let Some(fused) = fused_device_for(dev)? {
+        return Ok(fused.props);
     }
     let ports = ports()?;
     usize::try_from(dev)
@@ -300,7 +358,51 @@ pub(crate) fn properties(dev: c_int) -> NetResult<DeviceProps> {
         .ok_or_else(|| {
             NetError::invalid_argument(format!(
                 "device {dev} does not exist ({} devices)",
-                ports.len()
+                device_count()
             ))
         })
+}
+
+/// `makeVDevice(&d, {ndevs, devs})`: append a device fusing physical ports `members` and return
+/// its index. As NCCL's IB transport: `NCCL_IB_MERGE_NICS=0` refuses fusing several ports, and
+/// ports of different link layers are never fused. A single port makes a one-member device that
+/// behaves as the port itself (NCCL 2.24 – 2.26 ask for those too).
+pub(crate) fn make_vdevice(members: &[c_int]) -> NetResult<c_int> {
+    let mut global = global();
+    let g = global.as_mut().ok_or_else(|| {
+        NetError::misuse("the plugin is not initialized (init failed or was not called)")
+    })?;
+    if g.mesh.is_some() {
+        return Err(NetError::invalid_usage(
+            "makeVDevice: RIVET_MESH=1 already puts every port behind one device".to_owned(),
+        ));
+    }
+    if members.len() > 1 && std::env::var("NCCL_IB_MERGE_NICS").is_ok_and(|v| v.trim() == "0") {
+        return Err(NetError::invalid_usage(
+            "makeVDevice: NCCL_IB_MERGE_NICS=0 forbids fusing ports".to_owned(),
+        ));
+    }
+    let indices: Vec<usize> = members
+        .iter()
+        .map(|&m| usize::try_from(m).unwrap_or(usize::MAX))
+        .collect();
+    // Every communicator's topology set-up asks again: the same members get the same device, so
+    // the list stays bounded by the distinct groups.
+    if let Some(i) = g.fused.iter().position(|f| f.members == indices) {
+        return c_int::try_from(g.ports.len() + i)
+            .map_err(|_| NetError::system("makeVDevice: too many devices".to_owned()));
+    }
+    let fused = FusedDevice::new(&g.ports, &indices)
+        .map_err(|why| NetError::invalid_argument(format!("makeVDevice: {why}")))?;
+    let index = g.ports.len() + g.fused.len();
+    let d = c_int::try_from(index)
+        .map_err(|_| NetError::system("makeVDevice: too many devices".to_owned()))?;
+    info!(
+        INIT_NET,
+        "makeVDevice: device {d} fuses {} port(s): {:?}",
+        indices.len(),
+        indices
+    );
+    g.fused.push(Arc::new(fused));
+    Ok(d)
 }

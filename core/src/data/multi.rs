@@ -457,6 +457,22 @@ impl MultiSend {
         buf: SendBuf,
         tag: u32,
     ) -> Result<Option<RequestId>, DataError> {
+        self.isend_keyed(nics, buf, &[buf.lkey], tag)
+    }
+
+    /// [`isend`](Self::isend) on queue pairs of several devices (a fused NIC): queue pair `i`
+    /// belongs to device `i % lkeys.len()` and reads `buf` with that device's key `lkeys[d]`
+    /// (`buf.lkey` is not used).
+    pub fn isend_keyed<N: Nic>(
+        &mut self,
+        nics: &mut [N],
+        buf: SendBuf,
+        lkeys: &[u32],
+        tag: u32,
+    ) -> Result<Option<RequestId>, DataError> {
+        if lkeys.is_empty() {
+            return Err(DataError::InvalidArgument("no memory key"));
+        }
         if nics.len() != self.conns.len() {
             return Err(DataError::InvalidArgument("one NIC per queue pair"));
         }
@@ -483,7 +499,7 @@ impl MultiSend {
             let piece = SendBuf {
                 addr: buf.addr + offset,
                 len,
-                lkey: buf.lkey,
+                lkey: lkeys[qp % lkeys.len()],
             };
             let outcome = self.conns[qp].isend_at(&mut nics[qp], piece, tag, offset);
             match self.parts.part_posted(index, (qp, part), outcome, args) {
@@ -591,6 +607,19 @@ impl MultiRecv {
         bufs: &[RecvBuf],
         tags: &[u32],
     ) -> Result<Option<RequestId>, DataError> {
+        self.irecv_keyed(nics, bufs, &[], tags)
+    }
+
+    /// [`irecv`](Self::irecv) on queue pairs of several devices (a fused NIC): queue pair `i`
+    /// belongs to device `d = i % rkeys.len()` and offers buffer `b` with that device's key
+    /// `rkeys[d][b]`; with no `rkeys`, every queue pair offers the buffers' own keys.
+    pub fn irecv_keyed<N: Nic>(
+        &mut self,
+        nics: &mut [N],
+        bufs: &[RecvBuf],
+        rkeys: &[[u32; MAX_RECVS]],
+        tags: &[u32],
+    ) -> Result<Option<RequestId>, DataError> {
         if nics.len() != self.conns.len() {
             return Err(DataError::InvalidArgument("one NIC per queue pair"));
         }
@@ -621,7 +650,16 @@ impl MultiRecv {
         };
         for part in first..width {
             let qp = (self.current + part) % qps;
-            let outcome = self.conns[qp].irecv(&mut nics[qp], bufs, tags);
+            let outcome = match rkeys.len() {
+                0 => self.conns[qp].irecv(&mut nics[qp], bufs, tags),
+                devices => {
+                    let mut keyed = args.bufs;
+                    for (buf, key) in keyed.iter_mut().zip(rkeys[qp % devices]) {
+                        buf.rkey = key;
+                    }
+                    self.conns[qp].irecv(&mut nics[qp], &keyed[..n], tags)
+                }
+            };
             match self.parts.part_posted(index, (qp, part), outcome, args) {
                 Ok(true) => {}
                 Ok(false) => return Ok(None),

@@ -440,3 +440,48 @@ fn width_stripes_each_receive_over_rotating_queue_pairs() {
     }
     assert_eq!((p.send.outstanding(), p.recv.outstanding()), (0, 0));
 }
+
+#[test]
+fn keyed_calls_use_each_devices_key_on_its_queue_pairs() {
+    // Four queue pairs of two devices (queue pair i on device i % 2), every message split: the
+    // right key per device moves the bytes, a wrong key for device 1 fails its queue pairs only.
+    let mut p = MultiPair::with_width(64, 4, 4, None);
+    let rbuf = p.recv_buf(8192);
+    let rid = p
+        .recv
+        .irecv_keyed(&mut p.recv_nics, &[rbuf], &[[rbuf.rkey; MAX_RECVS]; 2], &[3])
+        .unwrap()
+        .unwrap();
+    p.fabric.run_until_idle();
+    let data = pattern(6000, 4);
+    let sbuf = p.send_buf(&data);
+    let sid = p
+        .send
+        .isend_keyed(&mut p.send_nics, sbuf, &[sbuf.lkey, sbuf.lkey], 3)
+        .unwrap()
+        .unwrap();
+    p.fabric.run_until_idle();
+    assert_eq!(recv_done(&mut p, rid), Some(6000));
+    assert_eq!(p.received(&rbuf, 6000), data);
+    assert_eq!(send_done(&mut p, sid), Some(6000));
+
+    let rbuf = p.recv_buf(8192);
+    let rid = p
+        .recv
+        .irecv_keyed(&mut p.recv_nics, &[rbuf], &[[rbuf.rkey; MAX_RECVS]; 2], &[3])
+        .unwrap()
+        .unwrap();
+    p.fabric.run_until_idle();
+    let sbuf = p.send_buf(&data);
+    let bad = sbuf.lkey ^ 0x5a5a;
+    let sid = p
+        .send
+        .isend_keyed(&mut p.send_nics, sbuf, &[sbuf.lkey, bad], 3)
+        .unwrap()
+        .unwrap();
+    p.fabric.run_until_idle();
+    assert!(
+        p.send.test(&mut p.send_nics, sid).is_err(),
+        "device 1's wrong key must fail the send"
+    );
+}
