@@ -310,8 +310,17 @@ pub fn discover() -> Result<Vec<Port>, NoDevice> {
     #[cfg(test)]
     if crate::backend::sim::installed() {
         use crate::backend::sim::{PORT_GUID, PORT_NAME};
-        let info = fake_port_info(PORT_NAME, None, 1, PORT_GUID);
-        return Ok(vec![Port::new(0, info, gdr)]);
+        return Ok((0..crate::backend::sim::ports())
+            .map(|i| {
+                let name = if i == 0 {
+                    PORT_NAME.to_owned()
+                } else {
+                    format!("sim{i}")
+                };
+                let info = fake_port_info(&name, None, 1, PORT_GUID + i as u64);
+                Port::new(i, info, gdr)
+            })
+            .collect());
     }
     let found = rivet_verbs_ffi::discover(&options).map_err(NoDevice::Discovery)?;
     Ok(found
@@ -481,7 +490,8 @@ impl FusedDevice {
             ));
         }
         let joined: Vec<&str> = parts.iter().map(|p| p.info.name.as_str()).collect();
-        let name = PropString::new(CString::new(joined.join("+").replace('\0', "")).unwrap_or_default());
+        let name =
+            PropString::new(CString::new(joined.join("+").replace('\0', "")).unwrap_or_default());
         let mut member_list = [0; 8];
         for (slot, &m) in member_list.iter_mut().zip(members) {
             *slot = c_int::try_from(m).unwrap_or(c_int::MAX);
@@ -492,9 +502,9 @@ impl FusedDevice {
             speed_mbps: parts
                 .iter()
                 .fold(0i32, |sum, p| sum.saturating_add(p.props.speed_mbps)),
-            ptr_support: parts
-                .iter()
-                .fold(first.props.ptr_support, |bits, p| bits & p.props.ptr_support),
+            ptr_support: parts.iter().fold(first.props.ptr_support, |bits, p| {
+                bits & p.props.ptr_support
+            }),
             max_comms: parts
                 .iter()
                 .map(|p| p.props.max_comms)

@@ -33,6 +33,9 @@ struct Global {
     mesh: Option<Arc<MeshDevice>>,
     /// Virtual devices from `makeVDevice`, indexed after the ports.
     fused: Vec<Arc<FusedDevice>>,
+    /// With `RIVET_MESH=1`: `makeVDevice` of the mesh device alone made device 1, the mesh
+    /// device again (NCCL 2.24 – 2.26 ask for every device, single ones included).
+    mesh_alias: bool,
     config: Config,
     /// Live v11+ contexts plus one for a v6–v10 `init` (which has no `finalize`).
     users: usize,
@@ -81,6 +84,7 @@ fn acquire(counted: bool) -> NetResult<()> {
                 ports: Arc::new(ports),
                 mesh,
                 fused: Vec::new(),
+                mesh_alias: false,
                 config,
                 users: usize::from(counted),
             });
@@ -195,6 +199,14 @@ fn release() {
     }
 }
 
+/// Tests only: forget the devices (as if the last user had finalized), so the next `init`
+/// discovers again (with another number of simulated ports). Every comm must be closed.
+#[cfg(test)]
+pub(crate) fn forget_devices_for_tests() {
+    *global() = None;
+    device::set_retry_settings(None);
+}
+
 /// Look up a v11+ context (`None` for NULL: the v6–v10 entry points pass none).
 pub(crate) fn context(ctx: *mut c_void) -> NetResult<Option<&'static NetContext>> {
     if ctx.is_null() {
@@ -228,11 +240,13 @@ pub(crate) fn config() -> NetResult<Config> {
 /// The mesh device, when `RIVET_MESH=1` made `dev` (then always 0) one; `Err` for a device that
 /// does not exist.
 pub(crate) fn mesh_device_for(dev: c_int) -> NetResult<Option<Arc<MeshDevice>>> {
-    let mesh = global().as_ref().and_then(|g| g.mesh.clone());
+    let (mesh, alias) = global()
+        .as_ref()
+        .map_or((None, false), |g| (g.mesh.clone(), g.mesh_alias));
     match mesh {
-        Some(m) if dev == 0 => Ok(Some(m)),
+        Some(m) if dev == 0 || (alias && dev == 1) => Ok(Some(m)),
         Some(_) => Err(NetError::invalid_argument(format!(
-            "device {dev} does not exist (1 device: RIVET_MESH=1)"
+            "device {dev} does not exist (RIVET_MESH=1: device 0 is the mesh device)"
         ))),
         None => Ok(None),
     }
@@ -329,7 +343,7 @@ pub(crate) fn open_ports(dev: c_int) -> NetResult<Vec<Arc<OpenPort>>> {
 fn device_count() -> usize {
     global().as_ref().map_or(0, |g| {
         if g.mesh.is_some() {
-            1
+            1 + usize::from(g.mesh_alias)
         } else {
             g.ports.len() + g.fused.len()
         }
@@ -373,9 +387,14 @@ pub(crate) fn make_vdevice(members: &[c_int]) -> NetResult<c_int> {
         NetError::misuse("the plugin is not initialized (init failed or was not called)")
     })?;
     if g.mesh.is_some() {
-        return Err(NetError::invalid_usage(
-            "makeVDevice: RIVET_MESH=1 already puts every port behind one device".to_owned(),
-        ));
+        if members != [0] {
+            return Err(NetError::invalid_usage(
+                "makeVDevice: RIVET_MESH=1 already puts every port behind one device (device 0)"
+                    .to_owned(),
+            ));
+        }
+        g.mesh_alias = true;
+        return Ok(1);
     }
     if members.len() > 1 && std::env::var("NCCL_IB_MERGE_NICS").is_ok_and(|v| v.trim() == "0") {
         return Err(NetError::invalid_usage(

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 type Ptr = *mut c_void;
 
 /// One test at a time: the plugin's state is process-wide.
-fn serial() -> MutexGuard<'static, ()> {
+pub(super) fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     sim::install();
@@ -438,9 +438,14 @@ impl Api {
 
 /// A connected pair on device 0: (listen comm, send comm, receive comm).
 fn connect_pair(api: &Api, ctx: Ptr) -> (Ptr, Ptr, Ptr) {
+    connect_pair_on(api, ctx, 0)
+}
+
+/// A connected pair on device `dev`.
+fn connect_pair_on(api: &Api, ctx: Ptr, dev: c_int) -> (Ptr, Ptr, Ptr) {
     let mut handle = [0u8; NCCL_NET_HANDLE_MAXSIZE];
     let mut listen = null_mut();
-    let rc = (api.listen)(ctx, 0, handle.as_mut_ptr().cast(), &mut listen);
+    let rc = (api.listen)(ctx, dev, handle.as_mut_ptr().cast(), &mut listen);
     assert_eq!(rc, NCCL_SUCCESS, "v{}: listen", api.version);
     let listening = rivet_core::wire::ListenHandle::decode(&handle).expect("a Rivet listen handle");
     assert!(
@@ -453,7 +458,7 @@ fn connect_pair(api: &Api, ctx: Ptr) -> (Ptr, Ptr, Ptr) {
     // NCCL's pattern: both calls are non-blocking and repeated until each returns a comm.
     while send.is_null() || recv.is_null() {
         if send.is_null() {
-            let rc = (api.connect)(ctx, 0, handle.as_mut_ptr().cast(), &mut send);
+            let rc = (api.connect)(ctx, dev, handle.as_mut_ptr().cast(), &mut send);
             assert_eq!(rc, NCCL_SUCCESS, "v{}: connect", api.version);
         }
         if recv.is_null() {
@@ -976,4 +981,81 @@ fn two_handles_of_one_buffer_share_a_registration_until_the_last_dereg() {
         assert_eq!((api.dereg_mr)(recv, rmh_b), NCCL_SUCCESS);
     }
     close_pair_and_finalize(&api, pair, ctx);
+}
+
+/// `makeVDevice` of the v12 table over `members`; (rc, new device index).
+fn make_vdevice_v12(members: &[c_int]) -> (NcclResult, c_int) {
+    let make = ncclNetPlugin_v12
+        .0
+        .make_vdevice
+        .expect("v12 exports makeVDevice");
+    let mut props = NcclNetVDevicePropsV12 {
+        ndevs: members.len() as c_int,
+        devs: [0; 8],
+    };
+    props.devs[..members.len()].copy_from_slice(members);
+    let mut d = -1;
+    // SAFETY: as NCCL calls it: a live out-int and a filled request on this stack frame.
+    let rc = unsafe { make(&mut d, &mut props) };
+    (rc, d)
+}
+
+/// NIC fusion as NCCL 2.24+ drives it: two simulated ports fused by `makeVDevice` (named
+/// `sim0+sim1`, speed summed, members listed), a connection on the fused device (one queue pair
+/// per port, each message striped over both, every buffer registered on both ports' protection
+/// domains under keys of their own), bytes checked for sizes around the stripe boundaries; the
+/// same members give the same device again; refusals for bad requests.
+#[test]
+fn a_fused_device_stripes_each_message_over_its_ports() {
+    let _serial = serial();
+    sim::set_ports(2);
+    crate::net::forget_devices_for_tests();
+    let api = api_v12();
+    let (rc, ctx) = (api.init)();
+    assert_eq!(rc, NCCL_SUCCESS);
+    assert_eq!(api.device_count(), 2);
+    let (rc, fused) = make_vdevice_v12(&[0, 1]);
+    assert_eq!((rc, fused), (NCCL_SUCCESS, 2), "makeVDevice of both ports");
+    assert_eq!(api.device_count(), 3, "devices() counts the fused device");
+    assert_eq!(
+        make_vdevice_v12(&[0, 1]),
+        (NCCL_SUCCESS, 2),
+        "same members, same device"
+    );
+    assert_eq!(
+        make_vdevice_v12(&[1]),
+        (NCCL_SUCCESS, 3),
+        "a one-port device"
+    );
+    for bad in [&[0, 0][..], &[0, 7], &[]] {
+        assert_ne!(make_vdevice_v12(bad).0, NCCL_SUCCESS, "makeVDevice {bad:?}");
+    }
+    let get = ncclNetPlugin_v12.0.get_properties.unwrap();
+    let mut p = MaybeUninit::<NcclNetPropertiesV12>::zeroed();
+    let mut one = MaybeUninit::<NcclNetPropertiesV12>::zeroed();
+    // SAFETY: live property structs of the table's version.
+    let (p, one) = unsafe {
+        assert_eq!(get(fused, p.as_mut_ptr()), NCCL_SUCCESS);
+        assert_eq!(get(0, one.as_mut_ptr()), NCCL_SUCCESS);
+        (p.assume_init(), one.assume_init())
+    };
+    assert_eq!(api.name_of(fused), (NCCL_SUCCESS, "sim0+sim1".to_owned()));
+    assert_eq!(p.speed, 2 * one.speed);
+    assert_eq!((p.v_props.ndevs, &p.v_props.devs[..2]), (2, &[0, 1][..]));
+
+    let pair = connect_pair_on(&api, ctx, fused);
+    for (seed, len) in [
+        (1u8, 0usize),
+        (2, 1),
+        (3, 128),
+        (4, 129),
+        (5, 4096),
+        (6, 65_537),
+        (7, 1 << 20),
+    ] {
+        api.transfer((pair.1, pair.2), seed, len, 9);
+    }
+    close_pair_and_finalize(&api, pair, ctx);
+    sim::set_ports(1);
+    crate::net::forget_devices_for_tests();
 }

@@ -164,3 +164,24 @@ impl VersionedProps for NcclNetPropertiesV12 {
         }
     }
 }
+
+/// A `makeVDevice` request of one ABI version: `ncclNetVDeviceProps_v9_t` (4 members) or
+/// `_v12_t` (8).
+pub(crate) trait VDeviceRequest {
+    /// The listed member devices; `None` when `ndevs` is outside 1..=the version's maximum.
+    fn members(&self) -> Option<&[c_int]>;
+}
+
+macro_rules! vdevice_request {
+    ($ty:ty) => {
+        impl VDeviceRequest for $ty {
+            fn members(&self) -> Option<&[c_int]> {
+                let n = usize::try_from(self.ndevs).ok()?;
+                self.devs.get(..n).filter(|m| !m.is_empty())
+            }
+        }
+    };
+}
+
+vdevice_request!(NcclNetVDevicePropsV9);
+vdevice_request!(NcclNetVDevicePropsV12);

@@ -8,7 +8,7 @@
 #![allow(unsafe_code)]
 
 use super::guard::ffi_call;
-use crate::abi::props::{MAX_MESSAGE_BYTES, MAX_RECVS, VersionedProps};
+use crate::abi::props::{MAX_MESSAGE_BYTES, MAX_RECVS, VDeviceRequest, VersionedProps};
 use crate::comm;
 use crate::error::{NetError, NetResult};
 use crate::log;
@@ -161,6 +161,30 @@ pub(super) unsafe extern "C" fn get_properties<P: VersionedProps>(
         let p = net::properties(dev)?;
         // SAFETY: NCCL passes a pointer to its `ncclNetProperties_vN_t` matching this table's version.
         unsafe { put(props, P::from_props(&p), "getProperties: props") }
+    })
+}
+
+/// `makeVDevice(&d, props)` of v9 – v12: fuse the listed physical devices into a new one.
+///
+/// # Safety
+/// As NCCL calls it: `d` is NULL or valid for a write of an `int`; `props` is NULL or points to
+/// a readable request of the table's version.
+pub(super) unsafe extern "C" fn make_vdevice<V: VDeviceRequest>(
+    d: *mut c_int,
+    props: *mut V,
+) -> NcclResult {
+    ffi_call("makeVDevice", || {
+        // SAFETY: NCCL passes its request struct of this table's version (NULL rejected).
+        let request = unsafe { props.as_ref() }
+            .ok_or_else(|| NetError::misuse("makeVDevice: props is NULL"))?;
+        let members = request.members().ok_or_else(|| {
+            NetError::invalid_argument(
+                "makeVDevice: ndevs is outside 1..=NCCL_NET_MAX_DEVS_PER_NIC".to_owned(),
+            )
+        })?;
+        let index = net::make_vdevice(members)?;
+        // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
+        unsafe { put(d, index, "makeVDevice: d") }
     })
 }
 

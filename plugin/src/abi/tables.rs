@@ -117,8 +117,9 @@ pub static ncclNetPlugin_v9: Exported<NcclNetV9> = Exported(NcclNetV9 {
     close_listen: Some(s::close_listen),
     get_device_mr: None,
     irecv_consumed: None,
-    // NULL until NIC fusion exists: every NCCL version then uses the physical devices (README).
-    make_vdevice: None,
+    // NIC fusion (`net::make_vdevice`): NCCL 2.24+ then runs every connection on the devices
+    // it makes, one-port ones included.
+    make_vdevice: Some(s::make_vdevice::<NcclNetVDevicePropsV9>),
 });
 
 /// `ncclNetPlugin_v10`, for NCCL 2.26 – 2.27.
@@ -143,8 +144,9 @@ pub static ncclNetPlugin_v10: Exported<NcclNetV10> = Exported(NcclNetV10 {
     close_listen: Some(s::close_listen),
     get_device_mr: None,
     irecv_consumed: None,
-    // NULL until NIC fusion exists: every NCCL version then uses the physical devices (README).
-    make_vdevice: None,
+    // NIC fusion (`net::make_vdevice`): NCCL 2.24+ then runs every connection on the devices
+    // it makes, one-port ones included.
+    make_vdevice: Some(s::make_vdevice::<NcclNetVDevicePropsV9>),
 });
 
 /// `ncclNetPlugin_v11`, for NCCL 2.28 – 2.29.
@@ -170,8 +172,8 @@ pub static ncclNetPlugin_v11: Exported<NcclNetV11<NcclNetPropertiesV11, NcclNetV
         close_listen: Some(s::close_listen),
         get_device_mr: None,
         irecv_consumed: None,
-        // NULL until NIC fusion exists: every NCCL version then uses the physical devices (README).
-        make_vdevice: None,
+        // NIC fusion, as in v9 and v10.
+        make_vdevice: Some(s::make_vdevice::<NcclNetVDevicePropsV9>),
         finalize: Some(s::finalize),
         set_net_attr: Some(s::set_net_attr),
     });
@@ -199,8 +201,8 @@ pub static ncclNetPlugin_v12: Exported<NcclNetV11<NcclNetPropertiesV12, NcclNetV
         close_listen: Some(s::close_listen),
         get_device_mr: None,
         irecv_consumed: None,
-        // NULL until NIC fusion exists: every NCCL version then uses the physical devices (README).
-        make_vdevice: None,
+        // NIC fusion, as in v9 and v10; the v12 request lists up to 8 ports.
+        make_vdevice: Some(s::make_vdevice::<NcclNetVDevicePropsV12>),
         finalize: Some(s::finalize),
         set_net_attr: Some(s::set_net_attr),
     });

@@ -232,14 +232,28 @@ fn replay_all<V: VProps>(table: &str, make: MakeVDevice<V>) -> Vec<String> {
     failures
 }
 
-/// Every exported table's `makeVDevice` lets every NCCL version's set-up finish.
+/// Every exported table's `makeVDevice` lets every NCCL version's set-up finish, on an
+/// initialized plugin with 8 (simulated) ports, as NCCL calls it after `devices()`.
 #[test]
 fn every_nccl_version_finishes_topology_setup_with_every_table() {
+    let _serial = super::export_tests::serial();
+    crate::backend::sim::set_ports(8);
+    crate::net::forget_devices_for_tests();
+    let table = &ncclNetPlugin_v12.0;
+    let mut ctx = core::ptr::null_mut();
+    // SAFETY: as NCCL calls init: a live out-pointer; NULL config, logger and profiler are
+    // allowed.
+    let rc = unsafe { (table.init.unwrap())(&mut ctx, 0x7e9, core::ptr::null_mut(), None, None) };
+    assert_eq!(rc, NCCL_SUCCESS, "init");
     let mut failures = Vec::new();
     failures.extend(replay_all("v9", ncclNetPlugin_v9.0.make_vdevice));
     failures.extend(replay_all("v10", ncclNetPlugin_v10.0.make_vdevice));
     failures.extend(replay_all("v11", ncclNetPlugin_v11.0.make_vdevice));
     failures.extend(replay_all("v12", ncclNetPlugin_v12.0.make_vdevice));
+    // SAFETY: the context `init` returned, finalized once.
+    assert_eq!(unsafe { (table.finalize.unwrap())(ctx) }, NCCL_SUCCESS);
+    crate::backend::sim::set_ports(1);
+    crate::net::forget_devices_for_tests();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

@@ -47,6 +47,8 @@ struct PendingConnect {
     machine: Connector,
     /// One endpoint per lane, lane 0 first (one unless `NCCL_IB_QPS_PER_CONNECTION` > 1).
     endpoints: Vec<Endpoint>,
+    /// Ports the lanes are spread over (lane i on port i % devices).
+    devices: usize,
     /// Queue pairs each message is cut over.
     width: usize,
     /// Adaptive routing's threshold (`None`: off).
@@ -89,14 +91,19 @@ fn start(
         ))
     })?;
     let config = net::config()?;
-    let (port, target) = match net::mesh_device_for(dev)? {
-        Some(mesh) => mesh_route(&mesh, &listener, handle)?,
-        None => (net::open_port(dev)?, listener.addr),
+    let (ports, target) = match net::mesh_device_for(dev)? {
+        Some(mesh) => {
+            let (port, target) = mesh_route(&mesh, &listener, handle)?;
+            (vec![port], target)
+        }
+        None => (net::open_ports(dev)?, listener.addr),
     };
+    let port = Arc::clone(&ports[0]);
     let settings = config.qp_settings(tc.or_else(|| ctx.and_then(|c| c.traffic_class)));
-    let lanes = config.lanes.lanes(1);
+    // Lane i on port i % ports (a fused device stripes its lanes over its members).
+    let lanes = config.lanes.lanes(ports.len());
     let endpoints = (0..lanes.count())
-        .map(|_| Endpoint::new(&port, Role::Sender))
+        .map(|i| Endpoint::new(&ports[i % ports.len()], Role::Sender))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| {
             NetError::system(format!(
@@ -105,6 +112,7 @@ fn start(
                 lanes.count()
             ))
         })?;
+    let devices = ports.len();
     let socket = socket::start_connect(target)
         .map_err(|e| NetError::system(format!("connect: cannot reach {target}: {e}")))?;
     let locals: Vec<_> = endpoints.iter().map(|e| e.local_info(&settings)).collect();
@@ -122,6 +130,7 @@ fn start(
         tcp_connected: false,
         machine,
         endpoints,
+        devices,
         width: lanes.width(),
         ar_threshold: config.lanes.ar_threshold(infiniband),
         settings,
@@ -300,6 +309,7 @@ pub(crate) fn connect(
                 socket,
                 addr,
                 mut endpoints,
+                devices,
                 width,
                 ar_threshold,
                 ..
@@ -320,8 +330,8 @@ pub(crate) fn connect(
             }
             let conns = remotes.iter().map(|r| SendConn::new(r.inbound)).collect();
             let multi = MultiSend::with_width(conns, width, ar_threshold);
-            let lanes =
-                Lanes::new(endpoints).ok_or_else(|| NetError::misuse("connect: no queue pair"))?;
+            let lanes = Lanes::new(endpoints, devices)
+                .ok_or_else(|| NetError::misuse("connect: fewer queue pairs than ports"))?;
             data::insert(DataComm::SendMulti(Side::new(multi, lanes, socket, peer))).map(Some)
         }
         Err(e) => {

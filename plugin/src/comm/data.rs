@@ -79,6 +79,8 @@ pub(crate) enum DataComm {
 pub(crate) struct Side<Conn: Path> {
     state: Mutex<State<Conn>>,
     port: Arc<OpenPort>,
+    /// Every port the lanes are on, `port` first (one but on a fused device).
+    ports: Vec<Arc<OpenPort>>,
     /// The peer, for log lines: "10.0.2.15:41234 (rxe0 qp 17)".
     peer: String,
     /// Whether this comm's failure was already logged (errors are sticky; log the first only).
@@ -162,6 +164,7 @@ impl<Conn: Path> Side<Conn> {
     /// concerns every lane; another lane's queue-pair error reaches its completion queue).
     pub(crate) fn new(conn: Conn, endpoint: Conn::Nics, socket: TcpStream, peer: String) -> Self {
         let port = Arc::clone(endpoint.port());
+        let ports = endpoint.ports();
         let watch = Watch::new(socket, port.watch(endpoint.qp_num(), endpoint.cq_addr()));
         Self {
             state: Mutex::new(State {
@@ -170,6 +173,7 @@ impl<Conn: Path> Side<Conn> {
                 watch,
             }),
             port,
+            ports,
             peer,
             warned: AtomicBool::new(false),
             flush: None,
@@ -364,7 +368,18 @@ pub(crate) fn insert(comm: DataComm) -> NetResult<Ptr> {
         .map_err(|full| NetError::system(full.to_string()))
 }
 
-/// The port of data comm `comm`, for `regMr`/`deregMr`.
+/// The ports of data comm `comm` (lane 0's first), for `regMr`.
+pub(crate) fn ports_of(call: &str, comm: Ptr) -> NetResult<Vec<Arc<OpenPort>>> {
+    let (_, entry) = COMMS.lookup(call, "comm", comm)?;
+    Ok(match entry {
+        DataComm::Send(side) => vec![Arc::clone(side.port())],
+        DataComm::Recv(side) => vec![Arc::clone(side.port())],
+        DataComm::SendMulti(side) => side.ports.clone(),
+        DataComm::RecvMulti(side) => side.ports.clone(),
+    })
+}
+
+/// The port of data comm `comm` (lane 0's), for `deregMr`.
 pub(crate) fn port_of(call: &str, comm: Ptr) -> NetResult<Arc<OpenPort>> {
     // The memory layer's errors name the argument "comm" (it may be either direction).
     let (_, entry) = COMMS.lookup(call, "comm", comm)?;
@@ -405,10 +420,14 @@ impl<Conn: SendPath> Side<Conn> {
     ) -> NetResult<Option<Ptr>> {
         let side = self;
         let len = size as u64;
-        let lkey = if size == 0 && mh.is_null() {
-            0
+        let mr = if size == 0 && mh.is_null() {
+            None
         } else {
-            mr::lookup("isend", mh)?.lkey_for(data as u64, len)?
+            Some(mr::lookup("isend", mh)?)
+        };
+        let lkey = match mr {
+            Some(mr) => mr.lkey_for(data as u64, len)?,
+            None => 0,
         };
         let mut state = side.lock("isend")?;
         let State {
@@ -416,15 +435,18 @@ impl<Conn: SendPath> Side<Conn> {
             endpoint,
             watch,
         } = &mut *state;
-        match conn.isend(
-            endpoint,
-            SendBuf {
-                addr: data as u64,
-                len,
-                lkey,
-            },
-            tag as u32,
-        ) {
+        let buf = SendBuf {
+            addr: data as u64,
+            len,
+            lkey,
+        };
+        let posted = if endpoint.devices() > 1 {
+            let keys = device_keys("isend", mr, buf.addr, len, false, endpoint.devices())?;
+            conn.isend_keyed(endpoint, buf, &keys[..endpoint.devices()], tag as u32)
+        } else {
+            conn.isend(endpoint, buf, tag as u32)
+        };
+        match posted {
             Ok(Some(req)) => Ok(Some(handle.request_ptr(req.to_bits()))),
             Ok(None) => match watch.check(&side.port) {
                 None => Ok(None),
@@ -457,12 +479,15 @@ impl<Conn: RecvPath> Side<Conn> {
             rkey: 0,
         }; 8];
         let mut tags = [0u32; 8];
+        let mut mrs = [None; 8];
         for i in 0..args.n {
             let (addr, len) = (args.data[i] as u64, args.sizes[i] as u64);
             let rkey = if len == 0 && args.mhandles[i].is_null() {
                 0
             } else {
-                mr::lookup("irecv", args.mhandles[i])?.rkey_for(addr, len)?
+                let mr = mr::lookup("irecv", args.mhandles[i])?;
+                mrs[i] = Some(mr);
+                mr.rkey_for(addr, len)?
             };
             bufs[i] = RecvBuf { addr, len, rkey };
             tags[i] = args.tags[i] as u32;
@@ -473,7 +498,26 @@ impl<Conn: RecvPath> Side<Conn> {
             endpoint,
             watch,
         } = &mut *state;
-        match conn.irecv(endpoint, &bufs[..args.n], &tags[..args.n]) {
+        let posted = if endpoint.devices() > 1 {
+            let devices = endpoint.devices();
+            // rkeys[d][b]: buffer b's key on port d.
+            let mut rkeys = [[0u32; 8]; 8];
+            for (b, buf) in bufs[..args.n].iter().enumerate() {
+                let keys = device_keys("irecv", mrs[b], buf.addr, buf.len, true, devices)?;
+                for (d, key) in keys[..devices].iter().enumerate() {
+                    rkeys[d][b] = *key;
+                }
+            }
+            conn.irecv_keyed(
+                endpoint,
+                &bufs[..args.n],
+                &rkeys[..devices],
+                &tags[..args.n],
+            )
+        } else {
+            conn.irecv(endpoint, &bufs[..args.n], &tags[..args.n])
+        };
+        match posted {
             Ok(Some(req)) => Ok(Some(handle.request_ptr(req.to_bits()))),
             Ok(None) => match watch.check(&side.port) {
                 None => Ok(None),
@@ -529,6 +573,30 @@ pub(crate) fn iflush(comm: Ptr, args: &FlushArgs) -> NetResult<Option<Ptr>> {
             Err(NetError::misuse("iflush on a send comm"))
         }
     }
+}
+
+/// A buffer's keys on every port of a fused device (member order); the registration must have
+/// been made on all of them (a `regMr` on this comm is).
+fn device_keys(
+    call: &str,
+    mr: Option<&mr::UserMr>,
+    addr: u64,
+    len: u64,
+    remote: bool,
+    devices: usize,
+) -> NetResult<[u32; 8]> {
+    let mut keys = [0u32; 8];
+    let Some(mr) = mr else {
+        return Ok(keys);
+    };
+    let n = mr.keys_for(addr, len, remote, &mut keys)?;
+    if n < devices {
+        return Err(NetError::invalid_usage(format!(
+            "{call}: the buffer is registered on {n} of the {devices} ports of this fused device \
+             (register it with regMr on this comm)"
+        )));
+    }
+    Ok(keys)
 }
 
 fn finished(done: Completed) -> Option<Finished> {

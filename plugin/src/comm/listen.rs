@@ -58,8 +58,8 @@ pub(crate) struct ListenComm {
 /// Where a listen comm serves its connections.
 #[derive(Debug)]
 enum Ports {
-    /// A physical device: one port.
-    One(Arc<OpenPort>),
+    /// A physical device (one port) or a fused one (its members, in order).
+    Device(Vec<Arc<OpenPort>>),
     /// The mesh device: the member whose address the connector reached (`addrs[i]` is the
     /// address of `ports[i]`).
     Mesh {
@@ -69,15 +69,17 @@ enum Ports {
 }
 
 impl Ports {
-    /// The port for a connection that arrived on local address `arrived_on`.
-    fn for_arrival(&self, arrived_on: Option<SocketAddr>) -> Option<Arc<OpenPort>> {
+    /// The ports for a connection that arrived on local address `arrived_on`.
+    fn for_arrival(&self, arrived_on: Option<SocketAddr>) -> Option<Vec<Arc<OpenPort>>> {
         match self {
-            Self::One(port) => Some(port.clone()),
+            Self::Device(ports) => Some(ports.clone()),
             Self::Mesh { addrs, ports } => {
                 let Some(SocketAddr::V4(local)) = arrived_on else {
                     return None;
                 };
-                mesh::arrival_member(addrs, *local.ip()).and_then(|i| ports.get(i).cloned())
+                mesh::arrival_member(addrs, *local.ip())
+                    .and_then(|i| ports.get(i).cloned())
+                    .map(|port| vec![port])
             }
         }
     }
@@ -86,8 +88,8 @@ impl Ports {
 /// One accepted TCP connection whose handshake is in progress.
 #[derive(Debug)]
 struct PendingAccept {
-    /// The port this connection is served on.
-    port: Arc<OpenPort>,
+    /// The ports this connection is served on (lane i on port i % ports; never empty).
+    ports: Vec<Arc<OpenPort>>,
     socket: TcpStream,
     peer: SocketAddr,
     machine: Acceptor,
@@ -106,7 +108,8 @@ pub(crate) fn listen(
     if let Some(mesh) = net::mesh_device_for(dev)? {
         return listen_mesh(ctx, &mesh, config, handle);
     }
-    let port = net::open_port(dev)?;
+    let ports = net::open_ports(dev)?;
+    let port = Arc::clone(&ports[0]);
     let candidates = iface::local_addresses()
         .map_err(|e| NetError::system(format!("listen: getifaddrs: {e}")))?;
     let local = iface::choose(&candidates, &config.interface).ok_or_else(|| {
@@ -137,10 +140,18 @@ pub(crate) fn listen(
     let settings = config.qp_settings(ctx.and_then(|c| c.traffic_class));
     info!(
         INIT_NET,
-        "listening on {addr} ({}) for {} port {}", local.name, port.info.name, port.info.port
+        "listening on {addr} ({}) for {} port {}{}",
+        local.name,
+        port.info.name,
+        port.info.port,
+        if ports.len() > 1 {
+            format!(" and {} more fused port(s)", ports.len() - 1)
+        } else {
+            String::new()
+        }
     );
     let comm = ListenComm {
-        ports: Ports::One(port),
+        ports: Ports::Device(ports),
         listener,
         listen_id,
         config,
@@ -229,12 +240,13 @@ enum Progress {
 /// Create one receiver endpoint per lane of the request and bring each up towards the
 /// connector's lane of the same index (each with its own flow label when there are several).
 fn bring_up(
-    port: &Arc<OpenPort>,
+    ports: &[Arc<OpenPort>],
     remotes: &[EndpointInfo],
     settings: &QpSettings,
 ) -> Result<Vec<Endpoint>, String> {
     let mut endpoints = Vec::with_capacity(remotes.len());
-    for remote in remotes {
+    for (i, remote) in remotes.iter().enumerate() {
+        let port = &ports[i % ports.len()];
         let endpoint = Endpoint::new(port, Role::Receiver).map_err(|e| e.to_string())?;
         let lane_settings = if remotes.len() > 1 {
             QpSettings {
@@ -279,12 +291,12 @@ impl ListenComm {
         while let Some(event) = pending.machine.poll_event() {
             match event {
                 AcceptorEvent::Request { remote } => {
-                    if remote.link_layer.code() != pending.port.info.link_layer.raw() {
+                    if remote.link_layer.code() != pending.ports[0].info.link_layer.raw() {
                         let _ = pending.machine.reject(RejectReason::LinkLayerMismatch);
                         continue;
                     }
                     let remotes = pending.machine.remote_lanes().to_vec();
-                    match bring_up(&pending.port, &remotes, &self.settings) {
+                    match bring_up(&pending.ports, &remotes, &self.settings) {
                         Ok(endpoints) => {
                             let locals: Vec<EndpointInfo> = endpoints
                                 .iter()
@@ -373,7 +385,7 @@ pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
                         oldest.peer
                     );
                 }
-                let Some(port) = comm.ports.for_arrival(stream.local_addr().ok()) else {
+                let Some(ports) = comm.ports.for_arrival(stream.local_addr().ok()) else {
                     warn!(
                         "accept: dropping the connection from {peer}: it arrived on {:?}, the \
                          address of no member of the mesh device",
@@ -384,7 +396,7 @@ pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
                 let machine =
                     Acceptor::new(comm.listen_id, clock::now(), comm.config.handshake_timeout);
                 pending.push(PendingAccept {
-                    port,
+                    ports,
                     socket: stream,
                     peer,
                     machine,
@@ -419,8 +431,9 @@ pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
                 }
                 let conns = remotes.iter().map(|r| RecvConn::new(r.inbound)).collect();
                 let multi = MultiRecv::with_width(conns, width);
-                let lanes = Lanes::new(endpoints)
-                    .ok_or_else(|| NetError::misuse("accept: no queue pair"))?;
+                let devices = done.ports.len().min(endpoints.len());
+                let lanes = Lanes::new(endpoints, devices)
+                    .ok_or_else(|| NetError::misuse("accept: fewer queue pairs than ports"))?;
                 let side = Side::new(multi, lanes, done.socket, peer);
                 return data::insert(DataComm::RecvMulti(comm.with_flush(side)?)).map(Some);
             }

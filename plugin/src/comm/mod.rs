@@ -41,7 +41,7 @@ pub(crate) fn reg_mr(
     kind: c_int,
     dmabuf: Option<(u64, c_int)>,
 ) -> NetResult<Ptr> {
-    mr::reg_mr(data::port_of("regMr", comm)?, data, size, kind, dmabuf)
+    mr::reg_mr_on(data::ports_of("regMr", comm)?, data, size, kind, dmabuf)
 }
 
 /// `deregMr` of a registration on the port of data comm `comm`.

@@ -26,6 +26,8 @@ pub(crate) struct UserMr {
     len: u64,
     /// The port whose protection domain (and cache) the registration belongs to.
     port: Arc<OpenPort>,
+    /// On a fused device: the registrations on its other ports, in member order.
+    others: Vec<(Arc<OpenPort>, Option<CachedMr>)>,
 }
 
 impl UserMr {
@@ -60,6 +62,24 @@ impl UserMr {
         Ok(self.share.as_ref())
     }
 
+    /// The local (`remote` false) or remote keys of every port of the registration, in member
+    /// order, into `keys`; how many. After the same range check as [`lkey_for`](Self::lkey_for).
+    pub(crate) fn keys_for(
+        &self,
+        addr: u64,
+        len: u64,
+        remote: bool,
+        keys: &mut [u32; 8],
+    ) -> NetResult<usize> {
+        let pick =
+            |share: Option<&CachedMr>| share.map_or(0, |s| if remote { s.rkey } else { s.lkey });
+        keys[0] = pick(self.check(addr, len)?);
+        for (key, (_, share)) in keys[1..].iter_mut().zip(&self.others) {
+            *key = pick(share.as_ref());
+        }
+        Ok(1 + self.others.len().min(7))
+    }
+
     /// Whether the registration belongs to `port`'s protection domain.
     pub(crate) fn is_on(&self, port: &Arc<OpenPort>) -> bool {
         Arc::ptr_eq(&self.port, port)
@@ -68,9 +88,14 @@ impl UserMr {
 
 impl Drop for UserMr {
     fn drop(&mut self) {
+        // Only a release the cache never handed out can fail; nothing to undo then.
         if let Some(share) = self.share.take() {
-            // Only a release the cache never handed out can fail; nothing to undo then.
             let _ = self.port.mrs.release(share.range);
+        }
+        for (port, share) in self.others.drain(..) {
+            if let Some(share) = share {
+                let _ = port.mrs.release(share.range);
+            }
         }
     }
 }
@@ -91,9 +116,51 @@ pub(crate) fn reg_mr(
     kind: c_int,
     dmabuf: Option<(u64, c_int)>,
 ) -> NetResult<Ptr> {
+    reg_mr_on(vec![port], data, size, kind, dmabuf)
+}
+
+/// Register `size` bytes at `data` in the protection domain of every port of `ports` (a fused
+/// device's members, in order; at least one).
+pub(crate) fn reg_mr_on(
+    ports: Vec<Arc<OpenPort>>,
+    data: Ptr,
+    size: usize,
+    kind: c_int,
+    dmabuf: Option<(u64, c_int)>,
+) -> NetResult<Ptr> {
     if data.is_null() && size > 0 {
         return Err(NetError::invalid_argument("regMr: NULL buffer"));
     }
+    let mut ports = ports.into_iter();
+    let port = ports
+        .next()
+        .ok_or_else(|| NetError::misuse("regMr: no port"))?;
+    let share = register(&port, data, size, kind, dmabuf)?;
+    let mut entry = Box::new(UserMr {
+        share,
+        addr: data as u64,
+        len: size as u64,
+        port,
+        others: Vec::new(),
+    });
+    for other in ports {
+        // A failure drops `entry`, releasing what was registered so far.
+        let share = register(&other, data, size, kind, dmabuf)?;
+        entry.others.push((other, share));
+    }
+    MRS.insert(entry)
+        .map(Handle::to_ptr)
+        .map_err(|full| NetError::system(format!("regMr: {full}")))
+}
+
+/// One port's share of a registration (`None` for 0 bytes).
+fn register(
+    port: &Arc<OpenPort>,
+    data: Ptr,
+    size: usize,
+    kind: c_int,
+    dmabuf: Option<(u64, c_int)>,
+) -> NetResult<Option<CachedMr>> {
     // NCCL's access flags; relaxed ordering where the port's decision allows it (the library
     // drops the bit where the device cannot honour it).
     let mut flags = access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ;
@@ -113,23 +180,15 @@ pub(crate) fn reg_mr(
             )));
         }
     };
-    let share = if size == 0 {
-        None
-    } else {
-        // SAFETY: NCCL registers memory it owns and keeps it mapped until `deregMr`, which
-        // releases this share (the drop of the `UserMr` below).
-        let acquired = unsafe { port.mrs.acquire(data as u64, size as u64, memory, flags) };
-        Some(acquired.map_err(|e| reg_error(&e, data, size, dmabuf))?)
-    };
-    let entry = Box::new(UserMr {
-        share,
-        addr: data as u64,
-        len: size as u64,
-        port,
-    });
-    MRS.insert(entry)
-        .map(Handle::to_ptr)
-        .map_err(|full| NetError::system(format!("regMr: {full}")))
+    if size == 0 {
+        return Ok(None);
+    }
+    // SAFETY: NCCL registers memory it owns and keeps it mapped until `deregMr`, which releases
+    // this share (the drop of its `UserMr`).
+    let acquired = unsafe { port.mrs.acquire(data as u64, size as u64, memory, flags) };
+    Ok(Some(
+        acquired.map_err(|e| reg_error(&e, data, size, dmabuf))?,
+    ))
 }
 
 fn reg_error(err: &CacheError, data: Ptr, size: usize, dmabuf: Option<(u64, c_int)>) -> NetError {

@@ -21,6 +21,15 @@ pub(crate) trait Nics: Debug + Send {
     fn qp_num(&self) -> u32;
     /// Lane 0's completion queue, for the event watch.
     fn cq_addr(&self) -> usize;
+    /// Ports the lanes are spread over (a fused device's members); lane `i` is on port
+    /// `i % devices()`.
+    fn devices(&self) -> usize {
+        1
+    }
+    /// Those ports, in member order (registrations are made on each).
+    fn ports(&self) -> Vec<Arc<OpenPort>> {
+        vec![Arc::clone(self.port())]
+    }
 }
 
 impl Nics for Endpoint {
@@ -35,14 +44,17 @@ impl Nics for Endpoint {
     }
 }
 
-/// The endpoints of a multi-QP connection, lane `i` at index `i` (never empty).
+/// The endpoints of a multi-QP connection, lane `i` at index `i` (never empty), lane `i` on
+/// port `i % devices`.
 #[derive(Debug)]
-pub(crate) struct Lanes(Vec<Endpoint>);
+pub(crate) struct Lanes(Vec<Endpoint>, usize);
 
 impl Lanes {
-    /// `endpoints` in lane order; `None` when there are none.
-    pub(crate) fn new(endpoints: Vec<Endpoint>) -> Option<Self> {
-        (!endpoints.is_empty()).then_some(Self(endpoints))
+    /// `endpoints` in lane order over `devices` ports (1..=8, at most one per lane); `None` when
+    /// that does not hold.
+    pub(crate) fn new(endpoints: Vec<Endpoint>, devices: usize) -> Option<Self> {
+        ((1..=8).contains(&devices) && devices <= endpoints.len())
+            .then_some(Self(endpoints, devices))
     }
 
     fn first(&self) -> &Endpoint {
@@ -60,6 +72,15 @@ impl Nics for Lanes {
     }
     fn cq_addr(&self) -> usize {
         self.first().cq_addr()
+    }
+    fn devices(&self) -> usize {
+        self.1
+    }
+    fn ports(&self) -> Vec<Arc<OpenPort>> {
+        self.0[..self.1]
+            .iter()
+            .map(|e| Arc::clone(e.port()))
+            .collect()
     }
 }
 
@@ -86,6 +107,19 @@ pub(crate) trait SendPath: Path {
         buf: SendBuf,
         tag: u32,
     ) -> Result<Option<RequestId>, DataError>;
+
+    /// [`isend`](Self::isend) over lanes of several ports: port `d` reads `buf` under
+    /// `lkeys[d]`. Only connections whose [`Nics::devices`] is above 1 are given it.
+    fn isend_keyed(
+        &mut self,
+        nics: &mut Self::Nics,
+        buf: SendBuf,
+        lkeys: &[u32],
+        tag: u32,
+    ) -> Result<Option<RequestId>, DataError> {
+        let _ = lkeys;
+        self.isend(nics, buf, tag)
+    }
 }
 
 /// A receive comm's connection.
@@ -97,6 +131,19 @@ pub(crate) trait RecvPath: Path {
         bufs: &[RecvBuf],
         tags: &[u32],
     ) -> Result<Option<RequestId>, DataError>;
+
+    /// [`irecv`](Self::irecv) over lanes of several ports: port `d` offers buffer `b` under
+    /// `rkeys[d][b]`. Only connections whose [`Nics::devices`] is above 1 are given it.
+    fn irecv_keyed(
+        &mut self,
+        nics: &mut Self::Nics,
+        bufs: &[RecvBuf],
+        rkeys: &[[u32; 8]],
+        tags: &[u32],
+    ) -> Result<Option<RequestId>, DataError> {
+        let _ = rkeys;
+        self.irecv(nics, bufs, tags)
+    }
 }
 
 /// One queue pair: the core's single-QP connection on one endpoint.
@@ -181,6 +228,15 @@ impl SendPath for MultiSend {
     ) -> Result<Option<RequestId>, DataError> {
         Self::isend(self, &mut lanes.0, buf, tag)
     }
+    fn isend_keyed(
+        &mut self,
+        lanes: &mut Lanes,
+        buf: SendBuf,
+        lkeys: &[u32],
+        tag: u32,
+    ) -> Result<Option<RequestId>, DataError> {
+        Self::isend_keyed(self, &mut lanes.0, buf, lkeys, tag)
+    }
 }
 
 impl RecvPath for MultiRecv {
@@ -191,5 +247,14 @@ impl RecvPath for MultiRecv {
         tags: &[u32],
     ) -> Result<Option<RequestId>, DataError> {
         Self::irecv(self, &mut lanes.0, bufs, tags)
+    }
+    fn irecv_keyed(
+        &mut self,
+        lanes: &mut Lanes,
+        bufs: &[RecvBuf],
+        rkeys: &[[u32; 8]],
+        tags: &[u32],
+    ) -> Result<Option<RequestId>, DataError> {
+        Self::irecv_keyed(self, &mut lanes.0, bufs, rkeys, tags)
     }
 }

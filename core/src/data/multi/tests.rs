@@ -449,7 +449,12 @@ fn keyed_calls_use_each_devices_key_on_its_queue_pairs() {
     let rbuf = p.recv_buf(8192);
     let rid = p
         .recv
-        .irecv_keyed(&mut p.recv_nics, &[rbuf], &[[rbuf.rkey; MAX_RECVS]; 2], &[3])
+        .irecv_keyed(
+            &mut p.recv_nics,
+            &[rbuf],
+            &[[rbuf.rkey; MAX_RECVS]; 2],
+            &[3],
+        )
         .unwrap()
         .unwrap();
     p.fabric.run_until_idle();
@@ -466,9 +471,14 @@ fn keyed_calls_use_each_devices_key_on_its_queue_pairs() {
     assert_eq!(send_done(&mut p, sid), Some(6000));
 
     let rbuf = p.recv_buf(8192);
-    let rid = p
+    let _rid = p
         .recv
-        .irecv_keyed(&mut p.recv_nics, &[rbuf], &[[rbuf.rkey; MAX_RECVS]; 2], &[3])
+        .irecv_keyed(
+            &mut p.recv_nics,
+            &[rbuf],
+            &[[rbuf.rkey; MAX_RECVS]; 2],
+            &[3],
+        )
         .unwrap()
         .unwrap();
     p.fabric.run_until_idle();

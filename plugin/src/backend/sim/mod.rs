@@ -37,7 +37,7 @@ pub(crate) use endpoint::SimEndpoint;
 
 use crate::config::Config;
 use rivet_core::name_list::NameList;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// The simulated port's device name.
 pub(crate) const PORT_NAME: &str = "sim0";
@@ -45,6 +45,18 @@ pub(crate) const PORT_NAME: &str = "sim0";
 pub(crate) const PORT_GUID: u64 = 0x5157_0000_0000_0001;
 
 static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// Simulated ports discovery reports: `sim0`, `sim1`, … (tests of fused devices ask for more).
+static PORTS: AtomicUsize = AtomicUsize::new(1);
+
+/// Report `n` simulated ports from the next discovery (the next first `init`) on.
+pub(crate) fn set_ports(n: usize) {
+    PORTS.store(n.max(1), Ordering::SeqCst);
+}
+
+/// How many simulated ports discovery reports.
+pub(crate) fn ports() -> usize {
+    PORTS.load(Ordering::SeqCst)
+}
 
 /// Use the simulated port from now on (for the rest of the process).
 pub(crate) fn install() {
