@@ -66,6 +66,18 @@ else
   step transfer-qps4 env $lanes {transfer} {lib} --small 2000 --peer ${{peers[1]}}:18603
 fi
 step traffic-qps4 carried eth2 $before
+# NIC fusion: rxe1 and rxe2 fused by makeVDevice into one device; each message is striped over
+# one queue pair per link, so each link must carry at least 40 % of the bytes.
+b1=$(bytes eth1); b2=$(bytes eth2)
+fused="NCCL_IB_HCA==rxe1,rxe2 NCCL_SOCKET_IFNAME=eth1 HARNESS_VERBOSE=1"
+if [ "$RIVET_VM_INDEX" = 1 ]; then
+  step transfer-fused env $fused {transfer} {lib} --fuse 0,1 --small 2000 --listen-port 18604
+else
+  step transfer-fused env $fused {transfer} {lib} --fuse 0,1 --small 2000 --peer ${{peers[0]}}:18604
+fi
+d1=$(( $(bytes eth1) - b1 )); d2=$(( $(bytes eth2) - b2 ))
+echo "fused traffic: eth1 $d1 B, eth2 $d2 B"
+step fused-share test $(( d1 * 100 / (d1 + d2 + 1) )) -ge 40 -a $(( d2 * 100 / (d1 + d2 + 1) )) -ge 40 -a $(( d1 + d2 )) -gt 67108864
 # Conformance across hosts on link 1: B runs the receiver side of every two-process check of every
 # table, A the sender side, a TCP control connection per check instead of the socketpair.
 if [ "$RIVET_VM_INDEX" = 1 ]; then
@@ -172,13 +184,35 @@ fn pair2_across_hosts() {
             "{vm}: no connection of four split queue pairs reported"
         );
     }
-    // Once per link and once over four queue pairs; the grouped receive once more in the transfer
-    // after B's reboot.
+    for vm in ["A", "B"] {
+        assert_eq!(
+            step(vm, "transfer-fused"),
+            0,
+            "{vm}: transfer over the fused device of both links failed"
+        );
+        assert!(
+            stderr.contains(&format!("[{vm}] PASS ["))
+                && stdout.contains(&format!("[{vm}] fused traffic:")),
+            "{vm}: no fused-traffic figures"
+        );
+        assert_eq!(
+            step(vm, "fused-share"),
+            0,
+            "{vm}: a link of the fused device carried under 40 % of the bytes (see 'fused traffic')"
+        );
+    }
+    assert!(
+        stderr.contains("PASS [receiver] fused devices 0,1 into device 2")
+            && stderr.contains("PASS [sender] fused devices 0,1 into device 2"),
+        "makeVDevice did not fuse both links on both hosts"
+    );
+    // Once per link, once over four queue pairs and once over the fused device; the grouped
+    // receive once more in the transfer after B's reboot.
     for (needle, times) in [
-        ("[B] PASS message of 67108864 bytes arrived intact", 3),
-        ("[B] PASS grouped receive of 8 with shuffled tags", 4),
+        ("[B] PASS message of 67108864 bytes arrived intact", 4),
+        ("[B] PASS grouped receive of 8 with shuffled tags", 5),
         ("[B] PASS 10000 small messages with a window of 8", 2),
-        ("[B] PASS 2000 small messages with a window of 8", 1),
+        ("[B] PASS 2000 small messages with a window of 8", 2),
         ("[B] PASS 500 small messages with a window of 8", 1),
     ] {
         assert_eq!(

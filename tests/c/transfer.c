@@ -1,8 +1,10 @@
 /* Two processes move data through a net plugin exactly as NCCL's proxy would, through the
  * ncclNetPlugin_v12 table (or v9/v10/v11 with --version), and verify every byte.
  *
- * usage: transfer LIB [--version N] [--dev D] [--quick] [--small N] [--listen-port P | --peer A.B.C.D:P]
+ * usage: transfer LIB [--version N] [--dev D | --fuse A,B,...] [--quick] [--small N] [--listen-port P | --peer A.B.C.D:P]
  *
+ * --fuse A,B,...: fuse devices A, B, ... with makeVDevice (v12) as NCCL 2.24+ does, and run on the
+ * device it returns.
  * The parent is the receiver (listen/accept/irecv), the forked child the sender
  * (connect/isend); the listen handle travels over a pipe, as NCCL's bootstrap carries it.
  * Across hosts (two VMs, vm/multi.sh) there is no fork: `--listen-port P` makes this process the
@@ -278,6 +280,31 @@ static int init_plugin(void** ctx) {
   return r == NCCL_OK;
 }
 
+/* makeVDevice over the comma-separated device list `list` (v12 table); the new device, or -1. */
+static int fuse(const char* list) {
+  vdevice_props_v12 props = {0};
+  for (const char* p = list; *p && props.ndevs < 8;) {
+    props.devs[props.ndevs++] = atoi(p);
+    const char* comma = strchr(p, ',');
+    if (!comma) break;
+    p = comma + 1;
+  }
+  int dev = -1;
+  nccl_result r = v12->make_vdevice ? v12->make_vdevice(&dev, &props) : NCCL_INTERNAL_ERROR;
+  if (r != NCCL_OK) {
+    h_fail("makeVDevice of %s returned %d: %s", list, r, h_last_warn);
+    return -1;
+  }
+  props_v12 got;
+  memset(&got, 0, sizeof got);
+  if (v12->get_properties(dev, &got) != NCCL_OK || got.vprops.ndevs != props.ndevs) {
+    h_fail("getProperties of fused device %d does not list its %d members", dev, props.ndevs);
+    return -1;
+  }
+  h_pass("fused devices %s into device %d (%s, %d Mb/s)", list, dev, got.name, got.speed);
+  return dev;
+}
+
 static nccl_result do_listen(void* ctx, int dev, void* handle, void** comm) {
   if (version >= 11) return v12->listen(ctx, dev, handle, comm);
   return v10->listen(dev, handle, comm);
@@ -296,18 +323,21 @@ int main(int argc, char** argv) {
   const char* lib = NULL;
   const char* peer = NULL;
   int dev = 0, quick = 0, listen_port = 0;
+  const char* fuse_list = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--version") && i + 1 < argc) version = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--dev") && i + 1 < argc) dev = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--fuse") && i + 1 < argc) fuse_list = argv[++i];
     else if (!strcmp(argv[i], "--quick")) quick = 1;
     else if (!strcmp(argv[i], "--small") && i + 1 < argc) small_count = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--listen-port") && i + 1 < argc) listen_port = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--peer") && i + 1 < argc) peer = argv[++i];
     else lib = argv[i];
   }
-  if (!lib || version < 9 || version > 12 || (peer && listen_port) || small_count < 1) {
+  if (!lib || version < 9 || version > 12 || (peer && listen_port) || small_count < 1 ||
+      (fuse_list && version != 12)) {
     fprintf(stderr,
-            "usage: %s LIB [--version 9..12] [--dev D] [--quick] [--small N] [--listen-port P | --peer A.B.C.D:P]\n",
+            "usage: %s LIB [--version 9..12] [--dev D | --fuse A,B,... (v12)] [--quick] [--small N] [--listen-port P | --peer A.B.C.D:P]\n",
             argv[0]);
     return 2;
   }
@@ -329,6 +359,7 @@ int main(int argc, char** argv) {
   v10 = table;
   void* ctx = NULL;
   if (!init_plugin(&ctx)) return 1;
+  if (fuse_list && (dev = fuse(fuse_list)) < 0) return 1;
   char handle[NET_HANDLE_MAXSIZE];
   double start = h_now();
   if (child == 0) {
