@@ -14,13 +14,9 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
-profile=debug
-for a in "$@"; do
-    case $a in
-        --release) profile=release ;;
-        *) echo "usage: $0 [--release]" >&2; exit 2 ;;
-    esac
-done
+# shellcheck source=benches/lib.sh
+source "$here/lib.sh"
+profile=$(bench_profile "$@")
 if [[ ${RIVET_VM_TOPOLOGY:-} != pair ]]; then
     exec bash "$repo/vm/multi.sh" --topology pair --timeout "${RIVET_COLLNET_TIMEOUT:-1200}" \
         -- bash "$here/collnet_across.sh" "$@"

@@ -12,13 +12,9 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
-profile=debug
-for a in "$@"; do
-    case $a in
-        --release) profile=release ;;
-        *) echo "usage: $0 [--release]" >&2; exit 2 ;;
-    esac
-done
+# shellcheck source=benches/lib.sh
+source "$here/lib.sh"
+profile=$(bench_profile "$@")
 if [[ ${RIVET_VM_TOPOLOGY:-} != triangle ]]; then
     exec bash "$repo/vm/multi.sh" --topology triangle --timeout "${RIVET_MESH_TIMEOUT:-1800}" \
         -e SIZE="${SIZE:-1M}" -- bash "$here/mesh_triangle.sh" "$@"
@@ -41,19 +37,6 @@ say() { echo "mesh_triangle: [$me] $*"; }
 code() { case $1 in A) echo 0 ;; B) echo 1 ;; C) echo 2 ;; esac; }
 mib() { grep -o '"mib_per_s":[0-9.]*' <<<"$1" | head -1 | cut -d: -f2; }
 
-# The RoCE v2 GID index of $2 on device $1.
-gid_index() {
-    local ports=/sys/class/infiniband/$1/ports/1 a b c d want g
-    IFS=. read -r a b c d <<<"$2"
-    want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d")
-    for g in "$ports"/gids/*; do
-        if [[ $(cat "$g") == "$want" && $(cat "$ports/gid_attrs/types/${g##*/}" 2>/dev/null) == "RoCE v2" ]]; then
-            echo "${g##*/}"
-            return
-        fi
-    done
-    return 1
-}
 
 export RIVET_MESH=1 NCCL_IB_HCA=^=rxe0
 k=0

@@ -92,6 +92,16 @@ else
   step collnet env NCCL_IB_HCA==rxe1 NCCL_SOCKET_IFNAME=eth1 {collnet} {lib} --ranks 4 --local 2 --serve 18650 --quick
 fi
 export NCCL_IB_TIMEOUT=14
+# A member of a fused device cut: rxe1+rxe2 fused, B takes eth2 down mid-stream; the connection
+# must fail on both ends within the bound. Then eth2 comes back for the next cut.
+fused="NCCL_IB_HCA==rxe1,rxe2 NCCL_SOCKET_IFNAME=eth1 FAULTS_FUSE=0,1"
+if [ "$RIVET_VM_INDEX" = 1 ]; then
+  step fused-cut env $fused FAULTS_CUT_IF=eth2 {faults} {lib} link-cut --listen-port 18613
+  ip link set eth2 up
+else
+  step fused-cut env $fused {faults} {lib} link-cut --peer ${{peers[0]}}:18613
+fi
+sleep 5
 # Link cut on link 2: B takes its eth2 down mid-stream; both ends must fail within the bound.
 if [ "$RIVET_VM_INDEX" = 1 ]; then
   step link-cut env NCCL_IB_HCA==rxe2 NCCL_SOCKET_IFNAME=eth2 FAULTS_CUT_IF=eth2 {faults} {lib} link-cut --listen-port 18612
@@ -199,6 +209,13 @@ fn pair2_across_hosts() {
             step(vm, "fused-share"),
             0,
             "{vm}: a link of the fused device carried under 40 % of the bytes (see 'fused traffic')"
+        );
+    }
+    for vm in ["A", "B"] {
+        assert_eq!(
+            step(vm, "fused-cut"),
+            0,
+            "{vm}: cutting one link of the fused device did not fail the connection within the bound"
         );
     }
     assert!(

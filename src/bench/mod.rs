@@ -38,6 +38,8 @@ pub(crate) const USAGE: &str = "usage: rivet bench [options]                 loo
 options:
   --plugin PATH     plugin library (default: RIVET_PLUGIN_LIB, else libnccl_net_rivet.so next to rivet)
   --dev D           plugin device index (default 0)
+  --fuse LIST       fuse the listed devices (comma list) with makeVDevice, as NCCL 2.24+ does, and use
+                    the device it returns instead of --dev
   --sizes LIST      bandwidth sizes: comma list of sizes or ranges A-B (powers of two), K/M/G suffixes
                     (default 4K-64M; none: latency only)
   --iters N         most timed messages per size (default 1000; fewer for large sizes: 128 MiB per size,
@@ -103,6 +105,8 @@ struct Options {
     port: u16,
     plugin: Option<PathBuf>,
     dev: i32,
+    /// `--fuse`: devices to fuse with `makeVDevice`; the fused device replaces `dev`.
+    fuse: Option<Vec<i32>>,
     sizes: Vec<usize>,
     iters: usize,
     lat_iters: usize,
@@ -170,6 +174,7 @@ fn parse(args: &[String]) -> Result<Options, Error> {
             .filter(|p| !p.is_empty())
             .map(PathBuf::from),
         dev: 0,
+        fuse: None,
         sizes: parse_sizes("4K-64M")?,
         iters: 1000,
         lat_iters: 2000,
@@ -207,6 +212,20 @@ fn parse(args: &[String]) -> Result<Options, Error> {
             "--dev" => {
                 o.dev = i32::try_from(num("--dev", it.next())?)
                     .map_err(|_| Error::Usage("--dev: too large".into()))?;
+            }
+            "--fuse" => {
+                let list = it
+                    .next()
+                    .ok_or_else(|| Error::Usage("--fuse needs a device list".into()))?;
+                let devs = list
+                    .split(',')
+                    .map(|d| d.trim().parse::<i32>())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|_| Error::Usage(format!("--fuse {list}: not a list of devices")))?;
+                if !(1..=8).contains(&devs.len()) {
+                    return Err(Error::Usage("--fuse takes 1 to 8 devices".into()));
+                }
+                o.fuse = Some(devs);
             }
             "--sizes" => {
                 o.sizes = parse_sizes(
@@ -307,7 +326,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
 
 fn server(o: &Options) -> Result<(), Error> {
     let path = plugin_path(o)?;
-    let plugin = Plugin::load(&path, o.dev)?;
+    let plugin = Plugin::load(&path, o.dev, o.fuse.as_deref())?;
     let bind = o
         .bind
         .as_deref()
@@ -465,7 +484,7 @@ impl Progress {
 
 fn client(o: &Options, host: &str, mode: &str) -> Result<(), Error> {
     let path = plugin_path(o)?;
-    let plugin = Plugin::load(&path, o.dev)?;
+    let plugin = Plugin::load(&path, o.dev, o.fuse.as_deref())?;
     let mut ctl = Control::new(connect_control(host, o.port)?, Duration::from_secs(600))?;
     ctl.send(GREETING)?;
     let server_device = ctl.expect("OK")?;
@@ -551,12 +570,18 @@ fn client(o: &Options, host: &str, mode: &str) -> Result<(), Error> {
 fn loopback(o: &Options) -> Result<(), Error> {
     let path = plugin_path(o)?;
     // Fail here, once and clearly, when there is no device, rather than through the child.
-    drop(Plugin::load(&path, o.dev)?);
+    drop(Plugin::load(&path, o.dev, o.fuse.as_deref())?);
     let exe = std::env::current_exe()
         .map_err(|e| Error::Load(format!("locating the rivet executable: {e}")))?;
-    let mut child = Command::new(exe)
+    let mut command = Command::new(exe);
+    command
         .args(["bench", "--server", "--once", "--port", "0", "--dev"])
-        .arg(o.dev.to_string())
+        .arg(o.dev.to_string());
+    if let Some(fuse) = &o.fuse {
+        let list: Vec<String> = fuse.iter().map(i32::to_string).collect();
+        command.arg("--fuse").arg(list.join(","));
+    }
+    let mut child = command
         .arg("--plugin")
         .arg(&path)
         .args(["--poll", o.poll.name()])

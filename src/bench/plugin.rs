@@ -69,8 +69,9 @@ pub(crate) struct Plugin {
 pub(crate) type Handle = [u8; NCCL_NET_HANDLE_MAXSIZE];
 
 impl Plugin {
-    /// `dlopen(path)`, `dlsym("ncclNetPlugin_v12")`, `init`, `devices`, `getProperties(dev)`.
-    pub(crate) fn load(path: &Path, dev: c_int) -> Result<Self, Error> {
+    /// `dlopen(path)`, `dlsym("ncclNetPlugin_v12")`, `init`, `devices`, `getProperties(dev)`;
+    /// with `fuse`, `makeVDevice` of those devices first, whose device is used instead of `dev`.
+    pub(crate) fn load(path: &Path, dev: c_int, fuse: Option<&[c_int]>) -> Result<Self, Error> {
         let cpath = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
             Error::Usage(format!(
                 "plugin path {} contains a NUL byte",
@@ -131,6 +132,29 @@ impl Plugin {
         if ndev < 1 {
             return Err(Error::NoDevice("the plugin reports 0 devices".into()));
         }
+        let dev = match fuse {
+            None => dev,
+            Some(members) => {
+                let make = table
+                    .make_vdevice
+                    .ok_or_else(|| missing("no makeVDevice (the plugin cannot fuse devices)"))?;
+                let mut request = NcclNetVDevicePropsV12 {
+                    ndevs: c_int::try_from(members.len()).unwrap_or(0),
+                    devs: [0; 8],
+                };
+                for (slot, m) in request.devs.iter_mut().zip(members) {
+                    *slot = *m;
+                }
+                let mut fused: c_int = -1;
+                // SAFETY: an out-int and a filled v12 request, both live for the call.
+                check("makeVDevice", unsafe { make(&mut fused, &mut request) })?;
+                // As NCCL: the fused device counts among the devices from now on.
+                // SAFETY: a valid out-pointer.
+                check("devices", unsafe { devices(&mut ndev) })?;
+                fused
+            }
+        };
+        plugin.dev = dev;
         if dev < 0 || dev >= ndev {
             return Err(Error::Usage(format!(
                 "--dev {dev}: the plugin has {ndev} device(s) (0..{})",

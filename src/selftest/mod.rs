@@ -396,7 +396,7 @@ fn run_path(o: &Options, groups: usize, count: usize) -> Outcome {
     };
     let setup = || -> Result<Plugin, Error> {
         let path = find_plugin(o.plugin.as_ref())?;
-        Plugin::load(&path, o.dev)
+        Plugin::load(&path, o.dev, None)
     };
     let plugin = match setup() {
         Ok(p) => p,

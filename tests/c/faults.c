@@ -78,7 +78,7 @@ static int connect_pair(struct pair* p, int receiver, int handle_out, int handle
   char handle[NET_HANDLE_MAXSIZE];
   if (receiver) {
     void* listen_comm = NULL;
-    if (h_net->listen(p->ctx, 0, handle, &listen_comm) != NCCL_OK) return 0;
+    if (h_net->listen(p->ctx, h_dev, handle, &listen_comm) != NCCL_OK) return 0;
     if (!h_control_send(handle_out, handle, sizeof handle)) return 0;
     if (h_accept(listen_comm, &p->comm, 60) != NCCL_OK || !p->comm) {
       h_fail("accept");
@@ -865,6 +865,9 @@ static int make_cross_pair(const char* lib, const char* peer, int listen_port, s
   h_role = receiver ? "receiver" : "sender";
   p->ctx = h_load_and_init(lib);
   if (!p->ctx) return 0;
+  /* FAULTS_FUSE=A,B: run on the device makeVDevice fuses from them (a member's link is cut). */
+  const char* fuse = getenv("FAULTS_FUSE");
+  if (fuse && (h_dev = h_fuse(h_net, fuse)) < 0) return 0;
   int fd = receiver ? h_control_accept(listen_port) : h_control_dial(peer, 120);
   if (fd < 0) return 0;
   p->to_peer = p->from_peer = fd;

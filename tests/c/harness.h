@@ -19,6 +19,8 @@
 #include "nccl_net_abi.h"
 
 static const char* h_role = "?";
+/* The device h_connect and the programs' listens use (0, or a fused device from h_fuse). */
+static int h_dev = 0;
 static int h_failures;
 static net_v12* h_net;
 static char h_last_warn[1024];
@@ -119,13 +121,39 @@ static inline void* h_load_and_init(const char* path) {
   return ctx;
 }
 
+/* makeVDevice (through the v12 table `net`) over the comma-separated device list `list`, as NCCL
+ * 2.24+ fuses NICs; checks getProperties lists the members; the new device, or -1 (a FAIL line). */
+static inline int h_fuse(net_v12* net, const char* list) {
+  vdevice_props_v12 props = {0};
+  for (const char* p = list; *p && props.ndevs < 8;) {
+    props.devs[props.ndevs++] = atoi(p);
+    const char* comma = strchr(p, ',');
+    if (!comma) break;
+    p = comma + 1;
+  }
+  int dev = -1;
+  nccl_result r = net->make_vdevice ? net->make_vdevice(&dev, &props) : NCCL_INTERNAL_ERROR;
+  if (r != NCCL_OK) {
+    h_fail("makeVDevice of %s returned %d: %s", list, r, h_last_warn);
+    return -1;
+  }
+  props_v12 got;
+  memset(&got, 0, sizeof got);
+  if (net->get_properties(dev, &got) != NCCL_OK || got.vprops.ndevs != props.ndevs) {
+    h_fail("getProperties of fused device %d does not list its %d members", dev, props.ndevs);
+    return -1;
+  }
+  h_pass("fused devices %s into device %d (%s, %d Mb/s)", list, dev, got.name, got.speed);
+  return dev;
+}
+
 /* Poll connect until it yields a comm, fails, or `limit` seconds pass; returns the result code
  * (NCCL_OK with *comm == NULL means the time ran out). */
 static inline nccl_result h_connect(void* ctx, void* handle, void** comm, double limit) {
   double start = h_now();
   *comm = NULL;
   while (!*comm && h_now() - start < limit) {
-    nccl_result r = h_net->connect(ctx, 0, handle, comm, NULL);
+    nccl_result r = h_net->connect(ctx, h_dev, handle, comm, NULL);
     if (r != NCCL_OK) return r;
   }
   return NCCL_OK;

@@ -192,7 +192,7 @@ static void run_collnet(void* lib) {
   net_v9* n9 = dlsym(lib, "ncclNetPlugin_v9");
   CHECK_COLLNET(9, c9, n9, props_v9, 1, c9->init(logger), (void)0);
   if (c9) CHECK(c9->iallgather && c9->ireducescatter && !c9->make_vdevice,
-                "collnet v9 iallgather, ireducescatter set; makeVDevice NULL as in the net table");
+                "collnet v9 iallgather, ireducescatter set; makeVDevice NULL (no CollNet fusion)");
   collnet_v9* c10 = dlsym(lib, "ncclCollNetPlugin_v10");
   net_v10* n10 = dlsym(lib, "ncclNetPlugin_v10");
   CHECK_COLLNET(10, c10, n10, props_v9, 1, c10->init(logger), (void)0);
@@ -260,7 +260,7 @@ static void run(void* lib) {
     void* buf[1] = {0}; size_t sz[1] = {8}; int tag[1] = {0}; void* mh[1] = {0}; void* req = NULL;
     CHECK_BOGUS(9, v9, v9->isend(NULL, buf, 8, 0, NULL, &req),
                 v9->irecv((void*)0x999, 1, buf, sz, tag, mh, &req));
-    CHECK(v9->make_vdevice == NULL, "v9 makeVDevice is NULL (NCCL uses the physical devices)");
+    CHECK(v9->make_vdevice != NULL, "v9 makeVDevice is set (NIC fusion)");
     CHECK(v9->isend(NULL, buf, (size_t)1 << 31, 0, NULL, &req) != NCCL_OK,
           "v9 isend larger than maxP2pBytes is rejected");
   }
@@ -285,7 +285,7 @@ static void run(void* lib) {
   net_v11* v11 = dlsym(lib, "ncclNetPlugin_v11");
   CHECK_COMMON(11, v11);
   if (v11) {
-    CHECK(v11->finalize && v11->set_net_attr && !v11->make_vdevice, "v11 finalize, setNetAttr set, makeVDevice NULL");
+    CHECK(v11->finalize && v11->set_net_attr && v11->make_vdevice, "v11 finalize, setNetAttr, makeVDevice set");
     reset_log();
     void* ctx = NULL;
     comm_config cfg = {.traffic_class = -1};
@@ -304,7 +304,7 @@ static void run(void* lib) {
   net_v12* v12 = dlsym(lib, "ncclNetPlugin_v12");
   CHECK_COMMON(12, v12);
   if (v12) {
-    CHECK(v12->finalize && v12->set_net_attr && !v12->make_vdevice, "v12 finalize, setNetAttr set, makeVDevice NULL");
+    CHECK(v12->finalize && v12->set_net_attr && v12->make_vdevice, "v12 finalize, setNetAttr, makeVDevice set");
     /* NCCL 2.30 inits and finalizes once per communicator. */
     int ok = 1;
     for (int i = 0; i < 100; i++) {

@@ -280,31 +280,6 @@ static int init_plugin(void** ctx) {
   return r == NCCL_OK;
 }
 
-/* makeVDevice over the comma-separated device list `list` (v12 table); the new device, or -1. */
-static int fuse(const char* list) {
-  vdevice_props_v12 props = {0};
-  for (const char* p = list; *p && props.ndevs < 8;) {
-    props.devs[props.ndevs++] = atoi(p);
-    const char* comma = strchr(p, ',');
-    if (!comma) break;
-    p = comma + 1;
-  }
-  int dev = -1;
-  nccl_result r = v12->make_vdevice ? v12->make_vdevice(&dev, &props) : NCCL_INTERNAL_ERROR;
-  if (r != NCCL_OK) {
-    h_fail("makeVDevice of %s returned %d: %s", list, r, h_last_warn);
-    return -1;
-  }
-  props_v12 got;
-  memset(&got, 0, sizeof got);
-  if (v12->get_properties(dev, &got) != NCCL_OK || got.vprops.ndevs != props.ndevs) {
-    h_fail("getProperties of fused device %d does not list its %d members", dev, props.ndevs);
-    return -1;
-  }
-  h_pass("fused devices %s into device %d (%s, %d Mb/s)", list, dev, got.name, got.speed);
-  return dev;
-}
-
 static nccl_result do_listen(void* ctx, int dev, void* handle, void** comm) {
   if (version >= 11) return v12->listen(ctx, dev, handle, comm);
   return v10->listen(dev, handle, comm);
@@ -359,7 +334,7 @@ int main(int argc, char** argv) {
   v10 = table;
   void* ctx = NULL;
   if (!init_plugin(&ctx)) return 1;
-  if (fuse_list && (dev = fuse(fuse_list)) < 0) return 1;
+  if (fuse_list && (dev = h_fuse(v12, fuse_list)) < 0) return 1;
   char handle[NET_HANDLE_MAXSIZE];
   double start = h_now();
   if (child == 0) {

@@ -12,7 +12,7 @@
 #![allow(unsafe_code)]
 
 use super::data::{self, DataComm, Side};
-use super::path::Lanes;
+use super::path::{Lanes, connect_lane};
 use crate::backend::any::AnyEndpoint as Endpoint;
 use crate::backend::device::OpenPort;
 use crate::backend::endpoint::Role;
@@ -26,7 +26,7 @@ use crate::net::{self, NetContext};
 use crate::oob::{pump, socket};
 use core::ffi::c_int;
 use rivet_core::data::SendConn;
-use rivet_core::data::multi::{MultiSend, flow_label};
+use rivet_core::data::multi::MultiSend;
 use rivet_core::handshake::{Connector, ConnectorEvent};
 use rivet_core::mesh::{MeshAddr, Reach};
 use rivet_core::wire::{
@@ -183,8 +183,7 @@ enum Step {
     Established(EndpointInfo),
 }
 
-/// Move every lane's queue pair to RTR and RTS towards the acceptor's lane of the same index. With
-/// several lanes each gets its own GRH flow label, so RoCE ECMP spreads them over the paths.
+/// Move every lane's queue pair to RTR and RTS towards the acceptor's lane of the same index.
 fn bring_up(
     endpoints: &[Endpoint],
     remotes: &[EndpointInfo],
@@ -198,17 +197,7 @@ fn bring_up(
         ));
     }
     for (endpoint, remote) in endpoints.iter().zip(remotes) {
-        let lane_settings = if endpoints.len() > 1 {
-            QpSettings {
-                flow_label: flow_label(endpoint.qp_num(), remote.qpn),
-                ..*settings
-            }
-        } else {
-            *settings
-        };
-        endpoint
-            .connect(remote, &lane_settings)
-            .map_err(|e| e.to_string())?;
+        connect_lane(endpoint, remote, settings, endpoints.len())?;
     }
     Ok(())
 }

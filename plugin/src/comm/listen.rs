@@ -14,7 +14,7 @@
 
 use super::data::{self, DataComm, Side};
 use super::flush::GpuFlush;
-use super::path::Lanes;
+use super::path::{Lanes, connect_lane};
 use crate::backend::any::AnyEndpoint as Endpoint;
 use crate::backend::device::OpenPort;
 use crate::backend::endpoint::Role;
@@ -30,7 +30,7 @@ use crate::net::{self, NetContext};
 use crate::oob::{iface, pump, socket};
 use core::ffi::c_int;
 use rivet_core::data::RecvConn;
-use rivet_core::data::multi::{MultiRecv, flow_label};
+use rivet_core::data::multi::MultiRecv;
 use rivet_core::handshake::{Acceptor, AcceptorEvent};
 use rivet_core::mesh::{self, MeshAddr};
 use rivet_core::wire::{
@@ -237,8 +237,8 @@ enum Progress {
     },
 }
 
-/// Create one receiver endpoint per lane of the request and bring each up towards the
-/// connector's lane of the same index (each with its own flow label when there are several).
+/// Create one receiver endpoint per lane of the request (lane i on port i % ports) and bring each
+/// up towards the connector's lane of the same index.
 fn bring_up(
     ports: &[Arc<OpenPort>],
     remotes: &[EndpointInfo],
@@ -248,17 +248,7 @@ fn bring_up(
     for (i, remote) in remotes.iter().enumerate() {
         let port = &ports[i % ports.len()];
         let endpoint = Endpoint::new(port, Role::Receiver).map_err(|e| e.to_string())?;
-        let lane_settings = if remotes.len() > 1 {
-            QpSettings {
-                flow_label: flow_label(endpoint.qp_num(), remote.qpn),
-                ..*settings
-            }
-        } else {
-            *settings
-        };
-        endpoint
-            .connect(remote, &lane_settings)
-            .map_err(|e| e.to_string())?;
+        connect_lane(&endpoint, remote, settings, remotes.len())?;
         endpoints.push(endpoint);
     }
     Ok(endpoints)

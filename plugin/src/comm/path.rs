@@ -6,10 +6,13 @@
 
 use crate::backend::any::AnyEndpoint as Endpoint;
 use crate::backend::device::OpenPort;
+use crate::config::QpSettings;
+use rivet_core::data::multi::flow_label;
 use rivet_core::data::multi::{MultiRecv, MultiSend};
 use rivet_core::data::{
     Completed, Connection, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn,
 };
+use rivet_core::wire::EndpointInfo;
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -82,6 +85,28 @@ impl Nics for Lanes {
             .map(|e| Arc::clone(e.port()))
             .collect()
     }
+}
+
+/// Move one lane's queue pair to RTR and RTS towards the peer's lane `remote`. In a connection of
+/// several lanes each gets its own GRH flow label (from the pair of QP numbers), so RoCE ECMP
+/// spreads them over the paths; a one-lane connection keeps the configured label.
+pub(crate) fn connect_lane(
+    endpoint: &Endpoint,
+    remote: &EndpointInfo,
+    settings: &QpSettings,
+    lanes: usize,
+) -> Result<(), String> {
+    let lane_settings = if lanes > 1 {
+        QpSettings {
+            flow_label: flow_label(endpoint.qp_num(), remote.qpn),
+            ..*settings
+        }
+    } else {
+        *settings
+    };
+    endpoint
+        .connect(remote, &lane_settings)
+        .map_err(|e| e.to_string())
 }
 
 /// What both directions of a connection do, over their [`Nics`].
