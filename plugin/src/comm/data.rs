@@ -2,13 +2,11 @@
 //! `closeRecv`.
 //!
 //! Each comm's protocol state (`rivet-core`'s `SendConn`/`RecvConn` plus the verbs endpoint it
-//! drives) sits behind a mutex that is only ever contended when NCCL breaks its own contract
-//! (two threads on one comm): `try_lock` turns that into an error instead of a wait (or, without
-//! the lock, a data race). The uncontended `try_lock` + unlock was measured at 29–46 ns on the
-//! 2-core build machine under load (50 M iterations, `std::sync::Mutex`), against 226 ns for a
-//! whole 8-byte round trip of the core alone through the simulator (`benches/core_sim.rs`) and
-//! microseconds for a verbs post plus completion: a few percent at most, for memory safety under
-//! misuse.
+//! drives) sits in an [`Exclusive`] cell that is only ever found busy when NCCL breaks its own
+//! contract (two threads on one comm): that is answered with an error instead of a wait (or,
+//! without the flag, a data race). Entering is one compare-exchange and leaving one store; the
+//! `std::sync::Mutex` used through `try_lock` before cost 169 instructions per round trip and side
+//! more (`benches/callgrind_pingpong.sh`).
 //!
 //! Unsafe (opted in): `closeSend`/`closeRecv` remove the comm from its handle table, which
 //! [`crate::handle`] makes `unsafe` (no reference to it may be in use; NCCL's contract guarantees
@@ -16,6 +14,7 @@
 
 #![allow(unsafe_code)]
 
+use super::exclusive::{Busy, Exclusive, Guard};
 use super::flush::{FlushArgs, GpuFlush};
 use super::mr;
 use crate::backend::any::AnyEndpoint as Endpoint;
@@ -74,7 +73,7 @@ pub(crate) enum DataComm {
 /// One established direction of a connection.
 #[derive(Debug)]
 pub(crate) struct Side<Conn> {
-    state: Mutex<State<Conn>>,
+    state: Exclusive<State<Conn>>,
     port: Arc<OpenPort>,
     /// The peer, for log lines: "10.0.2.15:41234 (rxe0 qp 17)".
     peer: String,
@@ -159,7 +158,7 @@ impl<Conn> Side<Conn> {
         let port = Arc::clone(endpoint.port());
         let watch = Watch::new(socket, port.watch(endpoint.qp_num(), endpoint.cq_addr()));
         Self {
-            state: Mutex::new(State {
+            state: Exclusive::new(State {
                 conn,
                 endpoint,
                 watch,
@@ -197,16 +196,9 @@ impl<Conn> Side<Conn> {
         &self.port
     }
 
-    fn lock(&self, call: &str) -> NetResult<MutexGuard<'_, State<Conn>>> {
-        match self.state.try_lock() {
-            Ok(guard) => Ok(guard),
-            Err(TryLockError::WouldBlock) => Err(NetError::misuse(format!(
-                "{call}: another thread is using this comm at the same time (NCCL drives a comm from one thread)"
-            ))),
-            Err(TryLockError::Poisoned(_)) => Err(NetError::misuse(format!(
-                "{call}: this comm is unusable after an earlier internal error"
-            ))),
-        }
+    #[inline(always)]
+    fn lock(&self, call: &'static str) -> NetResult<Guard<'_, State<Conn>>> {
+        self.state.try_enter().map_err(|busy| busy_error(call, busy))
     }
 
     /// Turn a data-path error into the NCCL error, logging the first one of this comm.
@@ -230,13 +222,26 @@ impl<Conn> Side<Conn> {
     }
 }
 
+/// The error for a comm found busy (another thread inside) or poisoned (a panic inside earlier).
+#[cold]
+#[inline(never)]
+fn busy_error(call: &str, busy: Busy) -> NetError {
+    match busy {
+        Busy::InUse => NetError::misuse(format!(
+            "{call}: another thread is using this comm at the same time (NCCL drives a comm from one thread)"
+        )),
+        Busy::Poisoned => NetError::misuse(format!(
+            "{call}: this comm is unusable after an earlier internal error"
+        )),
+    }
+}
+
 impl<Conn> Drop for Side<Conn> {
     fn drop(&mut self) {
         // Before the endpoint (QP and CQ) is destroyed: a later connection may get its numbers.
         let events = self
             .state
             .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
             .watch
             .events;
         self.port.unwatch(events);
@@ -270,8 +275,8 @@ impl<Conn: Connection> Side<Conn> {
     /// for receives it was granted, failing (or stalling) the peer's sends although this side
     /// posted their receives.
     fn drain_before_close(&self, call: &str) {
-        // A close goes ahead even after an earlier internal error poisoned the lock.
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // A close goes ahead even after an earlier internal error poisoned the cell.
+        let mut state = self.state.enter_anyway();
         let State {
             conn,
             endpoint,

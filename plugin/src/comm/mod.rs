@@ -4,6 +4,7 @@
 //! Bottom to top (each file imports only the ones before it):
 //! - [`mr`]: memory registrations and their table.
 //! - [`flush`]: a receive comm's GPU flush (`iflush`).
+//! - [`exclusive`]: the one-thread-at-a-time cell a data comm's state lives in.
 //! - [`data`]: established send/receive comms and the data path (isend/irecv/test).
 //! - [`listen`]: listen comms and `accept` (one handshake machine per incoming TCP connection).
 //! - [`connect`]: `connect`, resumable across NCCL's polling calls.
@@ -13,6 +14,7 @@
 
 mod connect;
 mod data;
+mod exclusive;
 mod flush;
 mod listen;
 mod mr;
