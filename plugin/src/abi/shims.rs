@@ -474,13 +474,7 @@ unsafe fn isend_common(
         let size = size_checked(size?, "isend")?;
         let req = comm::isend(comm, data, size, tag, mh)?;
         // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
-        unsafe {
-            put(
-                request,
-                req.unwrap_or(core::ptr::null_mut()),
-                "isend: request",
-            )
-        }
+        unsafe { put(request, req, "isend: request") }
     })
 }
 
@@ -616,13 +610,7 @@ unsafe fn irecv_common<S: Copy>(
         // completes receives normally (allowed by the contract) and overwrites it.
         let req = comm::irecv(comm, &args)?;
         // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
-        unsafe {
-            put(
-                request,
-                req.unwrap_or(core::ptr::null_mut()),
-                "irecv: request",
-            )
-        }
+        unsafe { put(request, req, "irecv: request") }
     })
 }
 

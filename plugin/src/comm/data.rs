@@ -202,6 +202,8 @@ impl<Conn> Side<Conn> {
     }
 
     /// Turn a data-path error into the NCCL error, logging the first one of this comm.
+    #[cold]
+    #[inline(never)]
     fn fail(&self, call: &str, qpn: u32, err: &DataError) -> NetError {
         let message = format!(
             "{call}: connection with {} (local QP {qpn}) failed: {err}",
@@ -374,13 +376,8 @@ pub(crate) fn port_of(call: &str, comm: Ptr) -> NetResult<Arc<OpenPort>> {
     })
 }
 
-pub(crate) fn isend(
-    comm: Ptr,
-    data: Ptr,
-    size: usize,
-    tag: c_int,
-    mh: Ptr,
-) -> NetResult<Option<Ptr>> {
+/// `isend`: the request, or NULL ("try later").
+pub(crate) fn isend(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> NetResult<Ptr> {
     let (handle, entry) = COMMS.lookup("isend", "sendComm", comm)?;
     let DataComm::Send(side) = entry else {
         return Err(NetError::misuse("isend on a receive comm"));
@@ -406,9 +403,9 @@ pub(crate) fn isend(
         },
         tag as u32,
     ) {
-        Ok(Some(req)) => Ok(Some(handle.request_ptr(req.to_bits()))),
+        Ok(Some(req)) => Ok(handle.request_ptr(req.to_bits())),
         Ok(None) => match watch.check(&side.port) {
-            None => Ok(None),
+            None => Ok(core::ptr::null_mut()),
             Some(err) => {
                 conn.handle_fatal(err);
                 Err(side.fail("isend", endpoint.qp_num(), &err))
@@ -418,7 +415,8 @@ pub(crate) fn isend(
     }
 }
 
-pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Option<Ptr>> {
+/// `irecv`: the request, or NULL ("try later").
+pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Ptr> {
     let (handle, entry) = COMMS.lookup("irecv", "recvComm", comm)?;
     let DataComm::Recv(side) = entry else {
         return Err(NetError::misuse("irecv on a send comm"));
@@ -446,9 +444,9 @@ pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Option<Ptr>> {
         watch,
     } = &mut *state;
     match conn.irecv(endpoint, &bufs[..args.n], &tags[..args.n]) {
-        Ok(Some(req)) => Ok(Some(handle.request_ptr(req.to_bits()))),
+        Ok(Some(req)) => Ok(handle.request_ptr(req.to_bits())),
         Ok(None) => match watch.check(&side.port) {
-            None => Ok(None),
+            None => Ok(core::ptr::null_mut()),
             Some(err) => {
                 conn.handle_fatal(err);
                 Err(side.fail("irecv", endpoint.qp_num(), &err))
