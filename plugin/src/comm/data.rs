@@ -333,6 +333,7 @@ impl<Conn: Connection> Side<Conn> {
         }
     }
 
+    #[inline(always)]
     fn test(&self, req: RequestId) -> NetResult<Option<Finished>> {
         let mut state = self.lock("test")?;
         let State {
@@ -376,7 +377,9 @@ pub(crate) fn port_of(call: &str, comm: Ptr) -> NetResult<Arc<OpenPort>> {
     })
 }
 
-/// `isend`: the request, or NULL ("try later").
+/// `isend`: the request, or NULL ("try later"). Inlined into the C entry point, like `irecv` and
+/// `test`: the result is then built where the shim reads it, not copied up through each layer.
+#[inline]
 pub(crate) fn isend(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> NetResult<Ptr> {
     let (handle, entry) = COMMS.lookup("isend", "sendComm", comm)?;
     let DataComm::Send(side) = entry else {
@@ -416,6 +419,7 @@ pub(crate) fn isend(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> N
 }
 
 /// `irecv`: the request, or NULL ("try later").
+#[inline]
 pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Ptr> {
     let (handle, entry) = COMMS.lookup("irecv", "recvComm", comm)?;
     let DataComm::Recv(side) = entry else {
@@ -479,6 +483,7 @@ pub(crate) fn iflush(comm: Ptr, args: &FlushArgs) -> NetResult<Option<Ptr>> {
         .map(|id| handle.request_ptr(id.to_bits())))
 }
 
+#[inline(always)]
 fn finished(done: Completed) -> Option<Finished> {
     match done {
         Completed::Pending => None,
@@ -486,6 +491,8 @@ fn finished(done: Completed) -> Option<Finished> {
     }
 }
 
+/// `test`: `None` while the request is pending; when it finished, its sizes (the request is gone).
+#[inline]
 pub(crate) fn test(request: Ptr) -> NetResult<Option<Finished>> {
     let (entry, id) = COMMS.lookup_request("test", "request", request)?;
     if let Some(flush_id) = FlushId::from_bits(id) {
