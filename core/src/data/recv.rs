@@ -7,8 +7,8 @@ use super::error::{DataError, ProtocolError};
 use super::pool::{RequestPool, RequestState};
 use super::queue::SendQueue;
 use super::{
-    CQ_DEPTH, Completed, Connection, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH,
-    RecvBuf, RequestId, SEND_INBOUND_LEN, SLOTS, Side, completion_error, region_addr,
+    CQ_DEPTH, Completed, Connection, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH, RecvBuf,
+    RequestId, SEND_INBOUND_LEN, SLOTS, Side, completion_error, region_addr,
 };
 use crate::nic::{Completion, CompletionKind, Nic, Payload, RemoteRegion, SendOp, SendWr};
 

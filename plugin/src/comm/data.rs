@@ -198,7 +198,9 @@ impl<Conn> Side<Conn> {
 
     #[inline(always)]
     fn lock(&self, call: &'static str) -> NetResult<Guard<'_, State<Conn>>> {
-        self.state.try_enter().map_err(|busy| busy_error(call, busy))
+        self.state
+            .try_enter()
+            .map_err(|busy| busy_error(call, busy))
     }
 
     /// Turn a data-path error into the NCCL error, logging the first one of this comm.
@@ -241,11 +243,7 @@ fn busy_error(call: &str, busy: Busy) -> NetError {
 impl<Conn> Drop for Side<Conn> {
     fn drop(&mut self) {
         // Before the endpoint (QP and CQ) is destroyed: a later connection may get its numbers.
-        let events = self
-            .state
-            .get_mut()
-            .watch
-            .events;
+        let events = self.state.get_mut().watch.events;
         self.port.unwatch(events);
     }
 }

@@ -164,7 +164,11 @@ mod tests {
         }));
         assert!(caught.is_err());
         assert_eq!(cell.try_enter().err(), Some(Busy::Poisoned));
-        assert_eq!(*cell.enter_anyway(), vec![1], "close still reaches the state");
+        assert_eq!(
+            *cell.enter_anyway(),
+            vec![1],
+            "close still reaches the state"
+        );
     }
 
     /// Two threads hammering one cell: every entry either gets the cell alone or is refused
