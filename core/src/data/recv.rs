@@ -188,8 +188,6 @@ impl RecvConn {
             return Err(self.health.fail(err.into()));
         }
         self.recvs_posted += 1;
-        // Staged even when it may go inline: a later flush may carry it with its neighbours.
-        nic.write_staging(offset, &bytes[..len]);
 
         let id = self.requests.occupy(
             slot,
@@ -202,9 +200,20 @@ impl RecvConn {
         self.next_seq = seq.wrapping_add(1);
         self.deferred += 1;
         let may_defer = core::mem::replace(&mut self.polled, false);
-        if !may_defer || self.flush_due() {
-            let inline = (self.deferred == 1 && len <= nic.max_inline()).then_some(&bytes[..len]);
-            self.flush_cts(nic, inline)?;
+        let flush_now = !may_defer || self.flush_due();
+        let inline = flush_now && self.deferred == 1 && len <= nic.max_inline();
+        // Staged unless it goes inline now: a later flush may carry it with its neighbours.
+        if !inline {
+            nic.write_staging(offset, &bytes[..len]);
+        }
+        if flush_now {
+            let flushed = self.flush_cts(nic, inline.then_some(&bytes[..len]));
+            if inline && self.deferred > 0 {
+                // Not written (an error; the room was checked above): it stays deferred, so it is
+                // staged after all.
+                nic.write_staging(offset, &bytes[..len]);
+            }
+            flushed?;
         }
         Ok(Some(id))
     }
