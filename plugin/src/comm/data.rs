@@ -5,8 +5,8 @@
 //! drives) sits in an [`Exclusive`] cell that is only ever found busy when NCCL breaks its own
 //! contract (two threads on one comm): that is answered with an error instead of a wait (or,
 //! without the flag, a data race). Entering is one compare-exchange and leaving one store; the
-//! `std::sync::Mutex` used through `try_lock` before cost 169 instructions per round trip and side
-//! more (`benches/callgrind_pingpong.sh`).
+//! `std::sync::Mutex` used through `try_lock` before cost about 200 instructions more per round
+//! trip and side (`benches/callgrind_pingpong.sh`: 3,464 → 3,265 inside the plugin).
 //!
 //! Unsafe (opted in): `closeSend`/`closeRecv` remove the comm from its handle table, which
 //! [`crate::handle`] makes `unsafe` (no reference to it may be in use; NCCL's contract guarantees
