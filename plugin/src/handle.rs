@@ -87,6 +87,8 @@ impl Handle {
 }
 
 /// The error for a handle that is NULL or not a live object of the expected kind.
+#[cold]
+#[inline(never)]
 pub(crate) fn unknown(call: &str, what: &str, ptr: Ptr) -> NetError {
     if ptr.is_null() {
         NetError::misuse(format!("{call}: {what} is NULL"))

@@ -84,6 +84,7 @@ impl CompletionQueue {
 
     /// Like [`Self::poll`], into uninitialised entries (no zeroing of an array that is mostly
     /// left unused on the data path); returns the completions polled.
+    #[inline]
     pub fn poll_into<'a>(
         &self,
         wcs: &'a mut [MaybeUninit<ibv_wc>],
@@ -96,10 +97,9 @@ impl CompletionQueue {
         // (`MaybeUninit<ibv_wc>` has `ibv_wc`'s layout).
         let got = unsafe { (self.poll_cq)(self.ptr.as_ptr(), n, wcs.as_mut_ptr().cast()) };
         // A negative return means the CQ is broken; providers do not set errno for it.
-        let got = usize::try_from(got).map_err(|_| VerbsError::Call {
-            call: "ibv_poll_cq",
-            errno: libc::EIO,
-        })?;
+        let Ok(got) = usize::try_from(got) else {
+            return Err(broken_cq());
+        };
         let got = got.min(wcs.len());
         // SAFETY: ibv_poll_cq wrote the first `got` entries.
         Ok(unsafe { &*(ptr::from_ref(&wcs[..got]) as *const [ibv_wc]) })
@@ -113,6 +113,16 @@ impl CompletionQueue {
     /// The raw CQ (for mlx5dv); valid while `self` lives.
     pub fn as_ptr(&self) -> *mut ibv_cq {
         self.ptr.as_ptr()
+    }
+}
+
+/// The error of a negative `ibv_poll_cq` return (out of line: the data path inlines the poll).
+#[cold]
+#[inline(never)]
+fn broken_cq() -> VerbsError {
+    VerbsError::Call {
+        call: "ibv_poll_cq",
+        errno: libc::EIO,
     }
 }
 

@@ -422,6 +422,7 @@ impl QueuePair {
     /// readable memory of at most `caps().max_inline_data` bytes in total), and non-inline buffers must
     /// stay valid until the WR's completion (or the completion of a later signaled WR) is polled.
     /// Remote addresses and keys are checked by the hardware.
+    #[inline]
     pub unsafe fn post_send(&self, wrs: &mut [ibv_send_wr]) -> Result<(), VerbsError> {
         let Some(first) = link_chain(wrs, |wr, next| wr.next = next) else {
             return Ok(());
@@ -433,11 +434,7 @@ impl QueuePair {
         if ret == 0 {
             return Ok(());
         }
-        Err(VerbsError::Post {
-            call: "ibv_post_send",
-            errno: post_errno(ret),
-            bad_index: index_of(wrs, bad),
-        })
+        Err(post_error("ibv_post_send", ret, index_of(wrs, bad)))
     }
 
     /// Posts receive WRs as one chain, linking `next` like [`Self::post_send`].
@@ -446,6 +443,7 @@ impl QueuePair {
     /// For the duration of the call every `sg_list` must point at `num_sge` valid `ibv_sge`s (or be
     /// null with `num_sge == 0`), and each SGE's memory must be registered on this QP's PD and stay
     /// valid until its completion is polled.
+    #[inline]
     pub unsafe fn post_recv(&self, wrs: &mut [ibv_recv_wr]) -> Result<(), VerbsError> {
         let Some(first) = link_chain(wrs, |wr, next| wr.next = next) else {
             return Ok(());
@@ -456,11 +454,7 @@ impl QueuePair {
         if ret == 0 {
             return Ok(());
         }
-        Err(VerbsError::Post {
-            call: "ibv_post_recv",
-            errno: post_errno(ret),
-            bad_index: index_of(wrs, bad),
-        })
+        Err(post_error("ibv_post_recv", ret, index_of(wrs, bad)))
     }
 }
 
@@ -472,7 +466,19 @@ impl Drop for QueuePair {
     }
 }
 
+/// The error of a failed post (out of line: the data path inlines the posts, not their failure).
+#[cold]
+#[inline(never)]
+fn post_error(call: &'static str, ret: c_int, bad_index: Option<usize>) -> VerbsError {
+    VerbsError::Post {
+        call,
+        errno: post_errno(ret),
+        bad_index,
+    }
+}
+
 /// Links `items[i].next = &items[i+1]` (last → null) and returns the head, or `None` if empty.
+#[inline]
 fn link_chain<T>(items: &mut [T], mut set_next: impl FnMut(&mut T, *mut T)) -> Option<*mut T> {
     let len = items.len();
     if len == 0 {
@@ -492,6 +498,7 @@ fn link_chain<T>(items: &mut [T], mut set_next: impl FnMut(&mut T, *mut T)) -> O
 }
 
 /// Position of `bad` in `items`, if it points at one of them.
+#[inline]
 fn index_of<T>(items: &[T], bad: *const T) -> Option<usize> {
     let start = items.as_ptr() as usize;
     let offset = (bad as usize).checked_sub(start)?;

@@ -7,8 +7,8 @@ use super::error::{DataError, ProtocolError};
 use super::pool::{RequestPool, RequestState};
 use super::queue::SendQueue;
 use super::{
-    CQ_DEPTH, Completed, Connection, EMPTY_WR, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH,
-    RecvBuf, RequestId, SEND_INBOUND_LEN, SLOTS, Side, completion_error, region_addr,
+    CQ_DEPTH, Completed, Connection, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH, RecvBuf,
+    RequestId, SEND_INBOUND_LEN, SLOTS, Side, completion_error, region_addr,
 };
 use crate::nic::{Completion, CompletionKind, Nic, Payload, RemoteRegion, SendOp, SendWr};
 
@@ -188,8 +188,6 @@ impl RecvConn {
             return Err(self.health.fail(err.into()));
         }
         self.recvs_posted += 1;
-        // Staged even when it may go inline: a later flush may carry it with its neighbours.
-        nic.write_staging(offset, &bytes[..len]);
 
         let id = self.requests.occupy(
             slot,
@@ -202,9 +200,20 @@ impl RecvConn {
         self.next_seq = seq.wrapping_add(1);
         self.deferred += 1;
         let may_defer = core::mem::replace(&mut self.polled, false);
-        if !may_defer || self.flush_due() {
-            let inline = (self.deferred == 1 && len <= nic.max_inline()).then_some(&bytes[..len]);
-            self.flush_cts(nic, inline)?;
+        let flush_now = !may_defer || self.flush_due();
+        let inline = flush_now && self.deferred == 1 && len <= nic.max_inline();
+        // Staged unless it goes inline now: a later flush may carry it with its neighbours.
+        if !inline {
+            nic.write_staging(offset, &bytes[..len]);
+        }
+        if flush_now {
+            let flushed = self.flush_cts(nic, inline.then_some(&bytes[..len]));
+            if inline && self.deferred > 0 {
+                // Not written (an error; the room was checked above): it stays deferred, so it is
+                // staged after all.
+                nic.write_staging(offset, &bytes[..len]);
+            }
+            flushed?;
         }
         Ok(Some(id))
     }
@@ -246,57 +255,65 @@ impl RecvConn {
         let first = self.next_seq.wrapping_sub(self.deferred);
         let first_slot = usize::from(first as u8);
         let count = self.deferred as usize;
-        let wraps = first_slot + count > SLOTS;
-        let runs = if wraps {
-            [
-                (first_slot, SLOTS - first_slot),
-                (0, first_slot + count - SLOTS),
-            ]
-        } else {
-            [(first_slot, count), (0, 0)]
-        };
-        let mut chain = [EMPTY_WR; 2];
-        let mut used = 0;
-        for (start, slots) in runs {
-            if slots == 0 {
-                continue;
-            }
-            let last = start + slots - 1;
-            let RecvState::Posted { n, .. } = self.requests.state(last) else {
-                return Err(self
-                    .health
-                    .fail(ProtocolError::UnexpectedCompletion { wr: WrKind::Cts }.into()));
-            };
-            let offset = start * CTS_SLOT_LEN;
-            let len = (slots - 1) * CTS_SLOT_LEN + usize::from(n) * CTS_ENTRY_LEN;
-            let remote_addr =
-                region_addr(&self.peer_fifo, offset, len).ok_or(DataError::PeerRegion {
-                    len: self.peer_fifo.len,
-                    need: SEND_INBOUND_LEN,
-                })?;
-            let payload = match inline {
-                Some(bytes) if count == 1 => Payload::Inline(bytes),
-                _ => Payload::Staged {
-                    offset: offset as u32,
-                    len: len as u32,
-                },
-            };
-            let posted = self.sq.next(WrKind::Cts, last as u16, false);
-            chain[used] = SendWr {
-                wr_id: posted.wr_id,
-                op: SendOp::Write,
-                payload,
-                remote_addr,
-                rkey: self.peer_fifo.rkey,
-                signaled: posted.signaled,
-            };
-            used += 1;
+        if count == 0 {
+            return Ok(());
         }
-        if let Err(err) = nic.post_send(&chain[..used]) {
+        // The deferred slots up to the end of the FIFO, then (wrapping) the rest from slot 0.
+        let head = count.min(SLOTS - first_slot);
+        let posted = if head == count {
+            // One write (the common case: no chain array to fill).
+            let write = self.cts_write(first_slot, count, inline.filter(|_| count == 1))?;
+            nic.post_send(&[write])
+        } else {
+            let first = self.cts_write(first_slot, head, None)?;
+            let rest = self.cts_write(0, count - head, None)?;
+            nic.post_send(&[first, rest])
+        };
+        if let Err(err) = posted {
             return Err(self.health.fail(err.into()));
         }
         self.deferred = 0;
         Ok(())
+    }
+
+    /// The RDMA WRITE of the staged (or, for one slot, `inline`) CTS entries of the `slots`
+    /// (at least one) consecutive FIFO slots from `start`, taking its send-queue position.
+    #[inline(always)]
+    fn cts_write<'a>(
+        &mut self,
+        start: usize,
+        slots: usize,
+        inline: Option<&'a [u8]>,
+    ) -> Result<SendWr<'a>, DataError> {
+        let last = (start + slots).saturating_sub(1);
+        let RecvState::Posted { n, .. } = self.requests.state(last) else {
+            return Err(self
+                .health
+                .fail(ProtocolError::UnexpectedCompletion { wr: WrKind::Cts }.into()));
+        };
+        let offset = start * CTS_SLOT_LEN;
+        let len = (slots - 1) * CTS_SLOT_LEN + usize::from(n) * CTS_ENTRY_LEN;
+        let remote_addr =
+            region_addr(&self.peer_fifo, offset, len).ok_or(DataError::PeerRegion {
+                len: self.peer_fifo.len,
+                need: SEND_INBOUND_LEN,
+            })?;
+        let payload = match inline {
+            Some(bytes) => Payload::Inline(bytes),
+            None => Payload::Staged {
+                offset: offset as u32,
+                len: len as u32,
+            },
+        };
+        let posted = self.sq.next(WrKind::Cts, last as u16, false);
+        Ok(SendWr {
+            wr_id: posted.wr_id,
+            op: SendOp::Write,
+            payload,
+            remote_addr,
+            rkey: self.peer_fifo.rkey,
+            signaled: posted.signaled,
+        })
     }
 
     /// Process every completion the queue holds (bounded by its depth).

@@ -498,13 +498,7 @@ unsafe fn isend_common(
         let size = size_checked(size?, "isend")?;
         let req = comm::isend(comm, data, size, tag, mh)?;
         // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
-        unsafe {
-            put(
-                request,
-                req.unwrap_or(core::ptr::null_mut()),
-                "isend: request",
-            )
-        }
+        unsafe { put(request, req, "isend: request") }
     })
 }
 
@@ -575,18 +569,23 @@ pub(super) unsafe extern "C" fn isend_v10(
     rc
 }
 
-/// Copy NCCL's `n`-element arrays into fixed arrays (no allocation), validating `n` first.
+/// Copy NCCL's `n`-element arrays into `args`'s fixed arrays (no allocation), validating `n`
+/// first. Out of line and filling the caller's `RecvArgs` in place: inlined (or returning it by
+/// value), the arrays were split into scalars and the copy unrolled once per `n`, or the whole
+/// struct was copied out (benches/callgrind_pingpong.sh).
 ///
 /// # Safety
 /// Each non-NULL pointer must point to at least `n` elements.
+#[inline(never)]
 unsafe fn recv_arrays<S: Copy>(
+    args: &mut comm::RecvArgs,
     n: c_int,
     data: *mut Ptr,
     sizes: *mut S,
     tags: *mut c_int,
     mhs: *mut Ptr,
     size_of: impl Fn(S) -> NetResult<usize>,
-) -> NetResult<comm::RecvArgs> {
+) -> NetResult<()> {
     let n = usize::try_from(n)
         .ok()
         .filter(|n| (1..=MAX_RECVS as usize).contains(n))
@@ -598,13 +597,6 @@ unsafe fn recv_arrays<S: Copy>(
             "irecv: NULL data, sizes, tags or mhandles array",
         ));
     }
-    let mut args = comm::RecvArgs {
-        n,
-        data: [core::ptr::null_mut(); 8],
-        sizes: [0; 8],
-        tags: [0; 8],
-        mhandles: [core::ptr::null_mut(); 8],
-    };
     for i in 0..n {
         // SAFETY: the arrays hold `n` elements (caller's guarantee) and `i < n`.
         unsafe {
@@ -614,7 +606,8 @@ unsafe fn recv_arrays<S: Copy>(
             args.mhandles[i] = *mhs.add(i);
         }
     }
-    Ok(args)
+    args.n = n;
+    Ok(())
 }
 
 /// `irecv` of every version, with the sizes' C type converted by `size_of`.
@@ -634,19 +627,20 @@ unsafe fn irecv_common<S: Copy>(
     size_of: impl Fn(S) -> NetResult<usize>,
 ) -> NcclResult {
     ffi_call("irecv", || {
+        let mut args = comm::RecvArgs {
+            n: 0,
+            data: [core::ptr::null_mut(); 8],
+            sizes: [0; 8],
+            tags: [0; 8],
+            mhandles: [core::ptr::null_mut(); 8],
+        };
         // SAFETY: NCCL's arrays hold `n` elements.
-        let args = unsafe { recv_arrays(n, data, sizes, tags, mhs, size_of) }?;
+        unsafe { recv_arrays(&mut args, n, data, sizes, tags, mhs, size_of) }?;
         // `*request` may hold the NCCL_NET_OPTIONAL_RECV_COMPLETION hint on input; Rivet always
         // completes receives normally (allowed by the contract) and overwrites it.
         let req = comm::irecv(comm, &args)?;
         // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
-        unsafe {
-            put(
-                request,
-                req.unwrap_or(core::ptr::null_mut()),
-                "irecv: request",
-            )
-        }
+        unsafe { put(request, req, "irecv: request") }
     })
 }
 

@@ -144,6 +144,82 @@ impl Endpoint {
     }
 }
 
+impl Endpoint {
+    /// The verbs work request for `wr`, its scatter entry (if any) written to `sge`, which must
+    /// stay in place until the post. Inline bytes must fit `max_inline`, staged bytes the staging
+    /// region.
+    #[inline(always)]
+    fn ibv_wr(
+        &self,
+        wr: &SendWr<'_>,
+        sge: &mut MaybeUninit<ibv_sge>,
+    ) -> Result<ibv_send_wr, NicError> {
+        let (entry, inline) = match wr.payload {
+            Payload::Empty => (None, 0),
+            Payload::Inline(bytes) => {
+                if bytes.len() > self.max_inline {
+                    return Err(NicError::Post {
+                        errno: libc::EINVAL,
+                    });
+                }
+                let sge = ibv_sge {
+                    addr: bytes.as_ptr() as u64,
+                    length: bytes.len() as u32,
+                    lkey: 0,
+                };
+                (Some(sge), send_flags::INLINE)
+            }
+            Payload::Local(sge) => {
+                let sge = ibv_sge {
+                    addr: sge.addr,
+                    length: sge.len,
+                    lkey: sge.lkey,
+                };
+                (Some(sge), 0)
+            }
+            Payload::Staged { offset, len } => {
+                let end = u64::from(offset) + u64::from(len);
+                if end > self.staging.len() as u64 {
+                    return Err(NicError::Post {
+                        errno: libc::EINVAL,
+                    });
+                }
+                let sge = ibv_sge {
+                    addr: self.staging.addr() + u64::from(offset),
+                    length: len,
+                    lkey: self.staging.lkey(),
+                };
+                (Some(sge), 0)
+            }
+        };
+        let (sg_list, num_sge) = match entry {
+            Some(entry) => (sge.write(entry) as *mut ibv_sge, 1),
+            None => (core::ptr::null_mut(), 0),
+        };
+        let (opcode, imm_data) = match wr.op {
+            SendOp::Write => (wr_opcode::RDMA_WRITE, 0),
+            SendOp::WriteImm(imm) => (wr_opcode::RDMA_WRITE_WITH_IMM, imm.to_be()),
+        };
+        Ok(ibv_send_wr {
+            wr_id: wr.wr_id,
+            next: core::ptr::null_mut(),
+            sg_list,
+            num_sge,
+            opcode,
+            send_flags: inline | if wr.signaled { send_flags::SIGNALED } else { 0 },
+            imm_data,
+            wr: ibv_send_wr_wr {
+                rdma: ibv_rdma_wr {
+                    remote_addr: wr.remote_addr,
+                    rkey: wr.rkey,
+                },
+            },
+            xrc_remote_srqn: 0,
+            bind_mw_or_tso: [0; 6],
+        })
+    }
+}
+
 fn post_errno(err: &VerbsError) -> i32 {
     err.errno().unwrap_or(libc::EINVAL)
 }
@@ -154,86 +230,32 @@ impl Nic for Endpoint {
     }
 
     fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
+        // One work request (every post of a single-buffer send, and most clear-to-send writes):
+        // one WR and one SGE on the stack, no chain arrays.
+        if let [wr] = chain {
+            let mut sge = MaybeUninit::<ibv_sge>::uninit();
+            let mut posted = [self.ibv_wr(wr, &mut sge)?];
+            // SAFETY: as for the chain below.
+            return unsafe { self.qp.post_send(&mut posted) }.map_err(|e| NicError::Post {
+                errno: post_errno(&e),
+            });
+        }
         for piece in chain.chunks(MAX_CHAIN) {
             // Only the entries this call posts are written (a whole 16-entry array of 128-byte
             // WRs zeroed per call was the largest cost per message: benches/callgrind_pingpong.sh).
             let mut sges = [MaybeUninit::<ibv_sge>::uninit(); MAX_CHAIN];
             let mut wrs = [MaybeUninit::<ibv_send_wr>::uninit(); MAX_CHAIN];
-            for (i, wr) in piece.iter().enumerate() {
-                let (sge, inline) = match wr.payload {
-                    Payload::Empty => (None, 0),
-                    Payload::Inline(bytes) => {
-                        if bytes.len() > self.max_inline {
-                            return Err(NicError::Post {
-                                errno: libc::EINVAL,
-                            });
-                        }
-                        let sge = ibv_sge {
-                            addr: bytes.as_ptr() as u64,
-                            length: bytes.len() as u32,
-                            lkey: 0,
-                        };
-                        (Some(sge), send_flags::INLINE)
-                    }
-                    Payload::Local(sge) => {
-                        let sge = ibv_sge {
-                            addr: sge.addr,
-                            length: sge.len,
-                            lkey: sge.lkey,
-                        };
-                        (Some(sge), 0)
-                    }
-                    Payload::Staged { offset, len } => {
-                        let end = u64::from(offset) + u64::from(len);
-                        if end > self.staging.len() as u64 {
-                            return Err(NicError::Post {
-                                errno: libc::EINVAL,
-                            });
-                        }
-                        let sge = ibv_sge {
-                            addr: self.staging.addr() + u64::from(offset),
-                            length: len,
-                            lkey: self.staging.lkey(),
-                        };
-                        (Some(sge), 0)
-                    }
-                };
-                let (sg_list, num_sge) = match sge {
-                    Some(sge) => {
-                        sges[i].write(sge);
-                        (sges[i].as_mut_ptr(), 1)
-                    }
-                    None => (core::ptr::null_mut(), 0),
-                };
-                let (opcode, imm_data) = match wr.op {
-                    SendOp::Write => (wr_opcode::RDMA_WRITE, 0),
-                    SendOp::WriteImm(imm) => (wr_opcode::RDMA_WRITE_WITH_IMM, imm.to_be()),
-                };
-                wrs[i].write(ibv_send_wr {
-                    wr_id: wr.wr_id,
-                    next: core::ptr::null_mut(),
-                    sg_list,
-                    num_sge,
-                    opcode,
-                    send_flags: inline | if wr.signaled { send_flags::SIGNALED } else { 0 },
-                    imm_data,
-                    wr: ibv_send_wr_wr {
-                        rdma: ibv_rdma_wr {
-                            remote_addr: wr.remote_addr,
-                            rkey: wr.rkey,
-                        },
-                    },
-                    xrc_remote_srqn: 0,
-                    bind_mw_or_tso: [0; 6],
-                });
+            for ((wr, out), sge) in piece.iter().zip(&mut wrs).zip(&mut sges) {
+                out.write(self.ibv_wr(wr, sge)?);
             }
             let posted = &mut wrs[..piece.len()];
             // SAFETY: the loop above wrote every one of the first `piece.len()` entries, and
             // `MaybeUninit<T>` has `T`'s layout.
             let posted = unsafe { &mut *(core::ptr::from_mut(posted) as *mut [ibv_send_wr]) };
             // SAFETY: every SGE points at memory the core vouches for (user buffers registered
-            // under their lkey, inline bytes borrowed for this call, staging bounds-checked above);
-            // `sges` outlives the post, and inline bytes are copied by the provider during it.
+            // under their lkey, inline bytes borrowed for this call, staging bounds-checked in
+            // `ibv_wr`); `sges` outlives the post, and inline bytes are copied by the provider
+            // during it.
             unsafe { self.qp.post_send(posted) }.map_err(|e| NicError::Post {
                 errno: post_errno(&e),
             })?;

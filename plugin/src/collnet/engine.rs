@@ -614,16 +614,16 @@ impl Engine {
                 (comm.scratch.addr(at), comm.scratch_mh)
             }
         };
-        let sent = comm::isend(
+        let request = comm::isend(
             comm.links.sends[step.peer as usize],
             addr as Ptr,
             step.len as usize,
             0,
             mh,
         )?;
-        let Some(request) = sent else {
+        if request.is_null() {
             return Ok(false);
-        };
+        }
         self.sends[step.peer as usize].push(InFlight {
             request,
             len: step.len,
@@ -658,9 +658,10 @@ impl Engine {
         args.data[0] = addr as Ptr;
         args.sizes[0] = step.len as usize;
         args.mhandles[0] = mh;
-        let Some(request) = comm::irecv(comm.links.recvs[step.peer as usize], &args)? else {
+        let request = comm::irecv(comm.links.recvs[step.peer as usize], &args)?;
+        if request.is_null() {
             return Ok(false);
-        };
+        }
         self.recvs[step.peer as usize].push(InFlight {
             request,
             len: step.len,

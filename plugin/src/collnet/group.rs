@@ -113,7 +113,8 @@ impl Setup<'_> {
             };
             if self.hello_sends[i].is_none() && !self.hello_sent[i] {
                 let addr = self.scratch.addr(self.hello_at);
-                self.hello_sends[i] = comm::isend(comm, addr as Ptr, HELLO_LEN, 0, self.mh)?;
+                let request = comm::isend(comm, addr as Ptr, HELLO_LEN, 0, self.mh)?;
+                self.hello_sends[i] = (!request.is_null()).then_some(request);
             }
             if let Some(request) = self.hello_sends[i] {
                 if comm::test(request)?.is_some() {
@@ -180,7 +181,8 @@ impl Setup<'_> {
             args.data[0] = self.scratch.addr(buffer) as Ptr;
             args.sizes[0] = HELLO_LEN;
             args.mhandles[0] = self.mh;
-            incoming.request = comm::irecv(incoming.comm, &args)?;
+            let request = comm::irecv(incoming.comm, &args)?;
+            incoming.request = (!request.is_null()).then_some(request);
             return Ok(None);
         };
         let Some(finished) = comm::test(request)? else {

@@ -2,13 +2,11 @@
 //! `closeRecv`.
 //!
 //! Each comm's protocol state (`rivet-core`'s `SendConn`/`RecvConn` plus the verbs endpoint it
-//! drives) sits behind a mutex that is only ever contended when NCCL breaks its own contract
-//! (two threads on one comm): `try_lock` turns that into an error instead of a wait (or, without
-//! the lock, a data race). The uncontended `try_lock` + unlock was measured at 29–46 ns on the
-//! 2-core build machine under load (50 M iterations, `std::sync::Mutex`), against 226 ns for a
-//! whole 8-byte round trip of the core alone through the simulator (`benches/core_sim.rs`) and
-//! microseconds for a verbs post plus completion: a few percent at most, for memory safety under
-//! misuse.
+//! drives) sits in an [`Exclusive`] cell that is only ever found busy when NCCL breaks its own
+//! contract (two threads on one comm): that is answered with an error instead of a wait (or,
+//! without the flag, a data race). Entering is one compare-exchange and leaving one store; the
+//! `std::sync::Mutex` used through `try_lock` before cost about 200 instructions more per round
+//! trip and side (`benches/callgrind_pingpong.sh`: 3,464 → 3,265 inside the plugin).
 //!
 //! Unsafe (opted in): `closeSend`/`closeRecv` remove the comm from its handle table, which
 //! [`crate::handle`] makes `unsafe` (no reference to it may be in use; NCCL's contract guarantees
@@ -16,6 +14,7 @@
 
 #![allow(unsafe_code)]
 
+use super::exclusive::{Busy, Exclusive, Guard};
 use super::flush::{FlushArgs, GpuFlush};
 use super::mr;
 use super::path::{Nics, Path, RecvPath, SendPath};
@@ -77,7 +76,7 @@ pub(crate) enum DataComm {
 /// One established direction of a connection.
 #[derive(Debug)]
 pub(crate) struct Side<Conn: Path> {
-    state: Mutex<State<Conn>>,
+    state: Exclusive<State<Conn>>,
     port: Arc<OpenPort>,
     /// Every port the lanes are on, `port` first (one but on a fused device).
     ports: Vec<Arc<OpenPort>>,
@@ -167,7 +166,7 @@ impl<Conn: Path> Side<Conn> {
         let ports = endpoint.ports();
         let watch = Watch::new(socket, port.watch(endpoint.qp_num(), endpoint.cq_addr()));
         Self {
-            state: Mutex::new(State {
+            state: Exclusive::new(State {
                 conn,
                 endpoint,
                 watch,
@@ -206,19 +205,16 @@ impl<Conn: Path> Side<Conn> {
         &self.port
     }
 
-    fn lock(&self, call: &str) -> NetResult<MutexGuard<'_, State<Conn>>> {
-        match self.state.try_lock() {
-            Ok(guard) => Ok(guard),
-            Err(TryLockError::WouldBlock) => Err(NetError::misuse(format!(
-                "{call}: another thread is using this comm at the same time (NCCL drives a comm from one thread)"
-            ))),
-            Err(TryLockError::Poisoned(_)) => Err(NetError::misuse(format!(
-                "{call}: this comm is unusable after an earlier internal error"
-            ))),
-        }
+    #[inline(always)]
+    fn lock(&self, call: &'static str) -> NetResult<Guard<'_, State<Conn>>> {
+        self.state
+            .try_enter()
+            .map_err(|busy| busy_error(call, busy))
     }
 
     /// Turn a data-path error into the NCCL error, logging the first one of this comm.
+    #[cold]
+    #[inline(never)]
     fn fail(&self, call: &str, qpn: u32, err: &DataError) -> NetError {
         let message = format!(
             "{call}: connection with {} (local QP {qpn}) failed: {err}",
@@ -239,15 +235,24 @@ impl<Conn: Path> Side<Conn> {
     }
 }
 
+/// The error for a comm found busy (another thread inside) or poisoned (a panic inside earlier).
+#[cold]
+#[inline(never)]
+fn busy_error(call: &str, busy: Busy) -> NetError {
+    match busy {
+        Busy::InUse => NetError::misuse(format!(
+            "{call}: another thread is using this comm at the same time (NCCL drives a comm from one thread)"
+        )),
+        Busy::Poisoned => NetError::misuse(format!(
+            "{call}: this comm is unusable after an earlier internal error"
+        )),
+    }
+}
+
 impl<Conn: Path> Drop for Side<Conn> {
     fn drop(&mut self) {
         // Before the endpoint (QP and CQ) is destroyed: a later connection may get its numbers.
-        let events = self
-            .state
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .watch
-            .events;
+        let events = self.state.get_mut().watch.events;
         self.port.unwatch(events);
     }
 }
@@ -279,8 +284,8 @@ impl<Conn: Path> Side<Conn> {
     /// for receives it was granted, failing (or stalling) the peer's sends although this side
     /// posted their receives.
     fn drain_before_close(&self, call: &str) {
-        // A close goes ahead even after an earlier internal error poisoned the lock.
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // A close goes ahead even after an earlier internal error poisoned the cell.
+        let mut state = self.state.enter_anyway();
         let State {
             conn,
             endpoint,
@@ -335,6 +340,7 @@ impl<Conn: Path> Side<Conn> {
         }
     }
 
+    #[inline(always)]
     fn test(&self, req: RequestId) -> NetResult<Option<Finished>> {
         let mut state = self.lock("test")?;
         let State {
@@ -391,13 +397,10 @@ pub(crate) fn port_of(call: &str, comm: Ptr) -> NetResult<Arc<OpenPort>> {
     })
 }
 
-pub(crate) fn isend(
-    comm: Ptr,
-    data: Ptr,
-    size: usize,
-    tag: c_int,
-    mh: Ptr,
-) -> NetResult<Option<Ptr>> {
+/// `isend`: the request, or NULL ("try later"). Inlined into the C entry point, like `irecv` and
+/// `test`: the result is then built where the shim reads it, not copied up through each layer.
+#[inline]
+pub(crate) fn isend(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> NetResult<Ptr> {
     let (handle, entry) = COMMS.lookup("isend", "sendComm", comm)?;
     match entry {
         DataComm::Send(side) => side.isend(handle, data, size, tag, mh),
@@ -410,14 +413,7 @@ pub(crate) fn isend(
 
 impl<Conn: SendPath> Side<Conn> {
     #[inline(always)]
-    fn isend(
-        &self,
-        handle: Handle,
-        data: Ptr,
-        size: usize,
-        tag: c_int,
-        mh: Ptr,
-    ) -> NetResult<Option<Ptr>> {
+    fn isend(&self, handle: Handle, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> NetResult<Ptr> {
         let side = self;
         let len = size as u64;
         let mr = if size == 0 && mh.is_null() {
@@ -447,9 +443,9 @@ impl<Conn: SendPath> Side<Conn> {
             conn.isend(endpoint, buf, tag as u32)
         };
         match posted {
-            Ok(Some(req)) => Ok(Some(handle.request_ptr(req.to_bits()))),
+            Ok(Some(req)) => Ok(handle.request_ptr(req.to_bits())),
             Ok(None) => match watch.check(&side.port) {
-                None => Ok(None),
+                None => Ok(core::ptr::null_mut()),
                 Some(err) => {
                     conn.handle_fatal(err);
                     Err(side.fail("isend", endpoint.qp_num(), &err))
@@ -460,7 +456,9 @@ impl<Conn: SendPath> Side<Conn> {
     }
 }
 
-pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Option<Ptr>> {
+/// `irecv`: the request, or NULL ("try later").
+#[inline]
+pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Ptr> {
     let (handle, entry) = COMMS.lookup("irecv", "recvComm", comm)?;
     match entry {
         DataComm::Recv(side) => side.irecv(handle, args),
@@ -471,7 +469,7 @@ pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Option<Ptr>> {
 
 impl<Conn: RecvPath> Side<Conn> {
     #[inline(always)]
-    fn irecv(&self, handle: Handle, args: &RecvArgs) -> NetResult<Option<Ptr>> {
+    fn irecv(&self, handle: Handle, args: &RecvArgs) -> NetResult<Ptr> {
         let side = self;
         let mut bufs = [RecvBuf {
             addr: 0,
@@ -518,9 +516,9 @@ impl<Conn: RecvPath> Side<Conn> {
             conn.irecv(endpoint, &bufs[..args.n], &tags[..args.n])
         };
         match posted {
-            Ok(Some(req)) => Ok(Some(handle.request_ptr(req.to_bits()))),
+            Ok(Some(req)) => Ok(handle.request_ptr(req.to_bits())),
             Ok(None) => match watch.check(&side.port) {
-                None => Ok(None),
+                None => Ok(core::ptr::null_mut()),
                 Some(err) => {
                     conn.handle_fatal(err);
                     Err(side.fail("irecv", endpoint.qp_num(), &err))
@@ -599,6 +597,7 @@ fn device_keys(
     Ok(keys)
 }
 
+#[inline(always)]
 fn finished(done: Completed) -> Option<Finished> {
     match done {
         Completed::Pending => None,
@@ -606,6 +605,8 @@ fn finished(done: Completed) -> Option<Finished> {
     }
 }
 
+/// `test`: `None` while the request is pending; when it finished, its sizes (the request is gone).
+#[inline]
 pub(crate) fn test(request: Ptr) -> NetResult<Option<Finished>> {
     let (entry, id) = COMMS.lookup_request("test", "request", request)?;
     if let Some(flush_id) = FlushId::from_bits(id) {

@@ -5,6 +5,7 @@
 //! - [`mr`]: memory registrations and their table.
 //! - [`flush`]: a receive comm's GPU flush (`iflush`).
 //! - [`path`]: a connection of one queue pair or of several, behind one interface.
+//! - [`exclusive`]: the one-thread-at-a-time cell a data comm's state lives in.
 //! - [`data`]: established send/receive comms and the data path (isend/irecv/test).
 //! - [`listen`]: listen comms and `accept` (one handshake machine per incoming TCP connection).
 //! - [`connect`]: `connect`, resumable across NCCL's polling calls.
@@ -14,6 +15,7 @@
 
 mod connect;
 mod data;
+mod exclusive;
 mod flush;
 mod listen;
 mod mr;
