@@ -404,7 +404,7 @@ pub(crate) fn isend(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> N
     let (handle, entry) = COMMS.lookup("isend", "sendComm", comm)?;
     match entry {
         DataComm::Send(side) => side.isend(handle, data, size, tag, mh),
-        DataComm::SendMulti(side) => side.isend(handle, data, size, tag, mh),
+        DataComm::SendMulti(side) => isend_lanes(side, handle, data, size, tag, mh),
         DataComm::Recv(_) | DataComm::RecvMulti(_) => {
             Err(NetError::misuse("isend on a receive comm"))
         }
@@ -456,13 +456,41 @@ impl<Conn: SendPath> Side<Conn> {
     }
 }
 
+// The several-lane paths out of line: inlined like the one-queue-pair path they would grow the C
+// entry points by a copy each (measured: +68 instructions per round trip and side on one lane).
+#[inline(never)]
+fn isend_lanes<Conn: SendPath>(
+    side: &Side<Conn>,
+    handle: Handle,
+    data: Ptr,
+    size: usize,
+    tag: c_int,
+    mh: Ptr,
+) -> NetResult<Ptr> {
+    side.isend(handle, data, size, tag, mh)
+}
+
+#[inline(never)]
+fn irecv_lanes<Conn: RecvPath>(
+    side: &Side<Conn>,
+    handle: Handle,
+    args: &RecvArgs,
+) -> NetResult<Ptr> {
+    side.irecv(handle, args)
+}
+
+#[inline(never)]
+fn test_lanes<Conn: Path>(side: &Side<Conn>, req: RequestId) -> NetResult<Option<Finished>> {
+    side.test(req)
+}
+
 /// `irecv`: the request, or NULL ("try later").
 #[inline]
 pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Ptr> {
     let (handle, entry) = COMMS.lookup("irecv", "recvComm", comm)?;
     match entry {
         DataComm::Recv(side) => side.irecv(handle, args),
-        DataComm::RecvMulti(side) => side.irecv(handle, args),
+        DataComm::RecvMulti(side) => irecv_lanes(side, handle, args),
         DataComm::Send(_) | DataComm::SendMulti(_) => Err(NetError::misuse("irecv on a send comm")),
     }
 }
@@ -620,8 +648,8 @@ pub(crate) fn test(request: Ptr) -> NetResult<Option<Finished>> {
     match entry {
         DataComm::Send(side) => side.test(req),
         DataComm::Recv(side) => side.test(req),
-        DataComm::SendMulti(side) => side.test(req),
-        DataComm::RecvMulti(side) => side.test(req),
+        DataComm::SendMulti(side) => test_lanes(side, req),
+        DataComm::RecvMulti(side) => test_lanes(side, req),
     }
 }
 
