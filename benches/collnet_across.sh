@@ -17,10 +17,7 @@ repo=$(cd "$here/.." && pwd)
 # shellcheck source=benches/lib.sh
 source "$here/lib.sh"
 profile=$(bench_profile "$@")
-if [[ ${RIVET_VM_TOPOLOGY:-} != pair ]]; then
-    exec bash "$repo/vm/multi.sh" --topology pair --timeout "${RIVET_COLLNET_TIMEOUT:-1200}" \
-        -- bash "$here/collnet_across.sh" "$@"
-fi
+bench_in_rig pair "${RIVET_COLLNET_TIMEOUT:-1200}" -- bash "$here/collnet_across.sh" "$@"
 
 rivet=$repo/target/$profile/rivet
 lib=$repo/target/$profile/libnccl_net_rivet.so

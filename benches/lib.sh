@@ -27,3 +27,14 @@ gid_index() {
     done
     return 1
 }
+
+# bench_in_rig TOPOLOGY TIMEOUT MULTI_SH_ARGS...: unless this process already runs inside that rig,
+# boot it (vm/multi.sh --topology TOPOLOGY --timeout TIMEOUT MULTI_SH_ARGS..., which end with
+# `-- COMMAND...`, the benchmark script again) in place of this process.
+bench_in_rig() {
+    local topology=$1 timeout=$2 repo
+    shift 2
+    [[ ${RIVET_VM_TOPOLOGY:-} == "$topology" ]] && return 0
+    repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    exec bash "$repo/vm/multi.sh" --topology "$topology" --timeout "$timeout" "$@"
+}

@@ -15,10 +15,7 @@ repo=$(cd "$here/.." && pwd)
 # shellcheck source=benches/lib.sh
 source "$here/lib.sh"
 profile=$(bench_profile "$@")
-if [[ ${RIVET_VM_TOPOLOGY:-} != triangle ]]; then
-    exec bash "$repo/vm/multi.sh" --topology triangle --timeout "${RIVET_MESH_TIMEOUT:-1800}" \
-        -e SIZE="${SIZE:-1M}" -- bash "$here/mesh_triangle.sh" "$@"
-fi
+bench_in_rig triangle "${RIVET_MESH_TIMEOUT:-1800}" -e SIZE="${SIZE:-1M}" -- bash "$here/mesh_triangle.sh" "$@"
 
 rivet=$repo/target/$profile/rivet
 [[ -x $rivet ]] || { echo "mesh_triangle: $rivet is missing (cargo build --workspace first)" >&2; exit 1; }

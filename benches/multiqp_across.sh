@@ -18,10 +18,7 @@ repo=$(cd "$here/.." && pwd)
 # shellcheck source=benches/lib.sh
 source "$here/lib.sh"
 profile=$(bench_profile "$@")
-if [[ ${RIVET_VM_TOPOLOGY:-} != pair2 ]]; then
-    exec bash "$repo/vm/multi.sh" --topology pair2 --timeout "${RIVET_MULTIQP_TIMEOUT:-1800}" \
-        -- bash "$here/multiqp_across.sh" "$@"
-fi
+bench_in_rig pair2 "${RIVET_MULTIQP_TIMEOUT:-1800}" -- bash "$here/multiqp_across.sh" "$@"
 
 rivet=$repo/target/$profile/rivet
 [[ -x $rivet ]] || { echo "multiqp_across: $rivet is missing (cargo build --workspace first)" >&2; exit 1; }

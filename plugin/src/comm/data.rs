@@ -411,6 +411,31 @@ pub(crate) fn isend(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> N
     }
 }
 
+impl<Conn: Path> State<Conn> {
+    /// The C answer to a post (`isend`/`irecv`): the request; NULL to try later, unless the peer or
+    /// the port has failed the connection meanwhile; or the comm's failure.
+    #[inline(always)]
+    fn answer(
+        &mut self,
+        side: &Side<Conn>,
+        call: &'static str,
+        handle: Handle,
+        posted: Result<Option<RequestId>, DataError>,
+    ) -> NetResult<Ptr> {
+        match posted {
+            Ok(Some(req)) => Ok(handle.request_ptr(req.to_bits())),
+            Ok(None) => match self.watch.check(&side.port) {
+                None => Ok(core::ptr::null_mut()),
+                Some(err) => {
+                    self.conn.handle_fatal(err);
+                    Err(side.fail(call, self.endpoint.qp_num(), &err))
+                }
+            },
+            Err(e) => Err(side.fail(call, self.endpoint.qp_num(), &e)),
+        }
+    }
+}
+
 impl<Conn: SendPath> Side<Conn> {
     #[inline(always)]
     fn isend(&self, handle: Handle, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> NetResult<Ptr> {
@@ -429,7 +454,7 @@ impl<Conn: SendPath> Side<Conn> {
         let State {
             conn,
             endpoint,
-            watch,
+            watch: _,
         } = &mut *state;
         let buf = SendBuf {
             addr: data as u64,
@@ -442,17 +467,7 @@ impl<Conn: SendPath> Side<Conn> {
         } else {
             conn.isend(endpoint, buf, tag as u32)
         };
-        match posted {
-            Ok(Some(req)) => Ok(handle.request_ptr(req.to_bits())),
-            Ok(None) => match watch.check(&side.port) {
-                None => Ok(core::ptr::null_mut()),
-                Some(err) => {
-                    conn.handle_fatal(err);
-                    Err(side.fail("isend", endpoint.qp_num(), &err))
-                }
-            },
-            Err(e) => Err(side.fail("isend", endpoint.qp_num(), &e)),
-        }
+        state.answer(side, "isend", handle, posted)
     }
 }
 
@@ -522,7 +537,7 @@ impl<Conn: RecvPath> Side<Conn> {
         let State {
             conn,
             endpoint,
-            watch,
+            watch: _,
         } = &mut *state;
         let posted = if endpoint.devices() > 1 {
             let devices = endpoint.devices();
@@ -543,17 +558,7 @@ impl<Conn: RecvPath> Side<Conn> {
         } else {
             conn.irecv(endpoint, &bufs[..args.n], &tags[..args.n])
         };
-        match posted {
-            Ok(Some(req)) => Ok(handle.request_ptr(req.to_bits())),
-            Ok(None) => match watch.check(&side.port) {
-                None => Ok(core::ptr::null_mut()),
-                Some(err) => {
-                    conn.handle_fatal(err);
-                    Err(side.fail("irecv", endpoint.qp_num(), &err))
-                }
-            },
-            Err(e) => Err(side.fail("irecv", endpoint.qp_num(), &e)),
-        }
+        state.answer(side, "irecv", handle, posted)
     }
 
     /// `iflush` on this receive comm (`None`: nothing to flush).

@@ -441,23 +441,29 @@ fn width_stripes_each_receive_over_rotating_queue_pairs() {
     assert_eq!((p.send.outstanding(), p.recv.outstanding()), (0, 0));
 }
 
-#[test]
-fn keyed_calls_use_each_devices_key_on_its_queue_pairs() {
-    // Four queue pairs of two devices (queue pair i on device i % 2), every message split: the
-    // right key per device moves the bytes, a wrong key for device 1 fails its queue pairs only.
-    let mut p = MultiPair::with_width(64, 4, 4, None);
-    let rbuf = p.recv_buf(8192);
+/// A receive of `len` bytes, tag `tag`, posted with the buffer's key on both devices.
+fn keyed_irecv(p: &mut MultiPair, len: usize, tag: u32) -> (RecvBuf, RequestId) {
+    let rbuf = p.recv_buf(len);
     let rid = p
         .recv
         .irecv_keyed(
             &mut p.recv_nics,
             &[rbuf],
             &[[rbuf.rkey; MAX_RECVS]; 2],
-            &[3],
+            &[tag],
         )
         .unwrap()
         .unwrap();
     p.fabric.run_until_idle();
+    (rbuf, rid)
+}
+
+#[test]
+fn keyed_calls_use_each_devices_key_on_its_queue_pairs() {
+    // Four queue pairs of two devices (queue pair i on device i % 2), every message split: the
+    // right key per device moves the bytes, a wrong key for device 1 fails its queue pairs only.
+    let mut p = MultiPair::with_width(64, 4, 4, None);
+    let (rbuf, rid) = keyed_irecv(&mut p, 8192, 3);
     let data = pattern(6000, 4);
     let sbuf = p.send_buf(&data);
     let sid = p
@@ -470,18 +476,7 @@ fn keyed_calls_use_each_devices_key_on_its_queue_pairs() {
     assert_eq!(p.received(&rbuf, 6000), data);
     assert_eq!(send_done(&mut p, sid), Some(6000));
 
-    let rbuf = p.recv_buf(8192);
-    let _rid = p
-        .recv
-        .irecv_keyed(
-            &mut p.recv_nics,
-            &[rbuf],
-            &[[rbuf.rkey; MAX_RECVS]; 2],
-            &[3],
-        )
-        .unwrap()
-        .unwrap();
-    p.fabric.run_until_idle();
+    let (_, _rid) = keyed_irecv(&mut p, 8192, 3);
     let sbuf = p.send_buf(&data);
     let bad = sbuf.lkey ^ 0x5a5a;
     let sid = p
