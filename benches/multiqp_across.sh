@@ -5,10 +5,10 @@
 # In one boot: `ib_write_bw -t 8` on link 1 (rxe1 on eth1) for reference, then `rivet bench` from
 # A to B on link 1 with NCCL_IB_QPS_PER_CONNECTION=1, 2 and 4 (round-robin, NCCL's default) and 4
 # split (NCCL_IB_SPLIT_DATA_ON_QPS=1), then on rxe1+rxe2 fused by makeVDevice (`--fuse 0,1`) with
-# 1 and 2 queue pairs per port; window 8, 64 KiB, 1 MiB and 4 MiB messages. Around every run, A's
-# CPU time (user, system, softirq: Soft-RoCE's work is the kernel's) is read from /proc/stat and
-# printed as a share of the vCPU, which says whether the links or the CPU bound the figure. Lines
-# to read: "multiqp_across: ...".
+# 1 and 2 queue pairs per port; window 8, 64 KiB, 1 MiB and 4 MiB messages. Around every client run
+# A's CPU time (user, system, softirq: Soft-RoCE's work is the kernel's), and around every server
+# run B's, is read from /proc/stat and printed as a share of the vCPU, which says whether the links
+# or the CPU bound the figure. Lines to read: "multiqp_across: ...".
 #
 # usage: benches/multiqp_across.sh [--release]     (build the workspace first)
 set -euo pipefail
@@ -31,6 +31,8 @@ say() { echo "multiqp_across: [$RIVET_VM_NAME] $*"; }
 mib() { grep -o '"mib_per_s":[0-9.]*' <<<"$1" | sed -n "${2}p" | cut -d: -f2; }
 # Busy and total jiffies of the CPU line of /proc/stat (busy: user, nice, system, irq, softirq).
 cpu() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat; }
+# busy_share BUSY0 TOTAL0 BUSY1 TOTAL1: the busy share of the vCPU between two cpu readings, in %.
+busy_share() { echo $((($3 - $1) * 100 / ($4 - $2 > 0 ? $4 - $2 : 1))); }
 
 
 sizes=(64K 1M 4M)
@@ -47,9 +49,12 @@ if [[ $RIVET_VM_INDEX == 1 ]]; then
     done
     for r in "${runs[@]}"; do
         read -r qps split fused <<<"$r"
+        read -r busy0 total0 <<<"$(cpu)"
         # shellcheck disable=SC2046
         NCCL_IB_HCA=$(hca "$fused") timeout 900 "$rivet" bench --server --once --bind "${addrs[0]}" \
             --port 18821 $(devices "$fused") >/dev/null 2>&1 || say "rivet bench server ($r) failed"
+        read -r busy1 total1 <<<"$(cpu)"
+        say "rivet bench server qps=$qps split=$split fused=$fused: B's vCPU busy $(busy_share "$busy0" "$total0" "$busy1" "$total1") %"
     done
     exit 0
 fi
@@ -73,6 +78,6 @@ for r in "${runs[@]}"; do
         sleep 0.2
     done
     read -r busy1 total1 <<<"$(cpu)"
-    busy=$(((busy1 - busy0) * 100 / (total1 - total0 > 0 ? total1 - total0 : 1)))
+    busy=$(busy_share "$busy0" "$total0" "$busy1" "$total1")
     say "rivet bench $([[ $fused == 1 ]] && echo "rxe1+rxe2 fused" || echo "link 1") qps=$qps split=$split: 64K $(mib "${json:-}" 1) MiB/s, 1M $(mib "${json:-}" 2) MiB/s, 4M $(mib "${json:-}" 3) MiB/s; A's vCPU busy ${busy} %"
 done
