@@ -16,8 +16,12 @@ targets=$(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^rivet-fu
 cargo fuzz build --fuzz-dir fuzz
 for target in $targets; do
   corpus=$(mktemp -d)
-  seeds="fuzz/seeds/$target"
-  [ -d "$seeds" ] || seeds=""
+  # Committed seeds, and the findings kept as regressions (tests/replay.rs runs both in
+  # `cargo test` too).
+  seeds=""
+  for dir in "fuzz/seeds/$target" "fuzz/regressions/$target"; do
+    [ -d "$dir" ] && seeds="$seeds $dir"
+  done
   echo "--- $target (${seconds} s)"
   log="$corpus.log"
   status=0

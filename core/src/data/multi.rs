@@ -351,11 +351,9 @@ impl<A: Copy + PartialEq> Parts<A> {
                     }
                     Err(err) => {
                         // A connection failure outranks a part refused for size: it is what
-                        // NCCL must hear about.
-                        if req
-                            .error
-                            .is_none_or(|first| err.is_fatal() && !first.is_fatal())
-                        {
+                        // NCCL must hear about. Of the parts refused for size, the one that
+                        // ends last names the message's size.
+                        if req.error.is_none_or(|first| outranks(err, first)) {
                             req.error = Some(err);
                         }
                         if err.is_fatal() {
@@ -389,6 +387,20 @@ impl<A: Copy + PartialEq> Parts<A> {
                 sizes: req.sizes,
             }),
         }
+    }
+}
+
+/// Whether a part's error `err` replaces `first` as the request's error: a connection failure
+/// outranks a size refusal, and a size refusal that ends later outranks an earlier one.
+fn outranks(err: DataError, first: DataError) -> bool {
+    match (err, first) {
+        (
+            DataError::SizeMismatch { sent, .. },
+            DataError::SizeMismatch {
+                sent: first_sent, ..
+            },
+        ) => sent > first_sent,
+        _ => err.is_fatal() && !first.is_fatal(),
     }
 }
 

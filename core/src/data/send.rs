@@ -515,9 +515,11 @@ impl SendConn {
     #[inline(always)]
     fn commit_send(&mut self, m: &SendMatch, plan: &SendPlan, buf: SendBuf) -> RequestId {
         let state = if m.mismatch {
+            // A part of a striped message reports where it would have ended, as its record
+            // does: the last part's end is the message's size, which is what did not fit.
             SendState::Refused(DataError::SizeMismatch {
                 index: usize::from(m.pos),
-                sent: buf.len,
+                sent: m.end,
                 capacity: m.entry.size,
             })
         } else {

@@ -1,0 +1,81 @@
+//! Every committed seed and every fuzz finding kept as a regression, replayed through the same
+//! `check` (and the same model) that the cargo-fuzz targets run, in plain `cargo test`.
+//!
+//! A finding goes to `regressions/<target>/` once its cause is fixed; seeds live in
+//! `seeds/<target>/`. Every target must have seeds (the smoke runs in CI start from them).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use rivet_fuzz::typed_input;
+
+/// The inputs of one target in `dir` (`seeds` or `regressions`), sorted by name.
+fn inputs(dir: &str, target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir).join(target);
+    let Ok(entries) = fs::read_dir(&path) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = entries.map(|e| e.expect("readable entry").path()).collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|file| {
+            let bytes = fs::read(&file).expect("readable input");
+            (file, bytes)
+        })
+        .collect()
+}
+
+/// Runs `check` on every seed and regression of `target`; returns how many ran. A target
+/// without seeds fails: CI's smoke run would start it from nothing.
+fn replay(target: &str, check: impl Fn(&[u8])) -> usize {
+    let seeds = inputs("seeds", target);
+    assert!(!seeds.is_empty(), "fuzz/seeds/{target}/ has no seeds");
+    let mut ran = 0;
+    for (file, bytes) in seeds.iter().chain(&inputs("regressions", target)) {
+        eprintln!("replaying {}", file.display());
+        check(bytes);
+        ran += 1;
+    }
+    ran
+}
+
+#[test]
+fn collnet_decode() {
+    replay("collnet_decode", rivet_fuzz::collnet_decode::check);
+}
+
+#[test]
+fn data_decode() {
+    replay("data_decode", rivet_fuzz::data_decode::check);
+}
+
+#[test]
+fn handshake_decode() {
+    replay("handshake_decode", rivet_fuzz::handshake_decode::check);
+}
+
+#[test]
+fn handshake_hostile() {
+    replay("handshake_hostile", rivet_fuzz::handshake_hostile::check);
+}
+
+#[test]
+fn data_ops() {
+    replay("data_ops", |bytes| {
+        if let Some(input) = typed_input(bytes) {
+            rivet_fuzz::data_ops::check(input);
+        }
+    });
+}
+
+#[test]
+fn multi_ops() {
+    let ran = replay("multi_ops", |bytes| {
+        if let Some(input) = typed_input(bytes) {
+            rivet_fuzz::multi_ops::check(input);
+        }
+    });
+    // The two findings of issue #31 are among them.
+    assert!(ran >= 2);
+}
