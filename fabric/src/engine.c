@@ -1009,12 +1009,12 @@ static uint64_t qp_timeout_ns(struct fab_qp *qp)
 
 static void check_timers(struct fab_context *ctx)
 {
-	uint64_t now = fab_now_ns();
 	pthread_mutex_lock(&ctx->lock);
 	for (struct fab_qp *qp = ctx->qps; qp; qp = qp->next) {
 		pthread_mutex_lock(&qp->lock);
+		uint64_t now = fab_now_ns(); /* after the lock: posting threads move last_ns */
 		if (qp->qp.state == IBV_QPS_RTS && qp->out.fd >= 0 && qp->sq_head < qp->sq_tail && !qp->rnr_waiting &&
-		    now - qp->out.last_ns > qp_timeout_ns(qp)) {
+		    now > qp->out.last_ns && now - qp->out.last_ns > qp_timeout_ns(qp)) {
 			fab_log("QP %u: no answer from QP %u for %llu ms", qp->qp.qp_num, qp->dest_qpn,
 				(unsigned long long)((now - qp->out.last_ns) / 1000000));
 			link_fail(qp);
