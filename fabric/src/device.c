@@ -437,6 +437,7 @@ static int query_device_ex(struct ibv_context *context, const struct ibv_query_d
 	full.max_dm_size = 0;
 	if (attr_size < sizeof(full.orig_attr))
 		return EINVAL;
+	memset(attr, 0, attr_size);
 	memcpy(attr, &full, attr_size < sizeof(full) ? attr_size : sizeof(full));
 	return 0;
 }
@@ -474,6 +475,9 @@ static int query_port_sized(struct ibv_context *context, uint8_t port_num, struc
 		return EINVAL;
 	struct ibv_port_attr a;
 	fill_port_attr(fab_ctx(context)->fdev, port_num, &a);
+	/* a caller built against newer headers passes a larger struct (NCCL's has
+	 * active_speed_ex): what this ABI does not know about reads as zero */
+	memset(port_attr, 0, len);
 	memcpy(port_attr, &a, len < sizeof(a) ? len : sizeof(a));
 	return 0;
 }

@@ -374,6 +374,10 @@ static void in_update_events(struct fab_qp *qp)
 		return;
 	uint32_t ev = 0;
 	enum ibv_qp_state st = qp->qp.state;
+	if (s->closing == 2) {
+		fab_sock_set_events(s, EPOLLIN);
+		return;
+	}
 	if (!s->closing && (st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD) && !qp->rnr_stalled &&
 	    !resp_busy(s))
 		ev |= EPOLLIN;
@@ -384,8 +388,39 @@ static void in_update_events(struct fab_qp *qp)
 
 void fab_qp_enable_in(struct fab_qp *qp)
 {
-	qp->rnr_stalled = 0;
-	in_update_events(qp);
+	/* the stalled request sits in the stage: the engine has to look at it */
+	if (qp->rnr_stalled)
+		fab_wake(qctx(qp));
+	else
+		in_update_events(qp);
+}
+
+/* After an error the responder says nothing more: end its direction (the requester
+ * reads the last responses, then EOF) and discard requests until the requester
+ * closes. Closing with unread data would reset the stream and could destroy the
+ * final NAK before the requester reads it. */
+static void in_half_close(struct fab_qp *qp)
+{
+	struct fab_sock *s = &qp->in;
+	shutdown(s->fd, SHUT_WR);
+	s->closing = 2;
+	fab_sock_set_events(s, EPOLLIN);
+}
+
+static void in_drain(struct fab_qp *qp)
+{
+	struct fab_sock *s = &qp->in;
+	for (;;) {
+		ssize_t r = recv(s->fd, s->st, FAB_STAGE, MSG_DONTWAIT);
+		if (r > 0)
+			continue;
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return;
+		if (r < 0 && errno == EINTR)
+			continue;
+		sock_close(s);
+		return;
+	}
 }
 
 /* send queued responses; -1 if the connection is gone */
@@ -452,8 +487,8 @@ static int resp_flush(struct fab_qp *qp)
 			}
 		}
 	}
-	if (s->closing && s->rcount == 0 && s->fd >= 0)
-		sock_close(s);
+	if (s->closing == 1 && s->rcount == 0 && s->fd >= 0)
+		in_half_close(qp);
 	return 0;
 }
 
@@ -669,17 +704,32 @@ gone:
 static void in_event(struct fab_qp *qp, uint32_t events)
 {
 	struct fab_sock *s = &qp->in;
+	if (s->closing == 2) {
+		in_drain(qp);
+		return;
+	}
 	if (events & EPOLLOUT)
 		resp_flush(qp);
-	if (s->fd >= 0 && (events & (EPOLLIN | EPOLLHUP | EPOLLERR))) {
-		if (!(s->ev & EPOLLIN) && !(events & EPOLLIN)) {
-			/* hang-up while we were not reading */
-			sock_close(s);
-			return;
-		}
+	if (s->fd >= 0 && (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) && !(s->ev & EPOLLIN) && !(events & EPOLLIN)) {
+		/* hang-up while we were not reading */
+		sock_close(s);
+		return;
+	}
+	/* requests already staged do not make the socket readable again: keep going
+	 * while they can be served */
+	int read = (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) != 0;
+	while (s->fd >= 0 && !qp->rnr_stalled && !s->closing && (read || s->se > s->sb)) {
+		uint32_t sb = s->sb, se = s->se, rcount = s->rcount;
+		int rstate = s->rstate;
+		uint64_t rem = s->remaining;
+		read = 0;
 		in_read(qp);
 		ack_pending(s);
 		resp_flush(qp);
+		if (s->fd < 0 || resp_busy(s))
+			break;
+		if (s->sb == sb && s->se == se && s->rstate == rstate && s->remaining == rem && s->rcount >= rcount)
+			break;
 	}
 	in_update_events(qp);
 }
@@ -916,12 +966,12 @@ void fab_qp_to_err(struct fab_qp *qp)
 	qp->qp.state = IBV_QPS_ERR;
 	if (qp->out.fd >= 0)
 		sock_close(&qp->out);
-	if (qp->in.fd >= 0) {
+	if (qp->in.fd >= 0 && !qp->in.closing) {
 		if (qp->in.rcount) {
 			qp->in.closing = 1;
 			in_update_events(qp);
 		} else {
-			sock_close(&qp->in);
+			in_half_close(qp);
 		}
 	}
 	fab_sq_settle(qp);
@@ -959,12 +1009,12 @@ static uint64_t qp_timeout_ns(struct fab_qp *qp)
 
 static void check_timers(struct fab_context *ctx)
 {
-	uint64_t now = fab_now_ns();
 	pthread_mutex_lock(&ctx->lock);
 	for (struct fab_qp *qp = ctx->qps; qp; qp = qp->next) {
 		pthread_mutex_lock(&qp->lock);
+		uint64_t now = fab_now_ns(); /* after the lock: posting threads move last_ns */
 		if (qp->qp.state == IBV_QPS_RTS && qp->out.fd >= 0 && qp->sq_head < qp->sq_tail && !qp->rnr_waiting &&
-		    now - qp->out.last_ns > qp_timeout_ns(qp)) {
+		    now > qp->out.last_ns && now - qp->out.last_ns > qp_timeout_ns(qp)) {
 			fab_log("QP %u: no answer from QP %u for %llu ms", qp->qp.qp_num, qp->dest_qpn,
 				(unsigned long long)((now - qp->out.last_ns) / 1000000));
 			link_fail(qp);
@@ -979,8 +1029,10 @@ static void wake_scan(struct fab_context *ctx)
 	pthread_mutex_lock(&ctx->lock);
 	for (struct fab_qp *qp = ctx->qps; qp; qp = qp->next) {
 		pthread_mutex_lock(&qp->lock);
-		if (qp->rnr_stalled && qp->srq)
-			fab_qp_enable_in(qp);
+		if (qp->rnr_stalled && qp->in.fd >= 0) {
+			qp->rnr_stalled = 0;
+			in_event(qp, EPOLLIN);
+		}
 		pthread_mutex_unlock(&qp->lock);
 	}
 	pthread_mutex_unlock(&ctx->lock);

@@ -437,7 +437,8 @@ static int rq_post(struct fab_rq *rq, struct ibv_recv_wr *wr, struct ibv_recv_wr
 		struct fab_rwqe *e = &rq->ring[(rq->head + rq->count) % rq->cap];
 		e->wr_id = wr->wr_id;
 		e->nsge = (uint32_t)wr->num_sge;
-		memcpy(e->sge, wr->sg_list, sizeof(*e->sge) * e->nsge);
+		if (e->nsge)
+			memcpy(e->sge, wr->sg_list, sizeof(*e->sge) * e->nsge);
 		rq->count++;
 	}
 	return 0;
