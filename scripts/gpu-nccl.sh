@@ -111,6 +111,8 @@ mkdir -p "$RIVET_FABRIC_DIR"
 export LD_LIBRARY_PATH=$kit/fabric${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # The handshakes (NCCL's bootstrap, Rivet's and NCCL IB's connection setup) stay on loopback.
 export NCCL_SOCKET_IFNAME=lo
+# The fabric moves host memory only (docs/fabric.md): no GPUDirect RDMA, no dma-buf.
+export NCCL_NET_GDR_LEVEL=LOC NCCL_DMABUF_ENABLE=0
 "$rivet" info >"$work/info" 2>&1 || true
 sed 's/^/  rivet info: /' "$work/info"
 dev=$(awk '$3 == "port" { print $2; exit }' "$work/info")
@@ -137,6 +139,13 @@ if [[ ${RIVET_GPU_NCCL_NS} == 1 ]]; then
         [[ -d $(dirname "$fabric_class")/infiniband_verbs ]] && ln -sfn "$(dirname "$fabric_class")/infiniband_verbs" "$view/infiniband_verbs"
         mount --bind "$view" /sys/class
     fi
+    # The fabric registers host memory only: hide the GPU peer-memory module from NCCL and Rivet
+    # (else both would offer GPUDirect RDMA, which the fabric refuses).
+    empty=$work/empty
+    mkdir -p "$empty"
+    for p in /sys/kernel/mm/memory_peers /sys/module/nvidia_peermem; do
+        [[ -d $p ]] && mount --bind "$empty" "$p" && say "private /sys view: $p hidden (host memory only)"
+    done
     if real=$(realpath "/sys/class/infiniband/$dev/device" 2>/dev/null); then
         say "private /sys view: /sys/class/infiniband/$dev/device -> $real (the host's /sys is unchanged)"
     else
