@@ -98,7 +98,7 @@ pub(crate) use {log_info as info, log_warn as warn};
 /// mix their lines in).
 #[cfg(test)]
 pub(crate) mod tap {
-    use super::Level;
+    use crate::log::Level;
     use std::cell::RefCell;
     use std::fmt;
 
