@@ -80,6 +80,7 @@ for f in lib/libnccl-net-rivet.so bin/rivet fabric/libibverbs.so.1; do
     [[ -e $kit/$f ]] || die "$kit/$f is missing: run scripts/gpu-nccl.sh --pack on the build machine"
 done
 command -v python3 >/dev/null || die "python3 is missing"
+kit=$(cd "$kit" && pwd)
 plugin=$kit/lib/libnccl-net-rivet.so
 rivet=$kit/bin/rivet
 
@@ -211,8 +212,8 @@ run_ranks() {
     for r in 0 1; do wait "${pids[$r]}" || rc=$?; done
     say "$name: ranks exited ($rc) after $(elapsed) s in all"
     grep -hE "Using network|via NET/|NET/Plugin|Initialized NET plugin|Failed to initialize NET|NET/IB ?:|COLLNET/|Connected CollNet|WARN|MISMATCH|Error|error:" \
-        "$work/$name.r0.log" | grep -v "TUNING" | sort | uniq -c | sort -rn | head -n 25 | sed "s/^/  [$name rank 0] /" >&2
-    grep -hE "MISMATCH|Traceback|Error" "$work/$name.r1.log" | head -n 5 | sed "s/^/  [$name rank 1] /" >&2
+        "$work/$name.r0.log" | grep -v "TUNING" | sort | uniq -c | sort -rn | head -n 25 | sed "s/^/  [$name rank 0] /" >&2 || true
+    grep -hE "MISMATCH|Traceback|Error" "$work/$name.r1.log" | head -n 5 | sed "s/^/  [$name rank 1] /" >&2 || true
     return "$rc"
 }
 
@@ -226,14 +227,15 @@ run_ranks CollNet NCCL_NET=Rivet NCCL_NET_PLUGIN="$plugin" NCCL_COLLNET_ENABLE=1
 echo
 python3 "$here/gpu_nccl.py" report Rivet="$work/Rivet.json" IB="$work/IB.json" Socket="$work/Socket.json" || overall=1
 echo
-collnet_algos=$(grep -ohE "AllReduce: [0-9]+ Bytes -> Algo [A-Za-z]+" "$work/CollNet.r0.log" | awk '{ print $5 }' | sort | uniq -c | tr -s ' ' | paste -sd, -)
+collnet_algos=$(grep -ohE "AllReduce: [0-9]+ Bytes -> Algo [A-Za-z]+" "$work/CollNet.r0.log" | awk '{ print $5 }' | sort | uniq -c | tr -s ' ' | paste -sd, - || true)
 if grep -q "via COLLNET/Rivet" "$work/CollNet.r0.log"; then
     echo "CollNet (NCCL_COLLNET_ENABLE=1): NCCL connected Rivet's CollNet (via COLLNET/Rivet); all-reduce algorithms chosen: ${collnet_algos:-none logged}"
 else
     echo "CollNet (NCCL_COLLNET_ENABLE=1): NCCL did not connect Rivet's CollNet; all-reduce algorithms chosen: ${collnet_algos:-none logged}"
-    grep -hiE "collnet" "$work/CollNet.r0.log" | grep -v TUNING | sort -u | head -n 8 | sed 's/^/  /'
+    grep -hiE "collnet" "$work/CollNet.r0.log" | grep -v TUNING | sort -u | head -n 8 | sed 's/^/  /' || true
 fi
-python3 "$here/gpu_nccl.py" report CollNet="$work/CollNet.json" | head -n 1 || overall=1
+python3 "$here/gpu_nccl.py" report CollNet="$work/CollNet.json" >"$work/CollNet.report" || overall=1
+head -n 1 "$work/CollNet.report"
 echo
 echo "gpu-nccl: $( ((overall)) && echo FAILED || echo passed) in $(elapsed) s"
 exit "$overall"
