@@ -355,6 +355,7 @@ FAB_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	fcntl(p[1], F_SETFL, O_NONBLOCK);
 	ctx->fdev = d;
 	pthread_mutex_init(&ctx->lock, NULL);
+	pthread_mutex_init(&ctx->plock, NULL);
 	pthread_rwlock_init(&ctx->mr_lock, NULL);
 	ctx->async_wfd = p[1];
 	ctx->epfd = -1;

@@ -22,6 +22,7 @@
 #define FAB_MAX_CQE (4 * 1024 * 1024)
 #define FAB_MAX_PORTS 16
 #define FAB_STAGE 65536
+#define FAB_STAGE_READ 8192
 #define FAB_RESP_RING 64
 #define FAB_MAX_MSG (1u << 31)
 
@@ -228,7 +229,8 @@ struct fab_pd {
 
 struct fab_context {
 	struct fab_device *fdev;
-	pthread_mutex_t lock; /* qp list, graveyard, thread start */
+	pthread_mutex_t lock;  /* qp list, graveyard, thread start */
+	pthread_mutex_t plock; /* one round of progress at a time (engine or a polling thread) */
 	pthread_rwlock_t mr_lock;
 	struct fab_mr **mr_tab;
 	uint8_t *mr_gen;
@@ -289,5 +291,6 @@ void fab_qp_to_err(struct fab_qp *qp);
 void fab_sq_settle(struct fab_qp *qp);
 void fab_sock_set_events(struct fab_sock *s, uint32_t ev);
 void fab_wake(struct fab_context *ctx);
+void fab_poll_progress(struct fab_context *ctx);
 
 #endif

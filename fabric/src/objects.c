@@ -274,14 +274,19 @@ static int poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 	struct fab_cq *cq = (struct fab_cq *)ibcq;
 	if (num_entries <= 0)
 		return 0;
-	pthread_mutex_lock(&cq->lock);
 	int n = 0;
-	while (n < num_entries && cq->count) {
-		wc[n++] = cq->ring[cq->head];
-		cq->head = (cq->head + 1) % cq->cap;
-		cq->count--;
+	for (int round = 0; round < 2; round++) {
+		pthread_mutex_lock(&cq->lock);
+		while (n < num_entries && cq->count) {
+			wc[n++] = cq->ring[cq->head];
+			cq->head = (cq->head + 1) % cq->cap;
+			cq->count--;
+		}
+		pthread_mutex_unlock(&cq->lock);
+		if (n || round)
+			break;
+		fab_poll_progress(fab_ctx(ibcq->context));
 	}
-	pthread_mutex_unlock(&cq->lock);
 	return n;
 }
 
