@@ -693,6 +693,7 @@ static void in_read(struct fab_qp *qp)
 		/* no receive posted: hold the stream (an endless RNR retry) and say so, so
 		 * the requester does not take the silence for a dead peer */
 		if (!qp->rnr_stalled) {
+			fab_log("QP %u: RNR wait", qp->qp.qp_num);
 			qp->rnr_stalled = 1;
 			ack_pending(s);
 			resp_push(s, FAB_R_RNR, 0, 0, 0, 0);
@@ -1035,6 +1036,7 @@ static void wake_scan(struct fab_context *ctx)
 	for (struct fab_qp *qp = ctx->qps; qp; qp = qp->next) {
 		pthread_mutex_lock(&qp->lock);
 		if (qp->rnr_stalled && qp->in.fd >= 0) {
+			fab_log("QP %u: RNR resume", qp->qp.qp_num);
 			qp->rnr_stalled = 0;
 			in_event(qp, EPOLLIN);
 		}
