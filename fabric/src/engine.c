@@ -168,7 +168,7 @@ int fab_qp_connect(struct fab_qp *qp)
 				   .dst_qpn = qp->dest_qpn,
 				   .dst_lid = dest_lid(qp),
 				   .src_lid = my_lid(qp)};
-	if (write(fd, &h, sizeof(h)) != (ssize_t)sizeof(h)) {
+	if (send(fd, &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h)) {
 		close(fd);
 		goto down;
 	}
