@@ -21,6 +21,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 static struct fab_context *qctx(struct fab_qp *qp)
@@ -181,6 +182,9 @@ int fab_qp_connect(struct fab_qp *qp)
 		qp->out.fd = -1;
 		goto down;
 	}
+	struct ucred cred;
+	socklen_t cl = sizeof(cred);
+	qp->out_peer_pid = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 ? cred.pid : 0;
 	return 0;
 down:
 	qp->link_down = 1;
@@ -1013,17 +1017,45 @@ static uint64_t qp_timeout_ns(struct fab_qp *qp)
 	return t < cap ? t : cap;
 }
 
+/* Is the peer process stopped (SIGSTOP, a debugger) or gone? */
+static int peer_stopped(pid_t pid)
+{
+	char path[64], buf[256];
+	if (pid <= 0)
+		return 1;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 1;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	const char *p = strrchr(buf, ')'); /* the state follows the command name */
+	if (!p || p[1] != ' ')
+		return 0;
+	char st = p[2];
+	return st == 'T' || st == 't' || st == 'Z' || st == 'X';
+}
+
+/* A silent peer: the QP's timeout x (retry_cnt + 1) without a byte moving if the peer
+ * process is stopped, as a real requester would see it. A peer that is merely not
+ * getting the CPU on a loaded host is not a dead link: it gets the cap before its
+ * requester gives up, so load does not fail transfers that real hardware would finish. */
 static void check_timers(struct fab_context *ctx)
 {
+	uint64_t cap = fab_config()->timeout_cap_ns;
 	pthread_mutex_lock(&ctx->lock);
 	for (struct fab_qp *qp = ctx->qps; qp; qp = qp->next) {
 		pthread_mutex_lock(&qp->lock);
 		uint64_t now = fab_now_ns(); /* after the lock: posting threads move last_ns */
 		if (qp->qp.state == IBV_QPS_RTS && qp->out.fd >= 0 && qp->sq_head < qp->sq_tail && !qp->rnr_waiting &&
-		    now > qp->out.last_ns && now - qp->out.last_ns > qp_timeout_ns(qp)) {
-			fab_log("QP %u: no answer from QP %u for %llu ms", qp->qp.qp_num, qp->dest_qpn,
-				(unsigned long long)((now - qp->out.last_ns) / 1000000));
-			link_fail(qp);
+		    now > qp->out.last_ns) {
+			uint64_t quiet = now - qp->out.last_ns;
+			if (quiet > qp_timeout_ns(qp) && (quiet > cap || peer_stopped(qp->out_peer_pid))) {
+				fab_log("QP %u: no answer from QP %u for %llu ms", qp->qp.qp_num, qp->dest_qpn,
+					(unsigned long long)(quiet / 1000000));
+				link_fail(qp);
+			}
 		}
 		pthread_mutex_unlock(&qp->lock);
 	}
@@ -1117,6 +1149,7 @@ void fab_poll_progress(struct fab_context *ctx)
 	}
 	if (!enabled || !ctx->thread_started || pthread_mutex_trylock(&ctx->plock))
 		return;
+	__atomic_store_n(&ctx->last_poll_ns, fab_now_ns(), __ATOMIC_RELAXED);
 	struct epoll_event evs[16];
 	int n = epoll_wait(ctx->epfd, evs, 16, 0);
 	if (n > 0 && handle_events(evs, n))
@@ -1131,6 +1164,15 @@ static void *engine_main(void *arg)
 	uint64_t last_timer = fab_now_ns();
 	while (!ctx->stop) {
 		int n = epoll_wait(ctx->epfd, evs, 64, 50);
+		/* while an application thread polls (and so moves the data itself), stay out
+		 * of its way: on a host with few cores a second runnable thread per process
+		 * costs more latency than it saves */
+		if (n > 0 && fab_now_ns() - __atomic_load_n(&ctx->last_poll_ns, __ATOMIC_RELAXED) < 2000000ull) {
+			struct timespec nap = {0, 500000};
+			nanosleep(&nap, NULL);
+			if (fab_now_ns() - __atomic_load_n(&ctx->last_poll_ns, __ATOMIC_RELAXED) < 1000000ull)
+				continue;
+		}
 		pthread_mutex_lock(&ctx->plock);
 		if (n > 0 && handle_events(evs, n))
 			wake_scan(ctx);

@@ -12,6 +12,7 @@
 #include <infiniband/verbs.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #define FAB_EXPORT __attribute__((visibility("default")))
@@ -219,6 +220,7 @@ struct fab_qp {
 	/* transport */
 	struct fab_sock lsn, in, out;
 	int link_down;
+	pid_t out_peer_pid; /* the process that owns dest_qpn */
 	int rnr_waiting;
 	int rnr_stalled;
 };
@@ -231,6 +233,7 @@ struct fab_context {
 	struct fab_device *fdev;
 	pthread_mutex_t lock;  /* qp list, graveyard, thread start */
 	pthread_mutex_t plock; /* one round of progress at a time (engine or a polling thread) */
+	uint64_t last_poll_ns; /* last progress round run by a polling thread */
 	pthread_rwlock_t mr_lock;
 	struct fab_mr **mr_tab;
 	uint8_t *mr_gen;

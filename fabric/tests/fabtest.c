@@ -915,6 +915,68 @@ static void many_target(struct end *e)
 	many_run(e, 1);
 }
 
+/* SEND ping-pong with busy polling on both sides: prints the round-trip distribution */
+#define PINGS 5000
+static void pingpong_run(struct end *e, int target)
+{
+	open_end(e, 4096, ALL_ACCESS, 0, 0);
+	for (int i = 0; i < 64; i++)
+		post_recv(e, 1000 + (uint64_t)i, e->buf + 1024, 64);
+	pair_up(e, 14, 7);
+	static double rtt[PINGS];
+	struct ibv_wc wc;
+	for (int i = 0; i < PINGS; i++) {
+		double t0 = now_ms();
+		if (!target)
+			post(e, IBV_WR_SEND, (uint64_t)i, e->buf, 8, e->mr->lkey, 0, 0, 0, 0);
+		int n;
+		while ((n = ibv_poll_cq(e->rcq, 1, &wc)) == 0)
+			;
+		CHECK(n == 1 && wc.status == IBV_WC_SUCCESS);
+		post_recv(e, wc.wr_id, e->buf + 1024, 64);
+		if (target)
+			post(e, IBV_WR_SEND, (uint64_t)i, e->buf, 8, e->mr->lkey, 0, 0, 0, 0);
+		rtt[i] = now_ms() - t0;
+		if (i % 32 == 31) { /* an occasional signaled SEND keeps the send queue drained */
+			post(e, IBV_WR_SEND, 1u << 20, e->buf, 0, 0, 0, 0, IBV_SEND_SIGNALED, 0);
+			while ((n = ibv_poll_cq(e->scq, 1, &wc)) == 0)
+				;
+			CHECK(wc.status == IBV_WC_SUCCESS);
+			while ((n = ibv_poll_cq(e->rcq, 1, &wc)) == 0)
+				;
+			post_recv(e, wc.wr_id, e->buf + 1024, 64);
+		}
+	}
+	if (!target) {
+		double sorted[PINGS];
+		memcpy(sorted, rtt, sizeof(sorted));
+		for (int i = 1; i < PINGS; i++) { /* insertion sort is fine for a few thousand values */
+			double v = sorted[i];
+			int j = i - 1;
+			while (j >= 0 && sorted[j] > v) {
+				sorted[j + 1] = sorted[j];
+				j--;
+			}
+			sorted[j + 1] = v;
+		}
+		printf("     SEND ping-pong, %d round trips: median %.1f us, p99 %.1f us, p99.9 %.1f us, max %.1f us\n",
+		       PINGS, sorted[PINGS / 2] * 1e3, sorted[PINGS * 99 / 100] * 1e3, sorted[PINGS * 999 / 1000] * 1e3,
+		       sorted[PINGS - 1] * 1e3);
+	}
+	sync_peer(e->sock);
+	close_end(e);
+}
+
+static void pingpong_init(struct end *e)
+{
+	pingpong_run(e, 0);
+}
+
+static void pingpong_target(struct end *e)
+{
+	pingpong_run(e, 1);
+}
+
 /* device, port, GID, sysfs tree */
 static void device_init(struct end *e)
 {
@@ -970,6 +1032,7 @@ int main(int argc, char **argv)
 		{"access-read-out-of-bounds", access_init, access_target, BAD_READ_BOUNDS},
 		{"local-prot", lkey_init, lkey_target, -1},
 		{"threads", threads_init, threads_target, -1},
+		{"pingpong", pingpong_init, pingpong_target, -1},
 		{"many-qps", many_init, many_target, -1},
 		{"peer-killed", killed_init, killed_target, -1},
 		{"peer-killed-idle", killed_idle_init, killed_target, -1},
