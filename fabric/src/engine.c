@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -1136,6 +1137,12 @@ static int handle_events(struct epoll_event *evs, int n)
 	return scan;
 }
 
+/* An application thread that polled an empty CQ this recently is still in its poll
+ * loop; the progress thread then naps, longer each time it finds the poller busy. */
+#define FAB_POLLER_NS 5000ull
+#define FAB_NAP_MIN_NS 10000
+#define FAB_NAP_MAX_NS 160000
+
 /* A thread that polls an empty CQ does a round of progress itself instead of
  * waiting for the progress thread to be scheduled (on a busy host that wait is
  * most of the latency). Only the progress thread frees destroyed QPs, and only
@@ -1162,17 +1169,22 @@ static void *engine_main(void *arg)
 	struct fab_context *ctx = arg;
 	struct epoll_event evs[64];
 	uint64_t last_timer = fab_now_ns();
+	long nap_ns = FAB_NAP_MIN_NS;
+	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); /* naps of microseconds must not become 50 us */
 	while (!ctx->stop) {
 		int n = epoll_wait(ctx->epfd, evs, 64, 50);
 		/* while an application thread polls (and so moves the data itself), stay out
 		 * of its way: on a host with few cores a second runnable thread per process
 		 * costs more latency than it saves */
-		if (n > 0 && fab_now_ns() - __atomic_load_n(&ctx->last_poll_ns, __ATOMIC_RELAXED) < 2000000ull) {
-			struct timespec nap = {0, 500000};
-			nanosleep(&nap, NULL);
-			if (fab_now_ns() - __atomic_load_n(&ctx->last_poll_ns, __ATOMIC_RELAXED) < 1000000ull)
+		if (n > 0 && fab_now_ns() - __atomic_load_n(&ctx->last_poll_ns, __ATOMIC_RELAXED) < FAB_POLLER_NS) {
+			struct timespec t = {0, nap_ns};
+			nanosleep(&t, NULL);
+			if (nap_ns < FAB_NAP_MAX_NS)
+				nap_ns *= 2;
+			if (fab_now_ns() - __atomic_load_n(&ctx->last_poll_ns, __ATOMIC_RELAXED) < FAB_POLLER_NS)
 				continue;
 		}
+		nap_ns = FAB_NAP_MIN_NS;
 		pthread_mutex_lock(&ctx->plock);
 		if (n > 0 && handle_events(evs, n))
 			wake_scan(ctx);

@@ -1038,6 +1038,11 @@ int main(int argc, char **argv)
 		{"peer-killed-idle", killed_idle_init, killed_target, -1},
 		{"peer-stopped", stopped_init, killed_target, -1},
 	};
+	if (argc == 2 && strcmp(argv[1], "--list") == 0) {
+		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+			printf("%s\n", cases[i].name);
+		return 0;
+	}
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		int want = argc == 1;
 		for (int a = 1; a < argc; a++)
