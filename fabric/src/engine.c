@@ -44,12 +44,26 @@ void fab_sock_set_events(struct fab_sock *s, uint32_t ev)
 		s->ev = ev;
 }
 
-static int sock_open(struct fab_sock *s, int fd, int kind, struct fab_qp *qp, uint32_t ev)
+static void sock_clear(struct fab_sock *s)
 {
-	memset(s, 0, sizeof(*s));
-	s->fd = fd;
+	size_t from = __builtin_offsetof(struct fab_sock, fd);
+	memset((char *)s + from, 0, sizeof(*s) - from);
+	s->fd = -1;
+}
+
+void fab_sock_init(struct fab_sock *s, int kind, struct fab_qp *qp)
+{
 	s->kind = kind;
 	s->qp = qp;
+	sock_clear(s);
+}
+
+static int sock_open(struct fab_sock *s, int fd, uint32_t ev)
+{
+	int kind = s->kind;
+	struct fab_qp *qp = s->qp;
+	sock_clear(s);
+	s->fd = fd;
 	s->rstate = kind == FAB_SK_IN ? FAB_RS_HELLO : FAB_RS_HDR;
 	s->last_ns = fab_now_ns();
 	if (kind == FAB_SK_IN || kind == FAB_SK_OUT) {
@@ -75,12 +89,15 @@ static void sock_close(struct fab_sock *s)
 		close(s->fd);
 	}
 	free(s->st);
-	struct fab_qp *qp = s->qp;
-	int kind = s->kind;
-	memset(s, 0, sizeof(*s));
-	s->fd = -1;
-	s->qp = qp;
-	s->kind = kind;
+	sock_clear(s);
+}
+
+/* DEL before close: a forked child may hold the same socket open, and epoll would keep
+ * reporting it, with a pointer into a freed QP */
+void fab_qp_close_listen(struct fab_qp *qp)
+{
+	if (qp->lsn.fd >= 0)
+		sock_close(&qp->lsn);
 }
 
 void fab_qp_close_socks(struct fab_qp *qp)
@@ -128,7 +145,7 @@ int fab_qp_listen(struct fab_qp *qp)
 		close(fd);
 		return e;
 	}
-	return sock_open(&qp->lsn, fd, FAB_SK_LISTEN, qp, EPOLLIN);
+	return sock_open(&qp->lsn, fd, EPOLLIN);
 }
 
 static uint16_t my_lid(struct fab_qp *qp)
@@ -178,7 +195,7 @@ int fab_qp_connect(struct fab_qp *qp)
 		close(fd);
 		goto down;
 	}
-	if (sock_open(&qp->out, fd, FAB_SK_OUT, qp, EPOLLIN)) {
+	if (sock_open(&qp->out, fd, EPOLLIN)) {
 		close(fd);
 		qp->out.fd = -1;
 		goto down;
@@ -1000,7 +1017,7 @@ static void do_accept(struct fab_qp *qp)
 		}
 		int sz = 4 << 20; /* READ responses are bulk data too */
 		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
-		if (sock_open(&qp->in, fd, FAB_SK_IN, qp, 0)) {
+		if (sock_open(&qp->in, fd, 0)) {
 			close(fd);
 			qp->in.fd = -1;
 			continue;
@@ -1150,11 +1167,13 @@ static int handle_events(struct epoll_event *evs, int n)
 void fab_poll_progress(struct fab_context *ctx)
 {
 	static int enabled = -1;
-	if (enabled < 0) {
+	int en = __atomic_load_n(&enabled, __ATOMIC_RELAXED);
+	if (en < 0) {
 		const char *v = getenv("RIVET_FABRIC_POLL_PROGRESS");
-		enabled = !(v && strcmp(v, "0") == 0);
+		en = !(v && strcmp(v, "0") == 0);
+		__atomic_store_n(&enabled, en, __ATOMIC_RELAXED);
 	}
-	if (!enabled || !ctx->thread_started || pthread_mutex_trylock(&ctx->plock))
+	if (!en || !__atomic_load_n(&ctx->thread_started, __ATOMIC_ACQUIRE) || pthread_mutex_trylock(&ctx->plock))
 		return;
 	__atomic_store_n(&ctx->last_poll_ns, fab_now_ns(), __ATOMIC_RELAXED);
 	struct epoll_event evs[16];
@@ -1171,7 +1190,7 @@ static void *engine_main(void *arg)
 	uint64_t last_timer = fab_now_ns();
 	long nap_ns = FAB_NAP_MIN_NS;
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); /* naps of microseconds must not become 50 us */
-	while (!ctx->stop) {
+	while (!__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
 		int n = epoll_wait(ctx->epfd, evs, 64, 50);
 		/* while an application thread polls (and so moves the data itself), stay out
 		 * of its way: on a host with few cores a second runnable thread per process
@@ -1224,7 +1243,7 @@ int fab_engine_start(struct fab_context *ctx)
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (r)
 		goto fail;
-	ctx->thread_started = 1;
+	__atomic_store_n(&ctx->thread_started, 1, __ATOMIC_RELEASE);
 	goto out;
 fail:
 	if (ctx->wake.fd >= 0)
@@ -1248,7 +1267,7 @@ void fab_engine_stop(struct fab_context *ctx)
 {
 	if (!ctx->thread_started)
 		return;
-	ctx->stop = 1;
+	__atomic_store_n(&ctx->stop, 1, __ATOMIC_RELEASE);
 	fab_wake(ctx);
 	pthread_join(ctx->thread, NULL);
 	ctx->thread_started = 0;
@@ -1256,9 +1275,7 @@ void fab_engine_stop(struct fab_context *ctx)
 	/* QPs the application did not destroy: close their sockets so peers see EOF */
 	for (struct fab_qp *qp = ctx->qps; qp; qp = qp->next) {
 		fab_qp_close_socks(qp);
-		if (qp->lsn.fd >= 0)
-			close(qp->lsn.fd);
-		qp->lsn.fd = -1;
+		fab_qp_close_listen(qp);
 	}
 	close(ctx->wake.fd);
 	close(ctx->epfd);

@@ -162,9 +162,12 @@ struct fab_resp {
 struct fab_qp;
 
 struct fab_sock {
-	int fd;
+	/* identity: set when the QP is created and never written again, because the
+	 * progress threads read them before taking the QP's lock */
 	int kind;
 	struct fab_qp *qp;
+	/* state: cleared from here on when the socket opens or closes */
+	int fd;
 	uint32_t ev; /* events registered with epoll */
 	uint8_t *st;
 	uint32_t sb, se; /* staged bytes [sb, se) */
@@ -231,6 +234,7 @@ struct fab_pd {
 
 struct fab_context {
 	struct fab_device *fdev;
+	struct fab_context *next; /* every open context, for fork */
 	pthread_mutex_t lock;  /* qp list, graveyard, thread start */
 	pthread_mutex_t plock; /* one round of progress at a time (engine or a polling thread) */
 	uint64_t last_poll_ns; /* last progress round run by a polling thread */
@@ -243,7 +247,7 @@ struct fab_context {
 	struct fab_sock wake;
 	pthread_t thread;
 	int thread_started;
-	volatile int stop;
+	int stop; /* __atomic */
 	struct fab_qp *qps;
 	struct fab_qp *grave;
 	struct verbs_context vctx; /* must stay last: ibv_context ends the struct */
@@ -288,11 +292,13 @@ void fab_engine_stop(struct fab_context *ctx);
 int fab_qp_listen(struct fab_qp *qp);
 int fab_qp_connect(struct fab_qp *qp);
 void fab_qp_close_socks(struct fab_qp *qp);
+void fab_qp_close_listen(struct fab_qp *qp);
 void fab_qp_enable_in(struct fab_qp *qp);
 void fab_qp_tx(struct fab_qp *qp);
 void fab_qp_to_err(struct fab_qp *qp);
 void fab_sq_settle(struct fab_qp *qp);
 void fab_sock_set_events(struct fab_sock *s, uint32_t ev);
+void fab_sock_init(struct fab_sock *s, int kind, struct fab_qp *qp);
 void fab_wake(struct fab_context *ctx);
 void fab_poll_progress(struct fab_context *ctx);
 

@@ -750,7 +750,9 @@ static struct ibv_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr
 	qp->qp.qp_type = IBV_QPT_RC;
 	pthread_mutex_init(&qp->qp.mutex, NULL);
 	pthread_cond_init(&qp->qp.cond, NULL);
-	qp->lsn.fd = qp->in.fd = qp->out.fd = -1;
+	fab_sock_init(&qp->lsn, FAB_SK_LISTEN, qp);
+	fab_sock_init(&qp->in, FAB_SK_IN, qp);
+	fab_sock_init(&qp->out, FAB_SK_OUT, qp);
 	int e = fab_engine_start(ctx);
 	if (!e)
 		e = fab_qp_listen(qp);
@@ -1017,10 +1019,7 @@ FAB_EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 	pthread_mutex_lock(&qp->lock);
 	qp->dead = 1;
 	fab_qp_close_socks(qp);
-	if (qp->lsn.fd >= 0) {
-		close(qp->lsn.fd); /* closing also takes it out of the epoll set */
-		qp->lsn.fd = -1;
-	}
+	fab_qp_close_listen(qp);
 	pthread_mutex_unlock(&qp->lock);
 	cq_use(ibqp->send_cq, -1);
 	cq_use(ibqp->recv_cq, -1);

@@ -600,10 +600,12 @@ static void lkey_target(struct end *e)
 /* the peer is killed: outstanding and later WRs fail with RETRY_EXC_ERR within a bound */
 static double kill_bound_ms = 1000;
 
+static uint8_t killed_qp_timeout = 14;
+
 static void killed_init(struct end *e)
 {
 	open_end(e, 1 << 16, ALL_ACCESS, 0, 0);
-	struct info p = pair_up(e, 14, 7);
+	struct info p = pair_up(e, killed_qp_timeout, 7);
 	post(e, IBV_WR_RDMA_WRITE, 1, e->buf, 64, e->mr->lkey, p.addr, p.rkey, IBV_SEND_SIGNALED, 0);
 	expect_wc(e->scq, 1, IBV_WC_SUCCESS, NULL);
 	/* a SEND the target never receives stays outstanding */
@@ -627,6 +629,28 @@ static void killed_target(struct end *e)
 	open_end(e, 1 << 16, ALL_ACCESS, 0, 0);
 	pair_up(e, 14, 7);
 	pause();
+}
+
+/* the target forked a child (which lives on) before being killed: the child must not hold the
+ * target's connections open, so the initiator still sees the death at once */
+static void killed_forked_target(struct end *e)
+{
+	open_end(e, 1 << 16, ALL_ACCESS, 0, 0);
+	pair_up(e, 31, 7); /* a timeout of hours: only the connection's EOF can end the SEND */
+	pid_t c = fork();
+	CHECK(c >= 0);
+	if (c == 0) {
+		sleep(3);
+		_exit(0);
+	}
+	pause();
+}
+
+/* with a QP timeout of 4 s x 8 tries (the 10 s cap), only the EOF can beat the bound */
+static void killed_forked_init(struct end *e)
+{
+	killed_qp_timeout = 20;
+	killed_init(e);
 }
 
 /* a peer that is killed while idle: the next post fails at once */
@@ -1036,6 +1060,7 @@ int main(int argc, char **argv)
 		{"many-qps", many_init, many_target, -1},
 		{"peer-killed", killed_init, killed_target, -1},
 		{"peer-killed-idle", killed_idle_init, killed_target, -1},
+		{"peer-killed-forked", killed_forked_init, killed_forked_target, -1},
 		{"peer-stopped", stopped_init, killed_target, -1},
 	};
 	if (argc == 2 && strcmp(argv[1], "--list") == 0) {
