@@ -27,6 +27,16 @@ step "conformance (two processes per case)"
 t=$(date +%s.%N)
 if LD_LIBRARY_PATH="$out" timeout 300 "$out/tests/fabtest"; then :; else echo "FAIL fabtest"; fail=1; fi
 echo "  conformance: $(elapsed "$t")"
+step "conformance again, progress only on the progress thread (RIVET_FABRIC_POLL_PROGRESS=0)"
+t=$(date +%s.%N)
+cases=$("$out/tests/fabtest" --list | grep -v pingpong)  # ping-pong measures the default mode
+# shellcheck disable=SC2086
+if RIVET_FABRIC_POLL_PROGRESS=0 LD_LIBRARY_PATH="$out" timeout 300 "$out/tests/fabtest" $cases >/dev/null; then
+	echo "  ok"
+else
+	echo "FAIL fabtest with RIVET_FABRIC_POLL_PROGRESS=0"; fail=1
+fi
+echo "  conformance: $(elapsed "$t")"
 
 step "ibv_devinfo"
 info=$(LD_LIBRARY_PATH="$out" ibv_devinfo)

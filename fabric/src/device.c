@@ -32,11 +32,13 @@ uint64_t fab_now_ns(void)
 void fab_log(const char *fmt, ...)
 {
 	static int verbose = -1;
-	if (verbose < 0) {
+	int on = __atomic_load_n(&verbose, __ATOMIC_RELAXED);
+	if (on < 0) {
 		const char *v = getenv("RIVET_FABRIC_DEBUG");
-		verbose = v && *v && strcmp(v, "0") != 0;
+		on = v && *v && strcmp(v, "0") != 0;
+		__atomic_store_n(&verbose, on, __ATOMIC_RELAXED);
 	}
-	if (!verbose)
+	if (!on)
 		return;
 	va_list ap;
 	va_start(ap, fmt);
@@ -334,6 +336,54 @@ FAB_EXPORT int ibv_dofork_range(void *base, size_t size)
 
 /* --------------------------------------------------------- open / close -- */
 
+/* --------------------------------------------------------------- fork -- */
+
+/* Every open context, for the fork handlers. */
+static pthread_mutex_t contexts_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fab_context *contexts;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void fork_prepare(void)
+{
+	pthread_mutex_lock(&contexts_lock);
+	for (struct fab_context *c = contexts; c; c = c->next)
+		pthread_mutex_lock(&c->lock);
+}
+
+static void fork_parent(void)
+{
+	for (struct fab_context *c = contexts; c; c = c->next)
+		pthread_mutex_unlock(&c->lock);
+	pthread_mutex_unlock(&contexts_lock);
+}
+
+/* The child has no progress thread and, as with rdma-core, may not use the parent's
+ * verbs objects. It must not keep the parent's connections open either: the parent's
+ * peers would then never see the parent die. Close (never EPOLL_CTL_DEL: the epoll set
+ * is shared with the parent) every socket the child inherited. */
+static void fork_child(void)
+{
+	for (struct fab_context *c = contexts; c; c = c->next) {
+		for (struct fab_qp *qp = c->qps; qp; qp = qp->next) {
+			struct fab_sock *socks[3] = {&qp->lsn, &qp->in, &qp->out};
+			for (int i = 0; i < 3; i++)
+				if (socks[i]->fd >= 0) {
+					close(socks[i]->fd);
+					socks[i]->fd = -1;
+				}
+			qp->link_down = 1;
+		}
+		c->thread_started = 0;
+		pthread_mutex_unlock(&c->lock);
+	}
+	pthread_mutex_unlock(&contexts_lock);
+}
+
+static void register_fork_handlers(void)
+{
+	pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
 FAB_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
 	struct fab_device *d = (struct fab_device *)device;
@@ -355,6 +405,7 @@ FAB_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	fcntl(p[1], F_SETFL, O_NONBLOCK);
 	ctx->fdev = d;
 	pthread_mutex_init(&ctx->lock, NULL);
+	pthread_mutex_init(&ctx->plock, NULL);
 	pthread_rwlock_init(&ctx->mr_lock, NULL);
 	ctx->async_wfd = p[1];
 	ctx->epfd = -1;
@@ -368,12 +419,24 @@ FAB_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	c->abi_compat = __VERBS_ABI_IS_EXTENDED;
 	ctx->vctx.sz = sizeof(struct verbs_context);
 	fab_context_ops(ctx);
+	pthread_once(&atfork_once, register_fork_handlers);
+	pthread_mutex_lock(&contexts_lock);
+	ctx->next = contexts;
+	contexts = ctx;
+	pthread_mutex_unlock(&contexts_lock);
 	return c;
 }
 
 FAB_EXPORT int ibv_close_device(struct ibv_context *context)
 {
 	struct fab_context *ctx = fab_ctx(context);
+	pthread_mutex_lock(&contexts_lock);
+	for (struct fab_context **pp = &contexts; *pp; pp = &(*pp)->next)
+		if (*pp == ctx) {
+			*pp = ctx->next;
+			break;
+		}
+	pthread_mutex_unlock(&contexts_lock);
 	fab_engine_stop(ctx);
 	close(context->async_fd);
 	close(ctx->async_wfd);

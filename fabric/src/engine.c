@@ -18,9 +18,11 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 static struct fab_context *qctx(struct fab_qp *qp)
@@ -42,12 +44,26 @@ void fab_sock_set_events(struct fab_sock *s, uint32_t ev)
 		s->ev = ev;
 }
 
-static int sock_open(struct fab_sock *s, int fd, int kind, struct fab_qp *qp, uint32_t ev)
+static void sock_clear(struct fab_sock *s)
 {
-	memset(s, 0, sizeof(*s));
-	s->fd = fd;
+	size_t from = __builtin_offsetof(struct fab_sock, fd);
+	memset((char *)s + from, 0, sizeof(*s) - from);
+	s->fd = -1;
+}
+
+void fab_sock_init(struct fab_sock *s, int kind, struct fab_qp *qp)
+{
 	s->kind = kind;
 	s->qp = qp;
+	sock_clear(s);
+}
+
+static int sock_open(struct fab_sock *s, int fd, uint32_t ev)
+{
+	int kind = s->kind;
+	struct fab_qp *qp = s->qp;
+	sock_clear(s);
+	s->fd = fd;
 	s->rstate = kind == FAB_SK_IN ? FAB_RS_HELLO : FAB_RS_HDR;
 	s->last_ns = fab_now_ns();
 	if (kind == FAB_SK_IN || kind == FAB_SK_OUT) {
@@ -73,12 +89,15 @@ static void sock_close(struct fab_sock *s)
 		close(s->fd);
 	}
 	free(s->st);
-	struct fab_qp *qp = s->qp;
-	int kind = s->kind;
-	memset(s, 0, sizeof(*s));
-	s->fd = -1;
-	s->qp = qp;
-	s->kind = kind;
+	sock_clear(s);
+}
+
+/* DEL before close: a forked child may hold the same socket open, and epoll would keep
+ * reporting it, with a pointer into a freed QP */
+void fab_qp_close_listen(struct fab_qp *qp)
+{
+	if (qp->lsn.fd >= 0)
+		sock_close(&qp->lsn);
 }
 
 void fab_qp_close_socks(struct fab_qp *qp)
@@ -126,7 +145,7 @@ int fab_qp_listen(struct fab_qp *qp)
 		close(fd);
 		return e;
 	}
-	return sock_open(&qp->lsn, fd, FAB_SK_LISTEN, qp, EPOLLIN);
+	return sock_open(&qp->lsn, fd, EPOLLIN);
 }
 
 static uint16_t my_lid(struct fab_qp *qp)
@@ -168,7 +187,7 @@ int fab_qp_connect(struct fab_qp *qp)
 				   .dst_qpn = qp->dest_qpn,
 				   .dst_lid = dest_lid(qp),
 				   .src_lid = my_lid(qp)};
-	if (write(fd, &h, sizeof(h)) != (ssize_t)sizeof(h)) {
+	if (send(fd, &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h)) {
 		close(fd);
 		goto down;
 	}
@@ -176,11 +195,14 @@ int fab_qp_connect(struct fab_qp *qp)
 		close(fd);
 		goto down;
 	}
-	if (sock_open(&qp->out, fd, FAB_SK_OUT, qp, EPOLLIN)) {
+	if (sock_open(&qp->out, fd, EPOLLIN)) {
 		close(fd);
 		qp->out.fd = -1;
 		goto down;
 	}
+	struct ucred cred;
+	socklen_t cl = sizeof(cred);
+	qp->out_peer_pid = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 ? cred.pid : 0;
 	return 0;
 down:
 	qp->link_down = 1;
@@ -198,7 +220,10 @@ static int stage_fill(struct fab_sock *s, uint32_t need)
 			s->se -= s->sb;
 			s->sb = 0;
 		}
-		ssize_t r = recv(s->fd, s->st + s->se, FAB_STAGE - s->se, MSG_DONTWAIT);
+		/* a few KiB at a time: enough for a batch of small requests, while the
+		 * bulk of a large payload goes straight to its destination (place()) */
+		uint32_t room = FAB_STAGE - s->se;
+		ssize_t r = recv(s->fd, s->st + s->se, room < FAB_STAGE_READ ? room : FAB_STAGE_READ, MSG_DONTWAIT);
 		if (r > 0) {
 			s->se += (uint32_t)r;
 			s->last_ns = fab_now_ns();
@@ -690,6 +715,7 @@ static void in_read(struct fab_qp *qp)
 		/* no receive posted: hold the stream (an endless RNR retry) and say so, so
 		 * the requester does not take the silence for a dead peer */
 		if (!qp->rnr_stalled) {
+			fab_log("QP %u: RNR wait", qp->qp.qp_num);
 			qp->rnr_stalled = 1;
 			ack_pending(s);
 			resp_push(s, FAB_R_RNR, 0, 0, 0, 0);
@@ -989,7 +1015,9 @@ static void do_accept(struct fab_qp *qp)
 			close(fd);
 			continue;
 		}
-		if (sock_open(&qp->in, fd, FAB_SK_IN, qp, 0)) {
+		int sz = 4 << 20; /* READ responses are bulk data too */
+		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+		if (sock_open(&qp->in, fd, 0)) {
 			close(fd);
 			qp->in.fd = -1;
 			continue;
@@ -1007,17 +1035,45 @@ static uint64_t qp_timeout_ns(struct fab_qp *qp)
 	return t < cap ? t : cap;
 }
 
+/* Is the peer process stopped (SIGSTOP, a debugger) or gone? */
+static int peer_stopped(pid_t pid)
+{
+	char path[64], buf[256];
+	if (pid <= 0)
+		return 1;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 1;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	const char *p = strrchr(buf, ')'); /* the state follows the command name */
+	if (!p || p[1] != ' ')
+		return 0;
+	char st = p[2];
+	return st == 'T' || st == 't' || st == 'Z' || st == 'X';
+}
+
+/* A silent peer: the QP's timeout x (retry_cnt + 1) without a byte moving if the peer
+ * process is stopped, as a real requester would see it. A peer that is merely not
+ * getting the CPU on a loaded host is not a dead link: it gets the cap before its
+ * requester gives up, so load does not fail transfers that real hardware would finish. */
 static void check_timers(struct fab_context *ctx)
 {
+	uint64_t cap = fab_config()->timeout_cap_ns;
 	pthread_mutex_lock(&ctx->lock);
 	for (struct fab_qp *qp = ctx->qps; qp; qp = qp->next) {
 		pthread_mutex_lock(&qp->lock);
 		uint64_t now = fab_now_ns(); /* after the lock: posting threads move last_ns */
 		if (qp->qp.state == IBV_QPS_RTS && qp->out.fd >= 0 && qp->sq_head < qp->sq_tail && !qp->rnr_waiting &&
-		    now > qp->out.last_ns && now - qp->out.last_ns > qp_timeout_ns(qp)) {
-			fab_log("QP %u: no answer from QP %u for %llu ms", qp->qp.qp_num, qp->dest_qpn,
-				(unsigned long long)((now - qp->out.last_ns) / 1000000));
-			link_fail(qp);
+		    now > qp->out.last_ns) {
+			uint64_t quiet = now - qp->out.last_ns;
+			if (quiet > qp_timeout_ns(qp) && (quiet > cap || peer_stopped(qp->out_peer_pid))) {
+				fab_log("QP %u: no answer from QP %u for %llu ms", qp->qp.qp_num, qp->dest_qpn,
+					(unsigned long long)(quiet / 1000000));
+				link_fail(qp);
+			}
 		}
 		pthread_mutex_unlock(&qp->lock);
 	}
@@ -1030,6 +1086,7 @@ static void wake_scan(struct fab_context *ctx)
 	for (struct fab_qp *qp = ctx->qps; qp; qp = qp->next) {
 		pthread_mutex_lock(&qp->lock);
 		if (qp->rnr_stalled && qp->in.fd >= 0) {
+			fab_log("QP %u: RNR resume", qp->qp.qp_num);
 			qp->rnr_stalled = 0;
 			in_event(qp, EPOLLIN);
 		}
@@ -1063,42 +1120,92 @@ static void bury(struct fab_context *ctx)
 	}
 }
 
+/* with ctx->plock: handle what one epoll_wait returned; 1 if the wake fd fired */
+static int handle_events(struct epoll_event *evs, int n)
+{
+	int scan = 0;
+	for (int i = 0; i < n; i++) {
+		struct fab_sock *s = evs[i].data.ptr;
+		if (s->kind == FAB_SK_WAKE) {
+			uint64_t v;
+			if (read(s->fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+				fab_log("eventfd read: %s", strerror(errno));
+			scan = 1;
+			continue;
+		}
+		struct fab_qp *qp = s->qp;
+		pthread_mutex_lock(&qp->lock);
+		if (!qp->dead) {
+			switch (s->kind) {
+			case FAB_SK_LISTEN: do_accept(qp); break;
+			case FAB_SK_IN:
+				if (s->fd >= 0)
+					in_event(qp, evs[i].events);
+				break;
+			case FAB_SK_OUT:
+				if (s->fd >= 0)
+					out_event(qp, evs[i].events);
+				break;
+			default: break;
+			}
+		}
+		pthread_mutex_unlock(&qp->lock);
+	}
+	return scan;
+}
+
+/* An application thread that polled an empty CQ this recently is still in its poll
+ * loop; the progress thread then naps, longer each time it finds the poller busy. */
+#define FAB_POLLER_NS 5000ull
+#define FAB_NAP_MIN_NS 10000
+#define FAB_NAP_MAX_NS 160000
+
+/* A thread that polls an empty CQ does a round of progress itself instead of
+ * waiting for the progress thread to be scheduled (on a busy host that wait is
+ * most of the latency). Only the progress thread frees destroyed QPs, and only
+ * under plock after handling its own batch, so no batch sees a freed QP. */
+void fab_poll_progress(struct fab_context *ctx)
+{
+	static int enabled = -1;
+	int en = __atomic_load_n(&enabled, __ATOMIC_RELAXED);
+	if (en < 0) {
+		const char *v = getenv("RIVET_FABRIC_POLL_PROGRESS");
+		en = !(v && strcmp(v, "0") == 0);
+		__atomic_store_n(&enabled, en, __ATOMIC_RELAXED);
+	}
+	if (!en || !__atomic_load_n(&ctx->thread_started, __ATOMIC_ACQUIRE) || pthread_mutex_trylock(&ctx->plock))
+		return;
+	__atomic_store_n(&ctx->last_poll_ns, fab_now_ns(), __ATOMIC_RELAXED);
+	struct epoll_event evs[16];
+	int n = epoll_wait(ctx->epfd, evs, 16, 0);
+	if (n > 0 && handle_events(evs, n))
+		wake_scan(ctx);
+	pthread_mutex_unlock(&ctx->plock);
+}
+
 static void *engine_main(void *arg)
 {
 	struct fab_context *ctx = arg;
 	struct epoll_event evs[64];
 	uint64_t last_timer = fab_now_ns();
-	while (!ctx->stop) {
+	long nap_ns = FAB_NAP_MIN_NS;
+	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); /* naps of microseconds must not become 50 us */
+	while (!__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
 		int n = epoll_wait(ctx->epfd, evs, 64, 50);
-		int scan = 0;
-		for (int i = 0; i < n; i++) {
-			struct fab_sock *s = evs[i].data.ptr;
-			if (s->kind == FAB_SK_WAKE) {
-				uint64_t v;
-				if (read(s->fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-					fab_log("eventfd read: %s", strerror(errno));
-				scan = 1;
+		/* while an application thread polls (and so moves the data itself), stay out
+		 * of its way: on a host with few cores a second runnable thread per process
+		 * costs more latency than it saves */
+		if (n > 0 && fab_now_ns() - __atomic_load_n(&ctx->last_poll_ns, __ATOMIC_RELAXED) < FAB_POLLER_NS) {
+			struct timespec t = {0, nap_ns};
+			nanosleep(&t, NULL);
+			if (nap_ns < FAB_NAP_MAX_NS)
+				nap_ns *= 2;
+			if (fab_now_ns() - __atomic_load_n(&ctx->last_poll_ns, __ATOMIC_RELAXED) < FAB_POLLER_NS)
 				continue;
-			}
-			struct fab_qp *qp = s->qp;
-			pthread_mutex_lock(&qp->lock);
-			if (!qp->dead) {
-				switch (s->kind) {
-				case FAB_SK_LISTEN: do_accept(qp); break;
-				case FAB_SK_IN:
-					if (s->fd >= 0)
-						in_event(qp, evs[i].events);
-					break;
-				case FAB_SK_OUT:
-					if (s->fd >= 0)
-						out_event(qp, evs[i].events);
-					break;
-				default: break;
-				}
-			}
-			pthread_mutex_unlock(&qp->lock);
 		}
-		if (scan)
+		nap_ns = FAB_NAP_MIN_NS;
+		pthread_mutex_lock(&ctx->plock);
+		if (n > 0 && handle_events(evs, n))
 			wake_scan(ctx);
 		uint64_t now = fab_now_ns();
 		if (now - last_timer > 50000000ull) {
@@ -1106,6 +1213,7 @@ static void *engine_main(void *arg)
 			check_timers(ctx);
 		}
 		bury(ctx);
+		pthread_mutex_unlock(&ctx->plock);
 	}
 	return NULL;
 }
@@ -1135,7 +1243,7 @@ int fab_engine_start(struct fab_context *ctx)
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (r)
 		goto fail;
-	ctx->thread_started = 1;
+	__atomic_store_n(&ctx->thread_started, 1, __ATOMIC_RELEASE);
 	goto out;
 fail:
 	if (ctx->wake.fd >= 0)
@@ -1159,7 +1267,7 @@ void fab_engine_stop(struct fab_context *ctx)
 {
 	if (!ctx->thread_started)
 		return;
-	ctx->stop = 1;
+	__atomic_store_n(&ctx->stop, 1, __ATOMIC_RELEASE);
 	fab_wake(ctx);
 	pthread_join(ctx->thread, NULL);
 	ctx->thread_started = 0;
@@ -1167,9 +1275,7 @@ void fab_engine_stop(struct fab_context *ctx)
 	/* QPs the application did not destroy: close their sockets so peers see EOF */
 	for (struct fab_qp *qp = ctx->qps; qp; qp = qp->next) {
 		fab_qp_close_socks(qp);
-		if (qp->lsn.fd >= 0)
-			close(qp->lsn.fd);
-		qp->lsn.fd = -1;
+		fab_qp_close_listen(qp);
 	}
 	close(ctx->wake.fd);
 	close(ctx->epfd);

@@ -12,6 +12,7 @@
 #include <infiniband/verbs.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #define FAB_EXPORT __attribute__((visibility("default")))
@@ -22,6 +23,7 @@
 #define FAB_MAX_CQE (4 * 1024 * 1024)
 #define FAB_MAX_PORTS 16
 #define FAB_STAGE 65536
+#define FAB_STAGE_READ 8192
 #define FAB_RESP_RING 64
 #define FAB_MAX_MSG (1u << 31)
 
@@ -160,9 +162,12 @@ struct fab_resp {
 struct fab_qp;
 
 struct fab_sock {
-	int fd;
+	/* identity: set when the QP is created and never written again, because the
+	 * progress threads read them before taking the QP's lock */
 	int kind;
 	struct fab_qp *qp;
+	/* state: cleared from here on when the socket opens or closes */
+	int fd;
 	uint32_t ev; /* events registered with epoll */
 	uint8_t *st;
 	uint32_t sb, se; /* staged bytes [sb, se) */
@@ -218,6 +223,7 @@ struct fab_qp {
 	/* transport */
 	struct fab_sock lsn, in, out;
 	int link_down;
+	pid_t out_peer_pid; /* the process that owns dest_qpn */
 	int rnr_waiting;
 	int rnr_stalled;
 };
@@ -228,7 +234,10 @@ struct fab_pd {
 
 struct fab_context {
 	struct fab_device *fdev;
-	pthread_mutex_t lock; /* qp list, graveyard, thread start */
+	struct fab_context *next; /* every open context, for fork */
+	pthread_mutex_t lock;  /* qp list, graveyard, thread start */
+	pthread_mutex_t plock; /* one round of progress at a time (engine or a polling thread) */
+	uint64_t last_poll_ns; /* last progress round run by a polling thread */
 	pthread_rwlock_t mr_lock;
 	struct fab_mr **mr_tab;
 	uint8_t *mr_gen;
@@ -238,7 +247,7 @@ struct fab_context {
 	struct fab_sock wake;
 	pthread_t thread;
 	int thread_started;
-	volatile int stop;
+	int stop; /* __atomic */
 	struct fab_qp *qps;
 	struct fab_qp *grave;
 	struct verbs_context vctx; /* must stay last: ibv_context ends the struct */
@@ -283,11 +292,14 @@ void fab_engine_stop(struct fab_context *ctx);
 int fab_qp_listen(struct fab_qp *qp);
 int fab_qp_connect(struct fab_qp *qp);
 void fab_qp_close_socks(struct fab_qp *qp);
+void fab_qp_close_listen(struct fab_qp *qp);
 void fab_qp_enable_in(struct fab_qp *qp);
 void fab_qp_tx(struct fab_qp *qp);
 void fab_qp_to_err(struct fab_qp *qp);
 void fab_sq_settle(struct fab_qp *qp);
 void fab_sock_set_events(struct fab_sock *s, uint32_t ev);
+void fab_sock_init(struct fab_sock *s, int kind, struct fab_qp *qp);
 void fab_wake(struct fab_context *ctx);
+void fab_poll_progress(struct fab_context *ctx);
 
 #endif

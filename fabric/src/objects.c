@@ -274,14 +274,19 @@ static int poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 	struct fab_cq *cq = (struct fab_cq *)ibcq;
 	if (num_entries <= 0)
 		return 0;
-	pthread_mutex_lock(&cq->lock);
 	int n = 0;
-	while (n < num_entries && cq->count) {
-		wc[n++] = cq->ring[cq->head];
-		cq->head = (cq->head + 1) % cq->cap;
-		cq->count--;
+	for (int round = 0; round < 2; round++) {
+		pthread_mutex_lock(&cq->lock);
+		while (n < num_entries && cq->count) {
+			wc[n++] = cq->ring[cq->head];
+			cq->head = (cq->head + 1) % cq->cap;
+			cq->count--;
+		}
+		pthread_mutex_unlock(&cq->lock);
+		if (n || round)
+			break;
+		fab_poll_progress(fab_ctx(ibcq->context));
 	}
-	pthread_mutex_unlock(&cq->lock);
 	return n;
 }
 
@@ -745,7 +750,9 @@ static struct ibv_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr
 	qp->qp.qp_type = IBV_QPT_RC;
 	pthread_mutex_init(&qp->qp.mutex, NULL);
 	pthread_cond_init(&qp->qp.cond, NULL);
-	qp->lsn.fd = qp->in.fd = qp->out.fd = -1;
+	fab_sock_init(&qp->lsn, FAB_SK_LISTEN, qp);
+	fab_sock_init(&qp->in, FAB_SK_IN, qp);
+	fab_sock_init(&qp->out, FAB_SK_OUT, qp);
 	int e = fab_engine_start(ctx);
 	if (!e)
 		e = fab_qp_listen(qp);
@@ -1012,10 +1019,7 @@ FAB_EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 	pthread_mutex_lock(&qp->lock);
 	qp->dead = 1;
 	fab_qp_close_socks(qp);
-	if (qp->lsn.fd >= 0) {
-		close(qp->lsn.fd); /* closing also takes it out of the epoll set */
-		qp->lsn.fd = -1;
-	}
+	fab_qp_close_listen(qp);
 	pthread_mutex_unlock(&qp->lock);
 	cq_use(ibqp->send_cq, -1);
 	cq_use(ibqp->recv_cq, -1);

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -288,6 +289,10 @@ static int run_pair(const char *name, role_fn initiator, role_fn target)
 		kill(pid, SIGKILL);
 	waitpid(pid, &st2, 0);
 	int ok2 = (WIFEXITED(st2) && WEXITSTATUS(st2) == 0) || (WIFSIGNALED(st2) && WTERMSIG(st2) == SIGKILL && ok1);
+	if (WIFSIGNALED(st1))
+		printf("     initiator killed by signal %d\n", WTERMSIG(st1));
+	if (WIFSIGNALED(st2) && WTERMSIG(st2) != SIGKILL)
+		printf("     target killed by signal %d\n", WTERMSIG(st2));
 	printf("%s %-28s %8.1f ms\n", ok1 && ok2 ? "ok  " : "FAIL", name, now_ms() - t0);
 	fflush(stdout);
 	return ok1 && ok2 ? 0 : 1;
@@ -595,10 +600,12 @@ static void lkey_target(struct end *e)
 /* the peer is killed: outstanding and later WRs fail with RETRY_EXC_ERR within a bound */
 static double kill_bound_ms = 1000;
 
+static uint8_t killed_qp_timeout = 14;
+
 static void killed_init(struct end *e)
 {
 	open_end(e, 1 << 16, ALL_ACCESS, 0, 0);
-	struct info p = pair_up(e, 14, 7);
+	struct info p = pair_up(e, killed_qp_timeout, 7);
 	post(e, IBV_WR_RDMA_WRITE, 1, e->buf, 64, e->mr->lkey, p.addr, p.rkey, IBV_SEND_SIGNALED, 0);
 	expect_wc(e->scq, 1, IBV_WC_SUCCESS, NULL);
 	/* a SEND the target never receives stays outstanding */
@@ -622,6 +629,28 @@ static void killed_target(struct end *e)
 	open_end(e, 1 << 16, ALL_ACCESS, 0, 0);
 	pair_up(e, 14, 7);
 	pause();
+}
+
+/* the target forked a child (which lives on) before being killed: the child must not hold the
+ * target's connections open, so the initiator still sees the death at once */
+static void killed_forked_target(struct end *e)
+{
+	open_end(e, 1 << 16, ALL_ACCESS, 0, 0);
+	pair_up(e, 31, 7); /* a timeout of hours: only the connection's EOF can end the SEND */
+	pid_t c = fork();
+	CHECK(c >= 0);
+	if (c == 0) {
+		sleep(3);
+		_exit(0);
+	}
+	pause();
+}
+
+/* with a QP timeout of 4 s x 8 tries (the 10 s cap), only the EOF can beat the bound */
+static void killed_forked_init(struct end *e)
+{
+	killed_qp_timeout = 20;
+	killed_init(e);
 }
 
 /* a peer that is killed while idle: the next post fails at once */
@@ -710,6 +739,268 @@ static void states_target(struct end *e)
 	sync_peer(e->sock);
 }
 
+/* several threads, each with its own QP on one shared context and CQ pair per thread, stream
+ * WRITE_WITH_IMM + SEND concurrently; the polling threads also drive progress */
+#define NTHREADS 4
+#define NMSG 2000
+struct tctx {
+	struct end *e;
+	struct ibv_qp *qp;
+	struct ibv_cq *scq, *rcq;
+	struct info peer;
+	int idx;
+	int target;
+};
+
+static struct ibv_qp *mk_qp(struct end *e, struct ibv_cq *scq, struct ibv_cq *rcq)
+{
+	struct ibv_qp_init_attr qa = {.send_cq = scq, .recv_cq = rcq, .qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = 128, .max_recv_wr = 256, .max_send_sge = 1,
+					      .max_recv_sge = 1}};
+	struct ibv_qp *qp = ibv_create_qp(e->pd, &qa);
+	CHECK(qp);
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
+				.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
+	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0);
+	return qp;
+}
+
+static void *thread_main(void *arg)
+{
+	struct tctx *t = arg;
+	struct end *e = t->e;
+	uint8_t *slot = e->buf + (size_t)t->idx * 65536;
+	struct ibv_wc wc;
+	if (t->target) {
+		/* receives are reposted as they complete; the immediates must arrive in order */
+		/* 256 receive buffers of 4 bytes, each reposted when its receive completed */
+		struct ibv_sge sge = {0, 4, e->mr->lkey};
+		struct ibv_recv_wr wr = {.sg_list = &sge, .num_sge = 1}, *bad;
+		for (int i = 0; i < 256; i++) {
+			wr.wr_id = (uint64_t)i;
+			sge.addr = (uintptr_t)slot + 32768 + 4 * (uint64_t)i;
+			CHECK(ibv_post_recv(t->qp, &wr, &bad) == 0);
+		}
+		for (uint32_t got = 0; got < 2 * NMSG;) {
+			if (!poll_wc(t->rcq, &wc, 10000)) {
+				fprintf(stderr, "receiver: got %u\n", got);
+				CHECK(!"receive timed out");
+			}
+			CHECK(wc.status == IBV_WC_SUCCESS);
+			uint32_t want = got / 2;
+			if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+				CHECK(got % 2 == 0 && ntohl(wc.imm_data) == want);
+				CHECK(*(uint32_t *)(slot + 4 * want) == want);
+			} else {
+				CHECK(got % 2 == 1 && wc.byte_len == 4);
+				CHECK(*(uint32_t *)(slot + 32768 + 4 * wc.wr_id) == want);
+			}
+			got++;
+			wr.wr_id = wc.wr_id;
+			sge.addr = (uintptr_t)slot + 32768 + 4 * wc.wr_id;
+			CHECK(ibv_post_recv(t->qp, &wr, &bad) == 0);
+		}
+		return NULL;
+	}
+	int outstanding = 0;
+	for (uint32_t i = 0; i < NMSG; i++) {
+		uint32_t *src = (uint32_t *)(slot + 4 * i); /* 8000 bytes: no word is reused */
+		*src = i;
+		struct ibv_sge sge = {(uintptr_t)src, 4, e->mr->lkey};
+		struct ibv_send_wr w2 = {.wr_id = 2 * i + 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+					 .send_flags = IBV_SEND_SIGNALED};
+		struct ibv_send_wr w1 = {.wr_id = 2 * i, .sg_list = &sge, .num_sge = 1,
+					 .opcode = IBV_WR_RDMA_WRITE_WITH_IMM, .send_flags = IBV_SEND_SIGNALED,
+					 .imm_data = htonl(i), .next = &w2};
+		w1.wr.rdma.remote_addr = t->peer.addr + (uint64_t)t->idx * 65536 + 4 * (uint64_t)i;
+		w1.wr.rdma.rkey = t->peer.rkey;
+		struct ibv_send_wr *bad;
+		while (outstanding > 120) {
+			if (!poll_wc(t->scq, &wc, 10000)) {
+				fprintf(stderr, "sender: i %u outstanding %d\n", i, outstanding);
+				CHECK(!"send completion timed out");
+			}
+			CHECK(wc.status == IBV_WC_SUCCESS);
+			outstanding--;
+		}
+		CHECK(ibv_post_send(t->qp, &w1, &bad) == 0);
+		outstanding += 2;
+	}
+	while (outstanding) {
+		CHECK(poll_wc(t->scq, &wc, 10000));
+		CHECK(wc.status == IBV_WC_SUCCESS);
+		outstanding--;
+	}
+	return NULL;
+}
+
+static void threads_run(struct end *e, int target)
+{
+	open_end(e, NTHREADS * 65536, ALL_ACCESS, 0, 0);
+	struct tctx t[NTHREADS];
+	struct info mine[NTHREADS], peer[NTHREADS];
+	for (int i = 0; i < NTHREADS; i++) {
+		t[i].e = e;
+		t[i].idx = i;
+		t[i].target = target;
+		t[i].scq = ibv_create_cq(e->ctx, 256, NULL, NULL, 0);
+		t[i].rcq = ibv_create_cq(e->ctx, 512, NULL, NULL, 0);
+		CHECK(t[i].scq && t[i].rcq);
+		t[i].qp = mk_qp(e, t[i].scq, t[i].rcq);
+		mine[i] = my_info(e);
+		mine[i].qpn = t[i].qp->qp_num;
+	}
+	xwrite(e->sock, mine, sizeof(mine));
+	xread(e->sock, peer, sizeof(peer));
+	for (int i = 0; i < NTHREADS; i++) {
+		struct end tmp = *e;
+		tmp.qp = t[i].qp;
+		rtr_rts(&tmp, &peer[i], 14, 7);
+		t[i].peer = peer[i];
+	}
+	sync_peer(e->sock);
+	pthread_t th[NTHREADS];
+	double t0 = now_ms();
+	for (int i = 0; i < NTHREADS; i++)
+		CHECK(pthread_create(&th[i], NULL, thread_main, &t[i]) == 0);
+	for (int i = 0; i < NTHREADS; i++)
+		pthread_join(th[i], NULL);
+	if (!target)
+		printf("     %d threads x %d (WRITE_WITH_IMM + SEND): %.1f ms\n", NTHREADS, NMSG, now_ms() - t0);
+	sync_peer(e->sock);
+	for (int i = 0; i < NTHREADS; i++) {
+		CHECK(ibv_destroy_qp(t[i].qp) == 0);
+		CHECK(ibv_destroy_cq(t[i].scq) == 0);
+		CHECK(ibv_destroy_cq(t[i].rcq) == 0);
+	}
+	close_end(e);
+}
+
+static void threads_init(struct end *e)
+{
+	threads_run(e, 0);
+}
+
+static void threads_target(struct end *e)
+{
+	threads_run(e, 1);
+}
+
+/* many QPs between two processes: create, connect, one transfer each, destroy */
+#define MANY 200
+static void many_run(struct end *e, int target)
+{
+	open_end(e, MANY * 64, ALL_ACCESS, 0, 0);
+	static struct ibv_qp *qps[MANY];
+	static struct info mine[MANY], peer[MANY];
+	for (int i = 0; i < MANY; i++) {
+		qps[i] = mk_qp(e, e->scq, e->rcq);
+		mine[i] = my_info(e);
+		mine[i].qpn = qps[i]->qp_num;
+	}
+	xwrite(e->sock, mine, sizeof(mine));
+	xread(e->sock, peer, sizeof(peer));
+	for (int i = 0; i < MANY; i++) {
+		struct end tmp = *e;
+		tmp.qp = qps[i];
+		rtr_rts(&tmp, &peer[i], 14, 7);
+	}
+	sync_peer(e->sock);
+	if (!target) {
+		for (int i = 0; i < MANY; i++) {
+			struct end tmp = *e;
+			tmp.qp = qps[i];
+			e->buf[64 * i] = (uint8_t)i;
+			post(&tmp, IBV_WR_RDMA_WRITE, (uint64_t)i, e->buf + 64 * i, 1, e->mr->lkey, peer[i].addr + 64 * (uint64_t)i,
+			     peer[i].rkey, IBV_SEND_SIGNALED, 0);
+		}
+		for (int i = 0; i < MANY; i++) {
+			struct ibv_wc wc;
+			CHECK(poll_wc(e->scq, &wc, 10000));
+			CHECK(wc.status == IBV_WC_SUCCESS);
+		}
+	}
+	sync_peer(e->sock);
+	if (target)
+		for (int i = 0; i < MANY; i++)
+			CHECK(e->buf[64 * i] == (uint8_t)i);
+	for (int i = 0; i < MANY; i++)
+		CHECK(ibv_destroy_qp(qps[i]) == 0);
+	close_end(e);
+}
+
+static void many_init(struct end *e)
+{
+	many_run(e, 0);
+}
+
+static void many_target(struct end *e)
+{
+	many_run(e, 1);
+}
+
+/* SEND ping-pong with busy polling on both sides: prints the round-trip distribution */
+#define PINGS 5000
+static void pingpong_run(struct end *e, int target)
+{
+	open_end(e, 4096, ALL_ACCESS, 0, 0);
+	for (int i = 0; i < 64; i++)
+		post_recv(e, 1000 + (uint64_t)i, e->buf + 1024, 64);
+	pair_up(e, 14, 7);
+	static double rtt[PINGS];
+	struct ibv_wc wc;
+	for (int i = 0; i < PINGS; i++) {
+		double t0 = now_ms();
+		if (!target)
+			post(e, IBV_WR_SEND, (uint64_t)i, e->buf, 8, e->mr->lkey, 0, 0, 0, 0);
+		int n;
+		while ((n = ibv_poll_cq(e->rcq, 1, &wc)) == 0)
+			;
+		CHECK(n == 1 && wc.status == IBV_WC_SUCCESS);
+		post_recv(e, wc.wr_id, e->buf + 1024, 64);
+		if (target)
+			post(e, IBV_WR_SEND, (uint64_t)i, e->buf, 8, e->mr->lkey, 0, 0, 0, 0);
+		rtt[i] = now_ms() - t0;
+		if (i % 32 == 31) { /* an occasional signaled SEND keeps the send queue drained */
+			post(e, IBV_WR_SEND, 1u << 20, e->buf, 0, 0, 0, 0, IBV_SEND_SIGNALED, 0);
+			while ((n = ibv_poll_cq(e->scq, 1, &wc)) == 0)
+				;
+			CHECK(wc.status == IBV_WC_SUCCESS);
+			while ((n = ibv_poll_cq(e->rcq, 1, &wc)) == 0)
+				;
+			post_recv(e, wc.wr_id, e->buf + 1024, 64);
+		}
+	}
+	if (!target) {
+		double sorted[PINGS];
+		memcpy(sorted, rtt, sizeof(sorted));
+		for (int i = 1; i < PINGS; i++) { /* insertion sort is fine for a few thousand values */
+			double v = sorted[i];
+			int j = i - 1;
+			while (j >= 0 && sorted[j] > v) {
+				sorted[j + 1] = sorted[j];
+				j--;
+			}
+			sorted[j + 1] = v;
+		}
+		printf("     SEND ping-pong, %d round trips: median %.1f us, p99 %.1f us, p99.9 %.1f us, max %.1f us\n",
+		       PINGS, sorted[PINGS / 2] * 1e3, sorted[PINGS * 99 / 100] * 1e3, sorted[PINGS * 999 / 1000] * 1e3,
+		       sorted[PINGS - 1] * 1e3);
+	}
+	sync_peer(e->sock);
+	close_end(e);
+}
+
+static void pingpong_init(struct end *e)
+{
+	pingpong_run(e, 0);
+}
+
+static void pingpong_target(struct end *e)
+{
+	pingpong_run(e, 1);
+}
+
 /* device, port, GID, sysfs tree */
 static void device_init(struct end *e)
 {
@@ -764,10 +1055,19 @@ int main(int argc, char **argv)
 		{"access-no-remote-read", access_init, access_target, BAD_NO_RR},
 		{"access-read-out-of-bounds", access_init, access_target, BAD_READ_BOUNDS},
 		{"local-prot", lkey_init, lkey_target, -1},
+		{"threads", threads_init, threads_target, -1},
+		{"pingpong", pingpong_init, pingpong_target, -1},
+		{"many-qps", many_init, many_target, -1},
 		{"peer-killed", killed_init, killed_target, -1},
 		{"peer-killed-idle", killed_idle_init, killed_target, -1},
+		{"peer-killed-forked", killed_forked_init, killed_forked_target, -1},
 		{"peer-stopped", stopped_init, killed_target, -1},
 	};
+	if (argc == 2 && strcmp(argv[1], "--list") == 0) {
+		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+			printf("%s\n", cases[i].name);
+		return 0;
+	}
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		int want = argc == 1;
 		for (int a = 1; a < argc; a++)
