@@ -227,7 +227,7 @@ run_ranks CollNet NCCL_NET=Rivet NCCL_NET_PLUGIN="$plugin" NCCL_COLLNET_ENABLE=1
 echo
 python3 "$here/gpu_nccl.py" report Rivet="$work/Rivet.json" IB="$work/IB.json" Socket="$work/Socket.json" || overall=1
 echo
-collnet_algos=$(grep -ohE "AllReduce: [0-9]+ Bytes -> Algo [A-Za-z]+" "$work/CollNet.r0.log" | awk '{ print $5 }' | sort | uniq -c | tr -s ' ' | paste -sd, - || true)
+collnet_algos=$(grep -ohE "AllReduce: [0-9]+ Bytes -> Algo [A-Za-z]+" "$work/CollNet.r0.log" | awk '{ print $NF }' | sort | uniq -c | tr -s ' ' | paste -sd, - || true)
 if grep -q "via COLLNET/Rivet" "$work/CollNet.r0.log"; then
     echo "CollNet (NCCL_COLLNET_ENABLE=1): NCCL connected Rivet's CollNet (via COLLNET/Rivet); all-reduce algorithms chosen: ${collnet_algos:-none logged}"
 else
