@@ -17,7 +17,8 @@ elapsed() { printf '%.1f s' "$(echo "$(date +%s.%N) - $1" | bc)"; }
 
 step "loader: LD_LIBRARY_PATH=$out picks the fabric"
 if LD_LIBRARY_PATH="$out" "$out/tests/loadcheck" "$out"; then :; else echo "FAIL loadcheck"; fail=1; fi
-if LD_LIBRARY_PATH="$out" ldd /usr/bin/ib_write_bw | grep -q "libibverbs.so.1 => $out/"; then
+deps=$(LD_LIBRARY_PATH="$out" ldd /usr/bin/ib_write_bw)  # not piped into grep -q: SIGPIPE + pipefail
+if grep -q "libibverbs.so.1 => $out/" <<<"$deps"; then
 	echo "  ldd ib_write_bw: libibverbs.so.1 => $out/libibverbs.so.1"
 else
 	echo "FAIL ldd does not resolve libibverbs.so.1 to the fabric"; fail=1
