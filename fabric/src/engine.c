@@ -1011,6 +1011,14 @@ static void do_accept(struct fab_qp *qp)
 		int fd = accept4(qp->lsn.fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0)
 			return;
+		/* abstract sockets have no file permissions: only our own user may connect */
+		struct ucred cred;
+		socklen_t cl = sizeof(cred);
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) || cred.uid != getuid()) {
+			fab_log("QP %u: refusing a connection from uid %d", qp->qp.qp_num, (int)cred.uid);
+			close(fd);
+			continue;
+		}
 		if (qp->in.fd >= 0 || qp->qp.state == IBV_QPS_ERR) {
 			close(fd);
 			continue;
