@@ -112,8 +112,9 @@ static void qp_sockaddr(uint32_t qpn, struct sockaddr_un *a, socklen_t *len)
 {
 	memset(a, 0, sizeof(*a));
 	a->sun_family = AF_UNIX;
-	int n = snprintf(a->sun_path + 1, sizeof(a->sun_path) - 1, "rivet-fabric.%u.qp.%u", (unsigned)getuid(),
-			 qpn);
+	/* one QPN space per host (network namespace), as on one HCA; no uid in the name, so
+	 * processes inside and outside a user namespace (unshare -r) still find each other */
+	int n = snprintf(a->sun_path + 1, sizeof(a->sun_path) - 1, "rivet-fabric.qp.%u", qpn);
 	*len = (socklen_t)(__builtin_offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
@@ -1012,7 +1013,7 @@ static void do_accept(struct fab_qp *qp)
 		if (fd < 0)
 			return;
 		/* abstract sockets have no file permissions: only our own user may connect */
-		struct ucred cred;
+		struct ucred cred = {0, (uid_t)-1, (gid_t)-1};
 		socklen_t cl = sizeof(cred);
 		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) || cred.uid != getuid()) {
 			fab_log("QP %u: refusing a connection from uid %d", qp->qp.qp_num, (int)cred.uid);
