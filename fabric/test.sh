@@ -13,7 +13,7 @@ FABRIC_OUT="$out" "$here/build.sh" --tests >/dev/null
 export RIVET_FABRIC_DIR="${RIVET_FABRIC_DIR:-$(mktemp -d /tmp/rivet-fabric-test.XXXXXX)}"
 fail=0
 step() { printf '\n== %s\n' "$*"; }
-elapsed() { printf '%.1f s' "$(echo "$(date +%s.%N) - $1" | bc)"; }
+elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f s", b - a }'; }
 
 step "loader: LD_LIBRARY_PATH=$out picks the fabric"
 if LD_LIBRARY_PATH="$out" "$out/tests/loadcheck" "$out"; then :; else echo "FAIL loadcheck"; fail=1; fi
