@@ -77,6 +77,7 @@ perf ib_read_bw -s 65536 -n 2000
 perf ib_send_bw -s 65536 -n 2000
 perf ib_send_lat -s 2 -n 5000
 perf ib_write_lat -s 2 -n 5000
+perf ib_atomic_bw -n 2000
 
 rm -rf "$RIVET_FABRIC_DIR"
 printf '\nfabric tests: %s in %s\n' "$([ $fail = 0 ] && echo PASS || echo FAIL)" "$(elapsed "$start")"

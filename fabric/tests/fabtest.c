@@ -127,7 +127,7 @@ static void open_end(struct end *e, size_t len, int mr_access, int use_srq, int 
 				.pkey_index = 0,
 				.port_num = 1,
 				.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-						   IBV_ACCESS_LOCAL_WRITE};
+						   IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_LOCAL_WRITE};
 	CHECK(ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0);
 }
 
@@ -404,6 +404,69 @@ static void opcodes_target(struct end *e)
 	sync_peer(e->sock);
 	sync_peer(e->sock);
 	CHECK(guards_intact(e));
+	close_end(e);
+}
+
+/* atomics: FETCH_AND_ADD and CMP_AND_SWP return the original value; a region without
+ * REMOTE_ATOMIC is a remote access error */
+static void atomic_post(struct end *e, enum ibv_wr_opcode op, uint64_t wr_id, uint64_t *result, uint64_t raddr,
+			uint32_t rkey, uint64_t compare_add, uint64_t swap)
+{
+	struct ibv_sge sge = {(uintptr_t)result, 8, e->mr->lkey};
+	struct ibv_send_wr wr = {.wr_id = wr_id, .sg_list = &sge, .num_sge = 1, .opcode = op,
+				 .send_flags = IBV_SEND_SIGNALED}, *bad;
+	wr.wr.atomic.remote_addr = raddr;
+	wr.wr.atomic.rkey = rkey;
+	wr.wr.atomic.compare_add = compare_add;
+	wr.wr.atomic.swap = swap;
+	CHECK(ibv_post_send(e->qp, &wr, &bad) == 0);
+}
+
+static void atomics_init(struct end *e)
+{
+	open_end(e, 4096, ALL_ACCESS, 0, 0);
+	struct info p = pair_up(e, 14, 7);
+	uint64_t *res = (uint64_t *)e->buf;
+	struct ibv_wc wc;
+	atomic_post(e, IBV_WR_ATOMIC_FETCH_AND_ADD, 1, &res[0], p.addr, p.rkey, 3, 0);
+	expect_wc(e->scq, 1, IBV_WC_SUCCESS, &wc);
+	CHECK(wc.opcode == IBV_WC_FETCH_ADD && wc.byte_len == 8 && res[0] == 5);
+	atomic_post(e, IBV_WR_ATOMIC_CMP_AND_SWP, 2, &res[1], p.addr, p.rkey, 8, 100);
+	expect_wc(e->scq, 2, IBV_WC_SUCCESS, &wc);
+	CHECK(wc.opcode == IBV_WC_COMP_SWAP && res[1] == 8);
+	atomic_post(e, IBV_WR_ATOMIC_CMP_AND_SWP, 3, &res[2], p.addr, p.rkey, 7, 1); /* no match */
+	expect_wc(e->scq, 3, IBV_WC_SUCCESS, NULL);
+	CHECK(res[2] == 100);
+	/* a WRITE between atomics stays ordered with them */
+	res[3] = 1000;
+	post(e, IBV_WR_RDMA_WRITE, 4, &res[3], 8, e->mr->lkey, p.addr, p.rkey, 0, 0);
+	atomic_post(e, IBV_WR_ATOMIC_FETCH_AND_ADD, 5, &res[4], p.addr, p.rkey, 1, 0);
+	expect_wc(e->scq, 5, IBV_WC_SUCCESS, NULL);
+	CHECK(res[4] == 1000);
+	/* a region registered without REMOTE_ATOMIC */
+	atomic_post(e, IBV_WR_ATOMIC_FETCH_AND_ADD, 6, &res[5], p.addr2, p.rkey2, 1, 0);
+	expect_wc(e->scq, 6, IBV_WC_REM_ACCESS_ERR, NULL);
+	sync_peer(e->sock);
+	close_end(e);
+}
+
+static void atomics_target(struct end *e)
+{
+	open_end(e, 4096, ALL_ACCESS | IBV_ACCESS_REMOTE_ATOMIC, 0, 0);
+	uint64_t *v = (uint64_t *)e->buf;
+	v[0] = 5;
+	struct ibv_mr *mr2 = ibv_reg_mr(e->pd, e->buf + 2048, 64, ALL_ACCESS);
+	CHECK(mr2);
+	struct info mine = my_info(e), peer;
+	mine.addr2 = (uintptr_t)e->buf + 2048;
+	mine.rkey2 = mr2->rkey;
+	xwrite(e->sock, &mine, sizeof(mine));
+	xread(e->sock, &peer, sizeof(peer));
+	rtr_rts(e, &peer, 14, 7);
+	sync_peer(e->sock);
+	sync_peer(e->sock);
+	CHECK(v[0] == 1001);
+	CHECK(ibv_dereg_mr(mr2) == 0);
 	close_end(e);
 }
 
@@ -1144,6 +1207,7 @@ int main(int argc, char **argv)
 		{"device", device_init, device_target, -1},
 		{"states", states_init, states_target, -1},
 		{"opcodes", opcodes_init, opcodes_target, -1},
+		{"atomics", atomics_init, atomics_target, -1},
 		{"cq-channel-overrun", cqs_init, states_target, -1},
 		{"send-too-long", toolong_init, toolong_target, -1},
 		{"order", order_init, order_target, -1},
