@@ -1276,14 +1276,18 @@ static void *engine_main(void *arg)
 			if (nap_ns < FAB_NAP_MAX_NS)
 				nap_ns *= 2;
 			if (fab_now_ns() - __atomic_load_n(&ctx->last_poll_ns, __ATOMIC_RELAXED) < FAB_POLLER_NS)
-				continue;
+				n = 0; /* the poller handles them; timers are still ours */
 		}
-		nap_ns = FAB_NAP_MIN_NS;
+		if (n > 0)
+			nap_ns = FAB_NAP_MIN_NS;
+		uint64_t now = fab_now_ns();
+		int timers = now - last_timer > 50000000ull;
+		if (n <= 0 && !timers)
+			continue;
 		pthread_mutex_lock(&ctx->plock);
 		if (n > 0 && handle_events(evs, n))
 			wake_scan(ctx);
-		uint64_t now = fab_now_ns();
-		if (now - last_timer > 50000000ull) {
+		if (timers) {
 			last_timer = now;
 			check_timers(ctx);
 		}
