@@ -13,11 +13,12 @@ FABRIC_OUT="$out" "$here/build.sh" --tests >/dev/null
 export RIVET_FABRIC_DIR="${RIVET_FABRIC_DIR:-$(mktemp -d /tmp/rivet-fabric-test.XXXXXX)}"
 fail=0
 step() { printf '\n== %s\n' "$*"; }
-elapsed() { printf '%.1f s' "$(echo "$(date +%s.%N) - $1" | bc)"; }
+elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f s", b - a }'; }
 
 step "loader: LD_LIBRARY_PATH=$out picks the fabric"
 if LD_LIBRARY_PATH="$out" "$out/tests/loadcheck" "$out"; then :; else echo "FAIL loadcheck"; fail=1; fi
-if LD_LIBRARY_PATH="$out" ldd /usr/bin/ib_write_bw | grep -q "libibverbs.so.1 => $out/"; then
+deps=$(LD_LIBRARY_PATH="$out" ldd /usr/bin/ib_write_bw)  # not piped into grep -q: SIGPIPE + pipefail
+if grep -q "libibverbs.so.1 => $out/" <<<"$deps"; then
 	echo "  ldd ib_write_bw: libibverbs.so.1 => $out/libibverbs.so.1"
 else
 	echo "FAIL ldd does not resolve libibverbs.so.1 to the fabric"; fail=1
@@ -76,6 +77,7 @@ perf ib_read_bw -s 65536 -n 2000
 perf ib_send_bw -s 65536 -n 2000
 perf ib_send_lat -s 2 -n 5000
 perf ib_write_lat -s 2 -n 5000
+perf ib_atomic_bw -n 2000
 
 rm -rf "$RIVET_FABRIC_DIR"
 printf '\nfabric tests: %s in %s\n' "$([ $fail = 0 ] && echo PASS || echo FAIL)" "$(elapsed "$start")"

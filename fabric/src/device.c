@@ -475,7 +475,7 @@ static void fill_device_attr(struct fab_device *d, struct ibv_device_attr *a)
 	a->max_ee_rd_atom = 0;
 	a->max_res_rd_atom = 16 << 18;
 	a->max_qp_init_rd_atom = 16;
-	a->atomic_cap = IBV_ATOMIC_NONE;
+	a->atomic_cap = IBV_ATOMIC_HCA; /* atomic among the fabric's own atomics */
 	a->max_srq = 1 << 16;
 	a->max_srq_wr = FAB_MAX_QP_WR;
 	a->max_srq_sge = FAB_MAX_SGE;

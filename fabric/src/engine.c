@@ -112,8 +112,9 @@ static void qp_sockaddr(uint32_t qpn, struct sockaddr_un *a, socklen_t *len)
 {
 	memset(a, 0, sizeof(*a));
 	a->sun_family = AF_UNIX;
-	int n = snprintf(a->sun_path + 1, sizeof(a->sun_path) - 1, "rivet-fabric.%u.qp.%u", (unsigned)getuid(),
-			 qpn);
+	/* one QPN space per host (network namespace), as on one HCA; no uid in the name, so
+	 * processes inside and outside a user namespace (unshare -r) still find each other */
+	int n = snprintf(a->sun_path + 1, sizeof(a->sun_path) - 1, "rivet-fabric.qp.%u", qpn);
 	*len = (socklen_t)(__builtin_offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
@@ -384,6 +385,14 @@ static void resp_push(struct fab_sock *s, uint8_t kind, uint32_t val, uint64_t s
 	s->rcount++;
 }
 
+static void resp_push_value(struct fab_sock *s, uint8_t kind, uint64_t value)
+{
+	resp_push(s, kind, sizeof(value), 0, 0, sizeof(value));
+	struct fab_resp *r = &s->resp[(s->rhead + s->rcount - 1) % FAB_RESP_RING];
+	r->owned = 1;
+	r->own = value;
+}
+
 static void ack_pending(struct fab_sock *s)
 {
 	if (s->pending_ack) {
@@ -464,7 +473,11 @@ static int resp_flush(struct fab_qp *qp)
 				iov[k].iov_len = sizeof(r->hdr) - r->hdr_off;
 				k++;
 			}
-			if (r->len > r->off) {
+			if (r->len > r->off && r->owned) {
+				iov[k].iov_base = (char *)&r->own + r->off;
+				iov[k].iov_len = r->len - r->off;
+				k++;
+			} else if (r->len > r->off) {
 				uint64_t va;
 				uint32_t chunk = r->len - r->off;
 				if (fab_mr_find(ctx, qp->qp.pd, r->rkey, r->src + r->off, chunk, IBV_ACCESS_REMOTE_READ,
@@ -592,6 +605,29 @@ static void in_read(struct fab_qp *qp)
 				return;
 			}
 			s->rstate = FAB_RS_HDR;
+			if (fab_op_atomic(s->cur_op)) {
+				uint64_t va, old;
+				pthread_rwlock_rdlock(&ctx->mr_lock);
+				int bad = fab_mr_find(ctx, qp->qp.pd, s->cur_rkey, s->cur_raddr, 8, IBV_ACCESS_REMOTE_ATOMIC, &va);
+				if (!bad) {
+					uint64_t *p = (uint64_t *)(uintptr_t)va;
+					if (s->cur_op == FAB_OP_CMP_SWP) {
+						old = s->atomic_args[0];
+						__atomic_compare_exchange_n(p, &old, s->atomic_args[1], 0, __ATOMIC_SEQ_CST,
+									    __ATOMIC_SEQ_CST);
+					} else {
+						old = __atomic_fetch_add(p, s->atomic_args[0], __ATOMIC_SEQ_CST);
+					}
+				}
+				pthread_rwlock_unlock(&ctx->mr_lock);
+				if (bad) {
+					responder_error(qp, FAB_R_NAK_ACCESS, IBV_EVENT_QP_ACCESS_ERR);
+					return;
+				}
+				ack_pending(s);
+				resp_push_value(s, FAB_R_ATOMIC, old);
+				continue;
+			}
 			if (s->cur_has_rwqe) {
 				int imm = s->cur_op == FAB_OP_WRITE_IMM || s->cur_op == FAB_OP_SEND_IMM;
 				enum ibv_wc_opcode op = s->cur_op == FAB_OP_WRITE_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
@@ -666,6 +702,29 @@ static void in_read(struct fab_qp *qp)
 			s->ndst = 1;
 			s->pay_key_access = IBV_ACCESS_REMOTE_WRITE;
 			break;
+		}
+		case FAB_OP_CMP_SWP:
+		case FAB_OP_FETCH_ADD: {
+			s->sb += sizeof(h);
+			if (!(qp->access & IBV_ACCESS_REMOTE_ATOMIC) || h.len != 8 ||
+			    fab_mr_check(ctx, qp->qp.pd, h.rkey, h.raddr, 8, IBV_ACCESS_REMOTE_ATOMIC)) {
+				responder_error(qp, FAB_R_NAK_ACCESS, IBV_EVENT_QP_ACCESS_ERR);
+				return;
+			}
+			if (h.raddr % 8) {
+				responder_error(qp, FAB_R_NAK_INV, IBV_EVENT_QP_REQ_ERR);
+				return;
+			}
+			/* the operands follow: take them into the socket's scratch, then operate */
+			s->cur_raddr = h.raddr;
+			s->cur_rkey = h.rkey;
+			s->dst[0].addr = (uintptr_t)s->atomic_args;
+			s->dst[0].len = sizeof(s->atomic_args);
+			s->dst[0].key = 0;
+			s->ndst = 1;
+			s->remaining = sizeof(s->atomic_args);
+			s->rstate = FAB_RS_PAYLOAD;
+			continue;
 		}
 		case FAB_OP_SEND:
 		case FAB_OP_SEND_IMM: {
@@ -764,8 +823,11 @@ static void in_event(struct fab_qp *qp, uint32_t events)
 
 static uint32_t wire_len(const struct fab_swqe *w)
 {
-	int payload = w->hdr.op != FAB_OP_READ;
-	return (uint32_t)sizeof(w->hdr) + (payload ? w->len : 0);
+	if (w->hdr.op == FAB_OP_READ)
+		return (uint32_t)sizeof(w->hdr);
+	if (fab_op_atomic(w->hdr.op))
+		return (uint32_t)(sizeof(w->hdr) + sizeof(w->atomic_args));
+	return (uint32_t)sizeof(w->hdr) + w->len;
 }
 
 static void send_wc(struct fab_qp *qp, struct fab_swqe *w, enum ibv_wc_status st)
@@ -827,11 +889,14 @@ void fab_qp_tx(struct fab_qp *qp)
 			pos = sizeof(w->hdr);
 			if (w->hdr.op == FAB_OP_READ)
 				continue;
-			if (w->inl) {
-				if (skip < pos + w->len) {
+			if (w->inl || fab_op_atomic(w->hdr.op)) {
+				/* one buffer of the WR's own: the inline copy or the atomic's operands */
+				uint8_t *buf = w->inl ? w->inl_buf : (uint8_t *)w->atomic_args;
+				uint64_t blen = w->inl ? w->len : sizeof(w->atomic_args);
+				if (skip < pos + blen) {
 					uint64_t from = skip > pos ? skip - pos : 0;
-					iov[k].iov_base = w->inl_buf + from;
-					iov[k].iov_len = w->len - from;
+					iov[k].iov_base = buf + from;
+					iov[k].iov_len = blen - from;
 					k++;
 				}
 				continue;
@@ -927,7 +992,7 @@ static void out_read(struct fab_qp *qp)
 		case FAB_R_ACK:
 			for (uint32_t i = 0; i < h.val; i++) {
 				struct fab_swqe *w = &qp->sq[qp->sq_head % qp->sq_cap];
-				if (qp->sq_head >= qp->sq_tx || w->hdr.op == FAB_OP_READ) {
+				if (qp->sq_head >= qp->sq_tx || fab_op_answered(w->hdr.op)) {
 					link_fail(qp);
 					return;
 				}
@@ -947,9 +1012,11 @@ static void out_read(struct fab_qp *qp)
 			qp->sq_head++;
 			fab_qp_to_err(qp);
 			return;
-		case FAB_R_READ: {
+		case FAB_R_READ:
+		case FAB_R_ATOMIC: {
 			struct fab_swqe *w = &qp->sq[qp->sq_head % qp->sq_cap];
-			if (qp->sq_head >= qp->sq_tx || w->hdr.op != FAB_OP_READ || w->len != h.val) {
+			int match = h.kind == FAB_R_READ ? w->hdr.op == FAB_OP_READ : fab_op_atomic(w->hdr.op);
+			if (qp->sq_head >= qp->sq_tx || !match || w->len != h.val) {
 				link_fail(qp);
 				return;
 			}
@@ -1011,6 +1078,14 @@ static void do_accept(struct fab_qp *qp)
 		int fd = accept4(qp->lsn.fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0)
 			return;
+		/* abstract sockets have no file permissions: only our own user may connect */
+		struct ucred cred = {0, (uid_t)-1, (gid_t)-1};
+		socklen_t cl = sizeof(cred);
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) || cred.uid != getuid()) {
+			fab_log("QP %u: refusing a connection from uid %d", qp->qp.qp_num, (int)cred.uid);
+			close(fd);
+			continue;
+		}
 		if (qp->in.fd >= 0 || qp->qp.state == IBV_QPS_ERR) {
 			close(fd);
 			continue;
@@ -1201,14 +1276,18 @@ static void *engine_main(void *arg)
 			if (nap_ns < FAB_NAP_MAX_NS)
 				nap_ns *= 2;
 			if (fab_now_ns() - __atomic_load_n(&ctx->last_poll_ns, __ATOMIC_RELAXED) < FAB_POLLER_NS)
-				continue;
+				n = 0; /* the poller handles them; timers are still ours */
 		}
-		nap_ns = FAB_NAP_MIN_NS;
+		if (n > 0)
+			nap_ns = FAB_NAP_MIN_NS;
+		uint64_t now = fab_now_ns();
+		int timers = now - last_timer > 50000000ull;
+		if (n <= 0 && !timers)
+			continue;
 		pthread_mutex_lock(&ctx->plock);
 		if (n > 0 && handle_events(evs, n))
 			wake_scan(ctx);
-		uint64_t now = fab_now_ns();
-		if (now - last_timer > 50000000ull) {
+		if (timers) {
 			last_timer = now;
 			check_timers(ctx);
 		}

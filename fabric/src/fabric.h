@@ -35,7 +35,20 @@ enum fab_req_op {
 	FAB_OP_SEND,
 	FAB_OP_SEND_IMM,
 	FAB_OP_READ,
+	FAB_OP_CMP_SWP,   /* payload: compare, swap (2 x u64) */
+	FAB_OP_FETCH_ADD, /* payload: add, unused (2 x u64) */
 };
+
+static inline int fab_op_atomic(uint8_t op)
+{
+	return op == FAB_OP_CMP_SWP || op == FAB_OP_FETCH_ADD;
+}
+
+/* ops the responder answers with data (not with an ACK) */
+static inline int fab_op_answered(uint8_t op)
+{
+	return op == FAB_OP_READ || fab_op_atomic(op);
+}
 
 /* requester -> responder, followed by `len` payload bytes for WRITE/SEND */
 struct fab_wire_req {
@@ -55,6 +68,7 @@ enum fab_resp_kind {
 	FAB_R_NAK_OP,     /* remote operation error (responder's local error) */
 	FAB_R_READ,       /* val = length, followed by the data */
 	FAB_R_RNR,        /* responder waits for a receive: not a completion */
+	FAB_R_ATOMIC,     /* val = 8, followed by the original value */
 };
 
 struct fab_wire_resp {
@@ -136,6 +150,7 @@ struct fab_swqe {
 	uint8_t signaled;
 	uint8_t inl;
 	uint8_t lerr; /* nonzero: complete with this ibv_wc_status when it reaches the head */
+	uint64_t atomic_args[2];
 	struct ibv_sge *sge;
 	uint8_t *inl_buf;
 };
@@ -157,6 +172,8 @@ struct fab_resp {
 	uint64_t src;
 	uint32_t len;
 	uint32_t off;
+	int owned;    /* the payload is `own` (an atomic's original value), not region memory */
+	uint64_t own;
 };
 
 struct fab_qp;
@@ -181,6 +198,9 @@ struct fab_sock {
 	uint32_t pay_key_access; /* access the destination needs */
 	/* responder: what completes when the payload is placed */
 	uint8_t cur_op;
+	uint64_t cur_raddr;
+	uint32_t cur_rkey;
+	uint64_t atomic_args[2];
 	uint32_t cur_len;
 	uint32_t cur_imm;
 	int cur_has_rwqe;

@@ -591,7 +591,15 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 		case IBV_WR_SEND: op = FAB_OP_SEND; wc_op = IBV_WC_SEND; break;
 		case IBV_WR_SEND_WITH_IMM: op = FAB_OP_SEND_IMM; wc_op = IBV_WC_SEND; break;
 		case IBV_WR_RDMA_READ: op = FAB_OP_READ; wc_op = IBV_WC_RDMA_READ; break;
+		case IBV_WR_ATOMIC_CMP_AND_SWP: op = FAB_OP_CMP_SWP; wc_op = IBV_WC_COMP_SWAP; break;
+		case IBV_WR_ATOMIC_FETCH_AND_ADD: op = FAB_OP_FETCH_ADD; wc_op = IBV_WC_FETCH_ADD; break;
 		default: *bad = wr; r = EINVAL; goto out;
+		}
+		/* an atomic returns the 8-byte original value into its one SGE */
+		if (fab_op_atomic(op) && (wr->num_sge != 1 || wr->sg_list[0].length != 8)) {
+			*bad = wr;
+			r = EINVAL;
+			goto out;
 		}
 		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->sq_max_sge) {
 			*bad = wr;
@@ -601,7 +609,7 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 		uint64_t total = 0;
 		for (int i = 0; i < wr->num_sge; i++)
 			total += wr->sg_list[i].length;
-		int inl = (wr->send_flags & IBV_SEND_INLINE) && op != FAB_OP_READ;
+		int inl = (wr->send_flags & IBV_SEND_INLINE) && !fab_op_answered(op);
 		if (total > FAB_MAX_MSG || (inl && total > qp->sq_max_inl)) {
 			*bad = wr;
 			r = EINVAL;
@@ -618,6 +626,12 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 		w->hdr.len = (uint32_t)total;
 		w->hdr.raddr = wr->wr.rdma.remote_addr;
 		w->hdr.rkey = wr->wr.rdma.rkey;
+		if (fab_op_atomic(op)) {
+			w->hdr.raddr = wr->wr.atomic.remote_addr;
+			w->hdr.rkey = wr->wr.atomic.rkey;
+			w->atomic_args[0] = wr->wr.atomic.compare_add;
+			w->atomic_args[1] = wr->wr.atomic.swap;
+		}
 		w->hdr.imm = (op == FAB_OP_WRITE_IMM || op == FAB_OP_SEND_IMM) ? wr->imm_data : 0;
 		w->wr_id = wr->wr_id;
 		w->len = (uint32_t)total;
@@ -633,7 +647,7 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 				off += wr->sg_list[i].length;
 			}
 		} else {
-			unsigned int need = op == FAB_OP_READ ? IBV_ACCESS_LOCAL_WRITE : 0;
+			unsigned int need = fab_op_answered(op) ? IBV_ACCESS_LOCAL_WRITE : 0;
 			pthread_rwlock_rdlock(&ctx->mr_lock);
 			for (int i = 0; i < wr->num_sge; i++) {
 				const struct ibv_sge *s = &wr->sg_list[i];

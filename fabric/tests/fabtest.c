@@ -127,7 +127,7 @@ static void open_end(struct end *e, size_t len, int mr_access, int use_srq, int 
 				.pkey_index = 0,
 				.port_num = 1,
 				.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-						   IBV_ACCESS_LOCAL_WRITE};
+						   IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_LOCAL_WRITE};
 	CHECK(ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0);
 }
 
@@ -407,6 +407,69 @@ static void opcodes_target(struct end *e)
 	close_end(e);
 }
 
+/* atomics: FETCH_AND_ADD and CMP_AND_SWP return the original value; a region without
+ * REMOTE_ATOMIC is a remote access error */
+static void atomic_post(struct end *e, enum ibv_wr_opcode op, uint64_t wr_id, uint64_t *result, uint64_t raddr,
+			uint32_t rkey, uint64_t compare_add, uint64_t swap)
+{
+	struct ibv_sge sge = {(uintptr_t)result, 8, e->mr->lkey};
+	struct ibv_send_wr wr = {.wr_id = wr_id, .sg_list = &sge, .num_sge = 1, .opcode = op,
+				 .send_flags = IBV_SEND_SIGNALED}, *bad;
+	wr.wr.atomic.remote_addr = raddr;
+	wr.wr.atomic.rkey = rkey;
+	wr.wr.atomic.compare_add = compare_add;
+	wr.wr.atomic.swap = swap;
+	CHECK(ibv_post_send(e->qp, &wr, &bad) == 0);
+}
+
+static void atomics_init(struct end *e)
+{
+	open_end(e, 4096, ALL_ACCESS, 0, 0);
+	struct info p = pair_up(e, 14, 7);
+	uint64_t *res = (uint64_t *)e->buf;
+	struct ibv_wc wc;
+	atomic_post(e, IBV_WR_ATOMIC_FETCH_AND_ADD, 1, &res[0], p.addr, p.rkey, 3, 0);
+	expect_wc(e->scq, 1, IBV_WC_SUCCESS, &wc);
+	CHECK(wc.opcode == IBV_WC_FETCH_ADD && wc.byte_len == 8 && res[0] == 5);
+	atomic_post(e, IBV_WR_ATOMIC_CMP_AND_SWP, 2, &res[1], p.addr, p.rkey, 8, 100);
+	expect_wc(e->scq, 2, IBV_WC_SUCCESS, &wc);
+	CHECK(wc.opcode == IBV_WC_COMP_SWAP && res[1] == 8);
+	atomic_post(e, IBV_WR_ATOMIC_CMP_AND_SWP, 3, &res[2], p.addr, p.rkey, 7, 1); /* no match */
+	expect_wc(e->scq, 3, IBV_WC_SUCCESS, NULL);
+	CHECK(res[2] == 100);
+	/* a WRITE between atomics stays ordered with them */
+	res[3] = 1000;
+	post(e, IBV_WR_RDMA_WRITE, 4, &res[3], 8, e->mr->lkey, p.addr, p.rkey, 0, 0);
+	atomic_post(e, IBV_WR_ATOMIC_FETCH_AND_ADD, 5, &res[4], p.addr, p.rkey, 1, 0);
+	expect_wc(e->scq, 5, IBV_WC_SUCCESS, NULL);
+	CHECK(res[4] == 1000);
+	/* a region registered without REMOTE_ATOMIC */
+	atomic_post(e, IBV_WR_ATOMIC_FETCH_AND_ADD, 6, &res[5], p.addr2, p.rkey2, 1, 0);
+	expect_wc(e->scq, 6, IBV_WC_REM_ACCESS_ERR, NULL);
+	sync_peer(e->sock);
+	close_end(e);
+}
+
+static void atomics_target(struct end *e)
+{
+	open_end(e, 4096, ALL_ACCESS | IBV_ACCESS_REMOTE_ATOMIC, 0, 0);
+	uint64_t *v = (uint64_t *)e->buf;
+	v[0] = 5;
+	struct ibv_mr *mr2 = ibv_reg_mr(e->pd, e->buf + 2048, 64, ALL_ACCESS);
+	CHECK(mr2);
+	struct info mine = my_info(e), peer;
+	mine.addr2 = (uintptr_t)e->buf + 2048;
+	mine.rkey2 = mr2->rkey;
+	xwrite(e->sock, &mine, sizeof(mine));
+	xread(e->sock, &peer, sizeof(peer));
+	rtr_rts(e, &peer, 14, 7);
+	sync_peer(e->sock);
+	sync_peer(e->sock);
+	CHECK(v[0] == 1001);
+	CHECK(ibv_dereg_mr(mr2) == 0);
+	close_end(e);
+}
+
 /* unsignaled WRs complete silently; completions come in posting order; sq_sig_all */
 static void order_init(struct end *e)
 {
@@ -679,7 +742,13 @@ static void stopped_init(struct end *e)
 	usleep(20000);
 	double t0 = now_ms();
 	post(e, IBV_WR_RDMA_WRITE, 1, e->buf, 64, e->mr->lkey, p.addr, p.rkey, IBV_SEND_SIGNALED, 0);
-	expect_wc(e->scq, 1, IBV_WC_RETRY_EXC_ERR, NULL);
+	/* spin on the CQ, as a proxy thread does: the progress thread defers to a poller, yet its
+	 * timers must still run */
+	struct ibv_wc wc;
+	int n;
+	while ((n = ibv_poll_cq(e->scq, 1, &wc)) == 0 && now_ms() - t0 < 5000)
+		;
+	CHECK(n == 1 && wc.wr_id == 1 && wc.status == IBV_WC_RETRY_EXC_ERR);
 	double dt = now_ms() - t0;
 	printf("     peer SIGSTOPped: WRITE -> RETRY_EXC_ERR after %.1f ms (QP timeout x tries = 201 ms)\n", dt);
 	CHECK(dt > 150 && dt < 2000);
@@ -940,7 +1009,7 @@ static void many_target(struct end *e)
 }
 
 /* SEND ping-pong with busy polling on both sides: prints the round-trip distribution */
-#define PINGS 5000
+#define PINGS 2000
 static void pingpong_run(struct end *e, int target)
 {
 	open_end(e, 4096, ALL_ACCESS, 0, 0);
@@ -1001,6 +1070,103 @@ static void pingpong_target(struct end *e)
 	pingpong_run(e, 1);
 }
 
+/* completion channel: an armed CQ fires once; a CQ too small overruns with IBV_EVENT_CQ_ERR */
+static void cqs_init(struct end *e)
+{
+	open_end(e, 4096, ALL_ACCESS, 0, 0);
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(e->ctx);
+	CHECK(ch);
+	struct ibv_cq *ccq = ibv_create_cq(e->ctx, 16, (void *)0x1234, ch, 0);
+	struct ibv_cq *tiny = ibv_create_cq(e->ctx, 1, NULL, NULL, 0);
+	CHECK(ccq && tiny && tiny->cqe >= 1);
+	struct ibv_qp_init_attr qa = {.send_cq = ccq, .recv_cq = tiny, .qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = 64, .max_recv_wr = 64, .max_send_sge = 1, .max_recv_sge = 1}};
+	struct ibv_qp *qp = ibv_create_qp(e->pd, &qa);
+	CHECK(qp);
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
+				.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
+	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0);
+	struct end lo = *e;
+	lo.qp = qp;
+	struct info me = my_info(e);
+	me.qpn = qp->qp_num;
+	rtr_rts(&lo, &me, 14, 7); /* loopback */
+	CHECK(ibv_req_notify_cq(ccq, 0) == 0);
+	post(&lo, IBV_WR_RDMA_WRITE, 1, e->buf, 8, e->mr->lkey, (uintptr_t)e->buf + 64, e->mr->rkey,
+	     IBV_SEND_SIGNALED, 0);
+	struct pollfd pfd = {.fd = ch->fd, .events = POLLIN};
+	CHECK(poll(&pfd, 1, 5000) == 1);
+	struct ibv_cq *evcq;
+	void *evctx;
+	CHECK(ibv_get_cq_event(ch, &evcq, &evctx) == 0);
+	CHECK(evcq == ccq && evctx == (void *)0x1234);
+	ibv_ack_cq_events(ccq, 1);
+	expect_wc(ccq, 1, IBV_WC_SUCCESS, NULL);
+	/* not re-armed: a second completion raises no event */
+	post(&lo, IBV_WR_RDMA_WRITE, 2, e->buf, 8, e->mr->lkey, (uintptr_t)e->buf + 64, e->mr->rkey,
+	     IBV_SEND_SIGNALED, 0);
+	expect_wc(ccq, 2, IBV_WC_SUCCESS, NULL);
+	CHECK(poll(&pfd, 1, 100) == 0);
+	/* eight receives completed into a CQ of (at least) one entry that nobody polls */
+	for (int i = 0; i < 8; i++)
+		post_recv(&lo, (uint64_t)i, e->buf + 1024, 64);
+	for (int i = 0; i < 8; i++)
+		post(&lo, IBV_WR_SEND, 10 + (uint64_t)i, e->buf, 8, e->mr->lkey, 0, 0, 0, 0);
+	pfd.fd = e->ctx->async_fd;
+	CHECK(poll(&pfd, 1, 5000) == 1);
+	struct ibv_async_event ev;
+	CHECK(ibv_get_async_event(e->ctx, &ev) == 0);
+	CHECK(ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == tiny);
+	ibv_ack_async_event(&ev);
+	CHECK(ibv_destroy_cq(ccq) == EBUSY); /* still used by the QP */
+	CHECK(ibv_destroy_qp(qp) == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == EBUSY); /* still used by the CQ */
+	CHECK(ibv_destroy_cq(ccq) == 0);
+	CHECK(ibv_destroy_cq(tiny) == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
+	close_end(e);
+	sync_peer(e->sock);
+}
+
+/* a SEND longer than the receive: LOC_LEN_ERR on the target's receive, REM_INV_REQ_ERR at the
+ * initiator, IBV_EVENT_QP_REQ_ERR at the target */
+static void toolong_init(struct end *e)
+{
+	open_end(e, 1 << 16, ALL_ACCESS, 0, 0);
+	pair_up(e, 14, 7);
+	post(e, IBV_WR_SEND, 1, e->buf, 100, e->mr->lkey, 0, 0, IBV_SEND_SIGNALED, 0);
+	post(e, IBV_WR_SEND, 2, e->buf, 200, e->mr->lkey, 0, 0, IBV_SEND_SIGNALED, 0);
+	expect_wc(e->scq, 1, IBV_WC_SUCCESS, NULL);
+	expect_wc(e->scq, 2, IBV_WC_REM_INV_REQ_ERR, NULL);
+	sync_peer(e->sock);
+	close_end(e);
+}
+
+static void toolong_target(struct end *e)
+{
+	open_end(e, 1 << 16, ALL_ACCESS, 0, 0);
+	post_recv(e, 1, e->buf + 1000, 100);
+	post_recv(e, 2, e->buf + 2000, 100);
+	post_recv(e, 3, e->buf + 3000, 100);
+	pair_up(e, 14, 7);
+	struct ibv_wc wc;
+	expect_wc(e->rcq, 1, IBV_WC_SUCCESS, &wc);
+	CHECK(wc.byte_len == 100);
+	expect_wc(e->rcq, 2, IBV_WC_LOC_LEN_ERR, NULL);
+	expect_wc(e->rcq, 3, IBV_WC_WR_FLUSH_ERR, NULL);
+	struct pollfd pfd = {.fd = e->ctx->async_fd, .events = POLLIN};
+	CHECK(poll(&pfd, 1, 5000) == 1);
+	struct ibv_async_event ev;
+	CHECK(ibv_get_async_event(e->ctx, &ev) == 0);
+	CHECK(ev.event_type == IBV_EVENT_QP_REQ_ERR && ev.element.qp == e->qp);
+	ibv_ack_async_event(&ev);
+	for (int i = 0; i < 100; i++)
+		CHECK(e->buf[2000 + i] == 0); /* nothing of the refused SEND landed */
+	CHECK(guards_intact(e));
+	sync_peer(e->sock);
+	close_end(e);
+}
+
 /* device, port, GID, sysfs tree */
 static void device_init(struct end *e)
 {
@@ -1047,6 +1213,9 @@ int main(int argc, char **argv)
 		{"device", device_init, device_target, -1},
 		{"states", states_init, states_target, -1},
 		{"opcodes", opcodes_init, opcodes_target, -1},
+		{"atomics", atomics_init, atomics_target, -1},
+		{"cq-channel-overrun", cqs_init, states_target, -1},
+		{"send-too-long", toolong_init, toolong_target, -1},
 		{"order", order_init, order_target, -1},
 		{"srq-rnr", srq_init, srq_target, -1},
 		{"access-bad-rkey", access_init, access_target, BAD_RKEY},

@@ -39,8 +39,14 @@ int main(int argc, char **argv)
 		printf("dlopen failed: %s\n", dlerror());
 		return 1;
 	}
-	static const char *const v11[] = {"ibv_get_device_list", "ibv_open_device", "ibv_query_port", "ibv_reg_mr",
-					  "ibv_modify_qp", "ibv_get_async_event", "ibv_fork_init", NULL};
+	/* every symbol NCCL 2.28.9's ibvsymbols.cc loads at IBVERBS_1.1 (a missing one is fatal there) */
+	static const char *const v11[] = {
+		"ibv_get_device_list", "ibv_free_device_list", "ibv_get_device_name", "ibv_open_device",
+		"ibv_close_device",    "ibv_get_async_event",  "ibv_ack_async_event", "ibv_query_device",
+		"ibv_query_port",      "ibv_query_gid",        "ibv_query_qp",        "ibv_alloc_pd",
+		"ibv_dealloc_pd",      "ibv_reg_mr",           "ibv_dereg_mr",        "ibv_create_cq",
+		"ibv_destroy_cq",      "ibv_create_qp",        "ibv_modify_qp",       "ibv_destroy_qp",
+		"ibv_fork_init",       "ibv_event_type_str",   NULL};
 	for (int i = 0; v11[i]; i++) {
 		char what[96];
 		snprintf(what, sizeof(what), "%s@IBVERBS_1.1", v11[i]);
@@ -48,6 +54,7 @@ int main(int argc, char **argv)
 	}
 	ok &= from_dir(dlvsym(nccl, "ibv_reg_mr_iova2", "IBVERBS_1.8"), dir, "ibv_reg_mr_iova2@IBVERBS_1.8");
 	ok &= from_dir(dlvsym(nccl, "ibv_query_ece", "IBVERBS_1.10"), dir, "ibv_query_ece@IBVERBS_1.10");
+	ok &= from_dir(dlvsym(nccl, "ibv_set_ece", "IBVERBS_1.10"), dir, "ibv_set_ece@IBVERBS_1.10");
 	ok &= from_dir(dlvsym(nccl, "ibv_reg_dmabuf_mr", "IBVERBS_1.12"), dir, "ibv_reg_dmabuf_mr@IBVERBS_1.12");
 	ok &= from_dir(dlsym(rivet, "ibv_create_qp"), dir, "ibv_create_qp (plain dlsym)");
 	ok &= from_dir(dlsym(rivet, "ibv_is_fork_initialized"), dir, "ibv_is_fork_initialized (plain dlsym)");
