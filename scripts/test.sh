@@ -19,8 +19,8 @@ stage "dependencies"
 # test programs, binutils' nm for the export check, valgrind for the VM lane's memcheck run.
 need_apt=()
 # The fabric lane: python3 for the GPU script's driver (its CPU half runs there), and for the
-# fabric's own tests ibverbs-utils (ibv_devinfo), perftest and bc.
-for pkg in libibverbs-dev libclang-dev clang gcc binutils pkg-config valgrind python3 ibverbs-utils perftest bc; do
+# fabric's own tests ibverbs-utils (ibv_devinfo) and perftest.
+for pkg in libibverbs-dev libclang-dev clang gcc binutils pkg-config valgrind python3 ibverbs-utils perftest; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
