@@ -10,11 +10,17 @@
 #   bandwidth (MiB/s, perftest's "MB/sec"): goal >= 0.95 x ib_write_bw for sizes >= 64 KiB
 #   latency (one-way, µs): Rivet p50 (--poll spin) against ib_send_lat t_typical; goal <= 1.2 x
 #
+# Over the user-space verbs fabric (FABRIC=1): no VM; builds the fabric (fabric/build.sh) and runs
+# both ends here with the fabric's folder first on LD_LIBRARY_PATH (its device rfab0 is InfiniBand:
+# perftest addresses it by LID, no -x GID), the handshakes on loopback. The fabric models no
+# timing: its figures compare two consumers of the same memory-copy engine, not wires.
+#
 # Across hosts (ACROSS=1): boots two VMs wired by one link (vm/multi.sh --topology pair, 1 vCPU each)
 # and runs itself in both: VM B runs every server (perftest, `rivet bench --server`), VM A every client
 # over the link (rxe1 on eth1: NCCL_IB_HCA==rxe1, NCCL_SOCKET_IFNAME=eth1) and prints the table.
 #
 # usage: benches/side_by_side.sh [--release]
+#   FABRIC=1               both ends on this host over the user-space verbs fabric (see above)
 #   ACROSS=1               server and client in two VMs, over a link (see above)
 #   RUNS=3                 rounds (the median is reported)
 #   SIZES="4K 16K 64K 256K 1M 4M 16M 64M"
@@ -35,6 +41,14 @@ for a in "$@"; do
     esac
 done
 
+fabric=${FABRIC:-0}
+if [[ $fabric == 1 ]]; then
+    fabric_lib=$(bash "$repo/fabric/build.sh")
+    export LD_LIBRARY_PATH=$(dirname "$fabric_lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    RIVET_FABRIC_DIR=$(mktemp -d "${TMPDIR:-/tmp}/rivet-side-fabric.XXXXXX")
+    export RIVET_FABRIC_DIR NCCL_SOCKET_IFNAME==lo
+    DEV=${DEV:-rfab0} IP=${IP:-127.0.0.1} RIVET_IN_VM=1
+fi
 if [[ ${RIVET_IN_VM:-0} != 1 && ${ACROSS:-0} == 1 ]]; then
     exec bash "$repo/vm/multi.sh" --topology pair --timeout "${RIVET_SIDE_TIMEOUT:-2400}" \
         -e RUNS="${RUNS:-3}" -e SIZES="${SIZES:-}" -e LAT_ITERS="${LAT_ITERS:-2000}" -e RIVET="${RIVET:-}" -e POLL="${POLL:-yield}" \
@@ -83,7 +97,9 @@ ip4=${IP:-$(ip -4 -o addr show dev eth0 | awk '{ split($4, a, "/"); print a[1]; 
 IFS=. read -r a b c d <<<"$ip4"
 want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d")
 gid_index=
+gid_args=()
 ports=/sys/class/infiniband/$dev/ports/1
+((fabric)) && ports=/nonexistent # an InfiniBand port: perftest takes its LID, no GID
 for g in "$ports"/gids/*; do
     i=${g##*/}
     if [[ $(cat "$g") == "$want" && $(cat "$ports/gid_attrs/types/$i" 2>/dev/null) == "RoCE v2" ]]; then
@@ -91,10 +107,15 @@ for g in "$ports"/gids/*; do
         break
     fi
 done
-[[ -n $gid_index ]] || { echo "side_by_side: no RoCE v2 GID for $ip4 on $dev" >&2; exit 1; }
+if ((fabric)); then
+    gid_index="none (InfiniBand, LID)"
+else
+    [[ -n $gid_index ]] || { echo "side_by_side: no RoCE v2 GID for $ip4 on $dev" >&2; exit 1; }
+    gid_args=(-x "$gid_index")
+fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/rivet-side.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work" ${RIVET_FABRIC_DIR:+"$RIVET_FABRIC_DIR"}' EXIT
 port=18700
 
 # perf_pair TOOL ARGS...: server and client on DEV/ip4; prints the client's numeric result line.
@@ -104,7 +125,7 @@ perf_pair() {
     local tool=$1
     shift
     port=$((port + 1))
-    local args=(-d "$dev" -x "$gid_index" -F -p "$port" "$@")
+    local args=(-d "$dev" "${gid_args[@]}" -F -p "$port" "$@")
     if [[ $role == server ]]; then
         timeout 600 "$tool" "${args[@]}" >"$work/server" 2>&1 || { cat "$work/server" >&2; return 1; }
         return 0

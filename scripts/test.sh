@@ -6,6 +6,7 @@
 #   scripts/test.sh            everything
 #   RIVET_SKIP_VM=1 ...        skip the Soft-RoCE VM lane (it needs qemu and ~10 minutes)
 #   RIVET_SKIP_FUZZ=1 ...      skip the fuzz smoke runs
+#   RIVET_SKIP_FABRIC=1 ...    skip the native lane over the user-space verbs fabric
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
@@ -17,7 +18,9 @@ stage "dependencies"
 # Headers for the bindgen layout test (libibverbs-dev, libclang-dev), the C compiler for the C
 # test programs, binutils' nm for the export check, valgrind for the VM lane's memcheck run.
 need_apt=()
-for pkg in libibverbs-dev libclang-dev clang gcc binutils pkg-config valgrind; do
+# The fabric lane: python3 for the GPU script's driver (its CPU half runs there), and for the
+# fabric's own tests ibverbs-utils (ibv_devinfo) and perftest.
+for pkg in libibverbs-dev libclang-dev clang gcc binutils pkg-config valgrind python3 ibverbs-utils perftest; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -59,6 +62,11 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 if [ "${RIVET_SKIP_FUZZ:-0}" != 1 ] && [ -x scripts/fuzz-smoke.sh ]; then
   stage "fuzz smoke"
   scripts/fuzz-smoke.sh
+fi
+
+if [ "${RIVET_SKIP_FABRIC:-0}" != 1 ]; then
+  stage "native fabric lane (the user-space verbs fabric, no VM)"
+  scripts/fabric-lane.sh
 fi
 
 if [ "${RIVET_SKIP_VM:-0}" != 1 ]; then

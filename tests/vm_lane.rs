@@ -187,35 +187,8 @@ fn soft_roce_lane() {
                 .any(|l| l.starts_with("SKIP mlx5-direct: rxe0 is not an mlx5 device")),
         "rivet selftest: verbs must PASS and mlx5-direct be skipped on rxe0"
     );
-    let summary = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("conformance: "))
-        .unwrap_or_else(|| panic!("the conformance suite printed no summary"));
-    let counts: Vec<u32> = summary
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    assert!(
-        counts.len() == 2 && counts[1] == 0 && counts[0] >= 54,
-        "conformance: {summary} (expected at least 54 passed, 0 failed)"
-    );
-    assert!(
-        !stdout.lines().any(|l| l.starts_with("FAIL ")),
-        "the conformance suite printed FAIL lines"
-    );
-    for v in 6..=12 {
-        assert!(
-            stdout.contains(&format!("PASS v{v} transfer: size sweep")),
-            "conformance: no transfer through ncclNetPlugin_v{v}"
-        );
-    }
-    for needle in [
-        "PASS message of 67108864 bytes arrived intact",
-        "PASS grouped receive of 8 with shuffled tags",
-        "PASS 10000 small messages with a window of 8",
-    ] {
-        assert!(stderr.contains(needle), "missing {needle:?}");
-    }
+    common::check_conformance(&stdout);
+    common::check_transfer(&stderr);
 }
 
 /// `rivet doctor` on rxe0: every check answers; rxe0's port is ACTIVE, it has a RoCE v2 GID and

@@ -310,6 +310,9 @@ pub fn discover() -> Result<Vec<Port>, NoDevice> {
     #[cfg(test)]
     if crate::backend::sim::installed() {
         use crate::backend::sim::{PORT_GUID, PORT_NAME};
+        if crate::backend::sim::no_device() {
+            return Err(NoDevice::Discovery(DiscoverError::NoDevices));
+        }
         return Ok((0..crate::backend::sim::ports())
             .map(|i| {
                 let name = if i == 0 {

@@ -41,6 +41,8 @@ pub(crate) fn log(
     line: u32,
     args: fmt::Arguments<'_>,
 ) {
+    #[cfg(test)]
+    tap::record(level, args);
     let raw = LOGGER.load(Ordering::Acquire);
     if raw.is_null() {
         return;
@@ -90,3 +92,35 @@ macro_rules! log_info {
 }
 
 pub(crate) use {log_info as info, log_warn as warn};
+
+/// Tests only: the lines the current thread sends towards NCCL's logger, so a test that replays
+/// NCCL's calls can check what a user would see (thread-local: tests running beside it do not
+/// mix their lines in).
+#[cfg(test)]
+pub(crate) mod tap {
+    use crate::log::Level;
+    use std::cell::RefCell;
+    use std::fmt;
+
+    thread_local! {
+        static LINES: RefCell<Option<Vec<(Level, String)>>> = const { RefCell::new(None) };
+    }
+
+    /// Start recording this thread's lines.
+    pub(crate) fn start() {
+        LINES.with(|l| *l.borrow_mut() = Some(Vec::new()));
+    }
+
+    pub(super) fn record(level: Level, args: fmt::Arguments<'_>) {
+        LINES.with(|l| {
+            if let Some(lines) = l.borrow_mut().as_mut() {
+                lines.push((level, format!("NET/Rivet: {args}")));
+            }
+        });
+    }
+
+    /// Stop recording; the lines since [`start`].
+    pub(crate) fn stop() -> Vec<(Level, String)> {
+        LINES.with(|l| l.borrow_mut().take().unwrap_or_default())
+    }
+}

@@ -175,10 +175,22 @@ pub(crate) fn init_context(comm_id: u64, traffic_class: Option<i32>) -> NetResul
 }
 
 /// `finalize(ctx)`: drop the context; the last one closes the devices.
+///
+/// A NULL context is accepted and does nothing: NCCL 2.28's loader (`ncclNetPluginInit` in
+/// `src/plugin/net.cc`) calls `finalize(comm->netContext)` after this plugin's `init` failed,
+/// when no context was ever written (the communicator is zero-allocated). A host without an
+/// RDMA device must not show a WARN for that.
 pub(crate) fn finalize(ctx: *mut c_void) -> NetResult<()> {
+    if ctx.is_null() {
+        info!(
+            INIT_NET,
+            "finalize without a context (init failed or never ran): nothing to release"
+        );
+        return Ok(());
+    }
     let handle = CONTEXTS
         .decode(ctx)
-        .ok_or_else(|| NetError::misuse("finalize: NULL or unknown context"))?;
+        .ok_or_else(|| NetError::misuse("finalize: unknown context"))?;
     // SAFETY: NCCL finalizes a context only after closing every comm created under it, and no
     // other call uses it concurrently; no reference from `context` outlives those calls.
     let ctx = unsafe { CONTEXTS.remove(handle) }

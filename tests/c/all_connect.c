@@ -16,7 +16,7 @@
 #include <sys/wait.h>
 #include "harness.h"
 
-#define MAX_RANKS 16
+#define MAX_RANKS 64
 #define MSG 64
 
 static int g_rank, g_nranks;

@@ -46,3 +46,51 @@ pub(crate) fn run_lane(command: &mut Command) -> (String, String) {
     );
     (stdout, stderr)
 }
+
+/// What a whole run of the conformance suite (`tests/c/conformance.c LIB`, all tables) must have
+/// printed, on any device: its summary with at least 54 checks passed and none failed, no FAIL
+/// line, and a transfer through every table v6 … v12.
+#[allow(
+    dead_code,
+    reason = "the lanes that run the conformance suite use it; other tests sharing this module do not"
+)]
+pub(crate) fn check_conformance(stdout: &str) {
+    let summary = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("conformance: "))
+        .unwrap_or_else(|| panic!("the conformance suite printed no summary"));
+    let counts: Vec<u32> = summary
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(
+        counts.len() == 2 && counts[1] == 0 && counts[0] >= 54,
+        "conformance: {summary} (expected at least 54 passed, 0 failed)"
+    );
+    assert!(
+        !stdout.lines().any(|l| l.starts_with("FAIL ")),
+        "the conformance suite printed FAIL lines"
+    );
+    for v in 6..=12 {
+        assert!(
+            stdout.contains(&format!("PASS v{v} transfer: size sweep")),
+            "conformance: no transfer through ncclNetPlugin_v{v}"
+        );
+    }
+}
+
+/// What `tests/c/transfer.c LIB --version 12` (without `--quick`) must have printed on stderr: the
+/// 64 MiB message, the grouped receive of 8 and the 10,000 small messages, each verified.
+#[allow(
+    dead_code,
+    reason = "the lanes that run the transfer program use it; other tests sharing this module do not"
+)]
+pub(crate) fn check_transfer(stderr: &str) {
+    for needle in [
+        "PASS message of 67108864 bytes arrived intact",
+        "PASS grouped receive of 8 with shuffled tags",
+        "PASS 10000 small messages with a window of 8",
+    ] {
+        assert!(stderr.contains(needle), "missing {needle:?}");
+    }
+}

@@ -7,6 +7,9 @@
 use core::ffi::{CStr, c_int};
 use core::marker::PhantomData;
 use core::ptr::NonNull;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::context::Context;
@@ -111,6 +114,22 @@ impl<'list> Device<'list> {
     pub fn guid(&self) -> u64 {
         // SAFETY: live device pointer.
         unsafe { (self.verbs.get_device_guid)(self.ptr.as_ptr()) }
+    }
+
+    /// The device's sysfs directory as libibverbs found it (`ibdev_path`, e.g.
+    /// `/sys/class/infiniband/mlx5_0`); `None` when the field is empty. A user-space provider
+    /// points it at a tree of its own, which is why discovery reads sysfs through it.
+    pub fn ibdev_path(&self) -> Option<PathBuf> {
+        // SAFETY: the device is alive while the list is borrowed; `ibdev_path` is a public
+        // `char[IBV_SYSFS_PATH_MAX]` field of `struct ibv_device` (layout checked in `sys`), and
+        // only a shared view of it is taken.
+        let field = unsafe { &(*self.ptr.as_ptr()).ibdev_path };
+        let bytes: Vec<u8> = field
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c.to_ne_bytes()[0])
+            .collect();
+        (!bytes.is_empty()).then(|| PathBuf::from(OsStr::from_bytes(&bytes)))
     }
 
     /// The raw pointer, for mlx5dv calls such as `mlx5dv_is_supported`.

@@ -98,20 +98,16 @@ fn loopback_write_with_imm_moves_one_mib() {
 #[test]
 #[ignore = "needs an RDMA device (vm/run.sh)"]
 fn sysfs_gid_types_agree_with_query_gid_ex() {
-    use rivet_verbs_ffi::discover::Sysfs;
+    use rivet_verbs_ffi::discover::{Sysfs, sysfs};
     let port = first_port();
     if port.link_layer != LinkLayer::Ethernet {
         return; // GID types only matter on RoCE
     }
     let list = DeviceList::new().unwrap();
-    let context = list
-        .iter()
-        .find(|d| d.name() == port.name)
-        .unwrap()
-        .open()
-        .unwrap();
+    let device = list.iter().find(|d| d.name() == port.name).unwrap();
+    let context = device.open().unwrap();
     let table_len = context.query_port(port.port).unwrap().gid_tbl_len as u32;
-    let sysfs = Sysfs::system();
+    let device_dir = Sysfs::system().device_dir(device.ibdev_path().as_deref(), &port.name);
     let mut compared = 0;
     for index in 0..table_len {
         let Ok(entry) = context.query_gid_ex(port.port, index) else {
@@ -123,7 +119,7 @@ fn sysfs_gid_types_agree_with_query_gid_ex() {
             1
         };
         assert_eq!(
-            sysfs.gid_roce_version(&port.name, port.port, index),
+            sysfs::gid_roce_version(&device_dir, port.port, index),
             Some(from_ex),
             "GID index {index}"
         );
@@ -136,4 +132,17 @@ fn sysfs_gid_types_agree_with_query_gid_ex() {
     }
     assert!(compared > 0, "no populated GID entries");
     println!("{compared} GID entries agree");
+}
+
+#[test]
+#[ignore = "needs an RDMA device (vm/run.sh)"]
+fn a_kernel_device_reports_its_class_directory_as_ibdev_path() {
+    let list = DeviceList::new().unwrap();
+    let device = list.get(0).expect("a device");
+    let path = device.ibdev_path().expect("libibverbs fills ibdev_path");
+    assert_eq!(
+        path,
+        std::path::Path::new("/sys/class/infiniband").join(device.name())
+    );
+    assert!(path.join("ports/1").is_dir(), "{}", path.display());
 }

@@ -1059,3 +1059,105 @@ fn a_fused_device_stripes_each_message_over_its_ports() {
     sim::set_ports(1);
     crate::net::forget_devices_for_tests();
 }
+
+/// NCCL 2.28's loader on a host without an RDMA device (`ncclNetPluginInit` in
+/// `src/plugin/net.cc`): the net table's `init(&comm->netContext, commHash, &config, logger,
+/// profiler)` fails, NCCL then calls `finalize(comm->netContext)`, still NULL (the communicator is
+/// zero-allocated), and skips the CollNet table (its `init` runs only after the net table's
+/// succeeded; `ncclNetPluginFinalize` finalizes it only when enabled). The user must see nothing
+/// above INFO, and the failed `init` must leave nothing behind for the next one.
+#[test]
+fn a_failed_init_then_finalize_of_null_logs_nothing_above_info() {
+    use super::collnet_tables::{ncclCollNetPlugin_v11, ncclCollNetPlugin_v12};
+    use crate::log::{Level, tap};
+    let _serial = serial();
+    crate::net::forget_devices_for_tests();
+    sim::set_no_device(true);
+    let net = [
+        (
+            11,
+            ncclNetPlugin_v11.0.init.unwrap(),
+            ncclNetPlugin_v11.0.finalize.unwrap(),
+        ),
+        (
+            12,
+            ncclNetPlugin_v12.0.init.unwrap(),
+            ncclNetPlugin_v12.0.finalize.unwrap(),
+        ),
+    ];
+    for (version, init, finalize) in net {
+        tap::start();
+        let mut ctx: Ptr = null_mut();
+        let mut config = NcclNetCommConfig {
+            traffic_class: NCCL_NET_TRAFFIC_CLASS_UNDEF,
+        };
+        // SAFETY: the arguments NCCL 2.28 passes: out-pointer, hash, config; no logger or
+        // profiler (the tap sees every line the logger would).
+        let rc = unsafe { init(&mut ctx, 0x28_09, &mut config, None, None) };
+        assert_ne!(rc, NCCL_SUCCESS, "v{version} init without a device fails");
+        assert!(ctx.is_null(), "v{version} a failed init writes no context");
+        // SAFETY: NCCL's fail path passes the context it holds: NULL.
+        let rc = unsafe { finalize(ctx) };
+        assert_eq!(
+            rc, NCCL_SUCCESS,
+            "v{version} finalize(NULL) after a failed init"
+        );
+        let lines = tap::stop();
+        let loud: Vec<&String> = lines
+            .iter()
+            .filter(|(level, _)| *level != Level::Info)
+            .map(|(_, text)| text)
+            .collect();
+        assert!(loud.is_empty(), "v{version}: lines above INFO: {loud:?}");
+        assert!(
+            lines
+                .iter()
+                .any(|(_, text)| text.contains("no RDMA device")),
+            "v{version}: an INFO line says why init failed: {lines:?}"
+        );
+    }
+    // Were the CollNet table called anyway, its init fails and finalize(NULL) is as quiet.
+    for (version, init, finalize) in [
+        (
+            11,
+            ncclCollNetPlugin_v11.0.init.unwrap(),
+            ncclCollNetPlugin_v11.0.finalize.unwrap(),
+        ),
+        (
+            12,
+            ncclCollNetPlugin_v12.0.init.unwrap(),
+            ncclCollNetPlugin_v12.0.finalize.unwrap(),
+        ),
+    ] {
+        tap::start();
+        let mut ctx: Ptr = null_mut();
+        // SAFETY: as above.
+        let (rc_init, rc_finalize) =
+            unsafe { (init(&mut ctx, 0x28_09, None), finalize(null_mut())) };
+        let lines = tap::stop();
+        assert_ne!(
+            rc_init, NCCL_SUCCESS,
+            "CollNet v{version} init without a device"
+        );
+        assert_eq!(
+            rc_finalize, NCCL_SUCCESS,
+            "CollNet v{version} finalize(NULL)"
+        );
+        assert!(
+            lines.iter().all(|(level, _)| *level == Level::Info),
+            "CollNet v{version}: {lines:?}"
+        );
+    }
+    // The failed inits counted no user: once a device appears, init and finalize pair up and
+    // the last finalize closes the devices again.
+    sim::set_no_device(false);
+    let api = api_v12();
+    let (rc, ctx) = (api.init)();
+    assert_eq!(rc, NCCL_SUCCESS);
+    assert_eq!(api.device_count(), 1);
+    assert_eq!((api.finalize)(ctx), NCCL_SUCCESS);
+    let mut n = 0;
+    // SAFETY: `n` is a live local.
+    let rc = unsafe { (api.devices)(&mut n) };
+    assert_ne!(rc, NCCL_SUCCESS, "no user left: the devices are closed");
+}

@@ -10,7 +10,7 @@ pub mod speed;
 pub mod sysfs;
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::context::Context;
 use crate::device::DeviceList;
@@ -220,14 +220,22 @@ impl std::error::Error for DiscoverError {}
 /// properties. Ports are returned in device-list order, then port order.
 pub fn discover(options: &DiscoverOptions) -> Result<Vec<PortInfo>, DiscoverError> {
     let verbs = verbs().map_err(DiscoverError::Library)?;
-    if !options.sysfs.has_infiniband_class() {
-        return Err(DiscoverError::NoInfinibandClass {
-            path: options.sysfs.class_dir(),
-        });
-    }
-    let list = DeviceList::new().map_err(DiscoverError::DeviceList)?;
+    // The device list, not sysfs, says which devices exist: a user-space provider has devices
+    // the kernel does not know. The class directory only explains an empty or failed list.
+    let no_class = || DiscoverError::NoInfinibandClass {
+        path: options.sysfs.class_dir(),
+    };
+    let list = match DeviceList::new() {
+        Ok(list) => list,
+        Err(_) if !options.sysfs.has_infiniband_class() => return Err(no_class()),
+        Err(e) => return Err(DiscoverError::DeviceList(e)),
+    };
     if list.is_empty() {
-        return Err(DiscoverError::NoDevices);
+        return Err(if options.sysfs.has_infiniband_class() {
+            DiscoverError::NoDevices
+        } else {
+            no_class()
+        });
     }
     let peer_memory = options
         .sysfs
@@ -240,6 +248,9 @@ pub fn discover(options: &DiscoverOptions) -> Result<Vec<PortInfo>, DiscoverErro
     let mut unusable_notes = Vec::new();
     for device in list.iter() {
         let name = device.name();
+        let device_dir = options
+            .sysfs
+            .device_dir(device.ibdev_path().as_deref(), &name);
         let context = match device.open() {
             Ok(c) => c,
             Err(e) => {
@@ -283,7 +294,7 @@ pub fn discover(options: &DiscoverOptions) -> Result<Vec<PortInfo>, DiscoverErro
             }
             let choice = match choose_gid(
                 &context,
-                &options.sysfs,
+                &device_dir,
                 port,
                 link,
                 port_attr.gid_tbl_len,
@@ -326,7 +337,7 @@ pub fn discover(options: &DiscoverOptions) -> Result<Vec<PortInfo>, DiscoverErro
                 gid_string: gid::gid_to_string(&choice.gid),
                 roce_version: choice.roce_version,
                 why: choice.why,
-                pci_path: options.sysfs.pci_path(&name),
+                pci_path: sysfs::pci_path(&device_dir),
                 // Filled in below, once every port is known.
                 nccl_pci_path: None,
                 nccl_port: u32::from(port),
@@ -401,7 +412,7 @@ fn port_state_name(state: u32) -> &'static str {
 /// Reads the port's GID table and applies the policy; the error is a note for the caller.
 fn choose_gid(
     context: &Context,
-    sysfs: &Sysfs,
+    device_dir: &Path,
     port: u8,
     link: LinkLayer,
     table_len: i32,
@@ -429,7 +440,7 @@ fn choose_gid(
     }
     let mut table = Vec::with_capacity(table_len as usize);
     for index in 0..table_len {
-        table.push(read_roce_gid(context, sysfs, port, index)?);
+        table.push(read_roce_gid(context, device_dir, port, index)?);
     }
     gid::choose_roce_gid(&table, policy).map_err(|e| e.to_string())
 }
@@ -438,7 +449,7 @@ fn choose_gid(
 /// `ibv_query_gid` plus sysfs.
 fn read_roce_gid(
     context: &Context,
-    sysfs: &Sysfs,
+    device_dir: &Path,
     port: u8,
     index: u32,
 ) -> Result<gid::GidCandidate, String> {
@@ -469,7 +480,7 @@ fn read_roce_gid(
     Ok(gid::GidCandidate {
         index,
         gid: gid.raw,
-        roce_version: sysfs.gid_roce_version(context.name(), port, index),
+        roce_version: sysfs::gid_roce_version(device_dir, port, index),
     })
 }
 
@@ -516,21 +527,27 @@ mod tests {
     }
 
     #[test]
-    fn missing_sysfs_class_is_reported_before_listing_devices() {
-        // Only meaningful where libibverbs loads; otherwise the library error comes first.
+    fn an_empty_device_list_without_the_class_directory_names_it() {
+        // Only meaningful where libibverbs loads and lists no device; elsewhere another outcome
+        // (the library error, or the devices found) is right.
         let options = DiscoverOptions {
             sysfs: Sysfs::at("/nonexistent-rivet-root"),
             ..DiscoverOptions::default()
         };
-        match discover(&options) {
-            Err(DiscoverError::NoInfinibandClass { path }) => {
+        let listed = DeviceList::new().map(|l| l.len());
+        match (listed, discover(&options)) {
+            (Ok(0) | Err(_), Err(DiscoverError::NoInfinibandClass { path })) => {
                 assert_eq!(
                     path,
                     PathBuf::from("/nonexistent-rivet-root/sys/class/infiniband")
                 );
             }
-            Err(DiscoverError::Library(_)) => {}
-            other => panic!("unexpected {other:?}"),
+            (_, Err(DiscoverError::Library(_))) => {}
+            (Ok(n), outcome) if n > 0 => assert!(
+                !matches!(outcome, Err(DiscoverError::NoInfinibandClass { .. })),
+                "{n} devices listed, yet {outcome:?}"
+            ),
+            (listed, other) => panic!("listed {listed:?}: unexpected {other:?}"),
         }
     }
 }

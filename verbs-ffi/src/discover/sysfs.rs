@@ -1,4 +1,9 @@
 //! The few sysfs files discovery reads, under a configurable root so tests can use a fake tree.
+//!
+//! A device's own files are read in the directory libibverbs reports for it (`ibdev_path`), not
+//! in a directory derived from its name: a user-space provider (the project's verbs fabric) keeps
+//! its device's tree elsewhere, and putting its library first on `LD_LIBRARY_PATH` must be enough
+//! for discovery to find and describe its device.
 
 use std::path::{Path, PathBuf};
 
@@ -46,23 +51,13 @@ impl Sysfs {
         self.class_dir().is_dir()
     }
 
-    /// RoCE version of GID `index` from `ports/<port>/gid_attrs/types/<index>`; `None` if unreadable
-    /// (empty entries read as EINVAL) or unknown.
-    pub fn gid_roce_version(&self, device: &str, port: u8, index: u32) -> Option<u8> {
-        let path = self
-            .class_dir()
-            .join(device)
-            .join(format!("ports/{port}/gid_attrs/types/{index}"));
-        std::fs::read_to_string(path)
-            .ok()
-            .as_deref()
-            .and_then(parse_gid_type)
-    }
-
-    /// The device's PCI path: realpath of `<class>/<device>/device`; `None` for virtual devices
-    /// without one.
-    pub fn pci_path(&self, device: &str) -> Option<PathBuf> {
-        std::fs::canonicalize(self.class_dir().join(device).join("device")).ok()
+    /// The sysfs directory of device `name`: its `ibdev_path` (an absolute path, read under the
+    /// root), or `<class>/<name>` when libibverbs reported none.
+    pub fn device_dir(&self, ibdev_path: Option<&Path>, name: &str) -> PathBuf {
+        match ibdev_path {
+            Some(path) => self.root.join(path.strip_prefix("/").unwrap_or(path)),
+            None => self.class_dir().join(name),
+        }
     }
 
     /// Whether any of [`PEER_MEMORY_FILES`] exists.
@@ -83,6 +78,22 @@ impl Sysfs {
     pub fn root(&self) -> &Path {
         &self.root
     }
+}
+
+/// RoCE version of GID `index` from `<device_dir>/ports/<port>/gid_attrs/types/<index>`;
+/// `None` if unreadable (empty entries read as EINVAL) or unknown.
+pub fn gid_roce_version(device_dir: &Path, port: u8, index: u32) -> Option<u8> {
+    let path = device_dir.join(format!("ports/{port}/gid_attrs/types/{index}"));
+    std::fs::read_to_string(path)
+        .ok()
+        .as_deref()
+        .and_then(parse_gid_type)
+}
+
+/// The device's PCI path: realpath of `<device_dir>/device`; `None` for virtual devices
+/// without one.
+pub fn pci_path(device_dir: &Path) -> Option<PathBuf> {
+    std::fs::canonicalize(device_dir.join("device")).ok()
 }
 
 #[cfg(test)]
@@ -114,14 +125,13 @@ mod tests {
         std::os::unix::fs::symlink(&pci, root.join("sys/class/infiniband/mlx5_0/device")).unwrap();
 
         assert!(sys.has_infiniband_class());
-        assert_eq!(sys.gid_roce_version("mlx5_0", 1, 0), Some(1));
-        assert_eq!(sys.gid_roce_version("mlx5_0", 1, 1), Some(2));
-        assert_eq!(sys.gid_roce_version("mlx5_0", 1, 2), None);
-        assert_eq!(
-            sys.pci_path("mlx5_0"),
-            Some(fs::canonicalize(&pci).unwrap())
-        );
-        assert_eq!(sys.pci_path("rxe0"), None);
+        let mlx = sys.device_dir(None, "mlx5_0");
+        assert_eq!(mlx, root.join("sys/class/infiniband/mlx5_0"));
+        assert_eq!(gid_roce_version(&mlx, 1, 0), Some(1));
+        assert_eq!(gid_roce_version(&mlx, 1, 1), Some(2));
+        assert_eq!(gid_roce_version(&mlx, 1, 2), None);
+        assert_eq!(pci_path(&mlx), Some(fs::canonicalize(&pci).unwrap()));
+        assert_eq!(pci_path(&sys.device_dir(None, "rxe0")), None);
 
         let peer = root.join("sys/module/nvidia_peermem");
         fs::create_dir_all(&peer).unwrap();
@@ -131,6 +141,28 @@ mod tests {
             Some(root.join("sys/module/nvidia_peermem/version"))
         );
         assert!(sys.peer_memory_present());
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_device_is_read_where_its_ibdev_path_points() {
+        let root = scratch("ibdev");
+        let sys = Sysfs::at(&root);
+        // A provider whose device tree is not under /sys/class/infiniband.
+        let own = Path::new("/run/fabric/sys/fab0");
+        let dir = sys.device_dir(Some(own), "fab0");
+        assert_eq!(dir, root.join("run/fabric/sys/fab0"));
+        let types = dir.join("ports/1/gid_attrs/types");
+        fs::create_dir_all(&types).unwrap();
+        fs::write(types.join("0"), "RoCE v2\n").unwrap();
+        assert_eq!(gid_roce_version(&dir, 1, 0), Some(2));
+        // Nothing is read from the name-derived directory.
+        assert_eq!(gid_roce_version(&sys.device_dir(None, "fab0"), 1, 0), None);
+        // On the real system root the path is used as it is.
+        assert_eq!(
+            Sysfs::system().device_dir(Some(own), "fab0"),
+            PathBuf::from("/run/fabric/sys/fab0")
+        );
         fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -48,6 +48,20 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// Simulated ports discovery reports: `sim0`, `sim1`, … (tests of fused devices ask for more).
 static PORTS: AtomicUsize = AtomicUsize::new(1);
 
+/// Whether discovery finds no device at all (a host without RDMA hardware).
+static NO_DEVICE: AtomicBool = AtomicBool::new(false);
+
+/// From the next discovery (the next first `init`) on, find no device (`true`) or the simulated
+/// ports again (`false`).
+pub(crate) fn set_no_device(none: bool) {
+    NO_DEVICE.store(none, Ordering::SeqCst);
+}
+
+/// Whether discovery is to find no device.
+pub(crate) fn no_device() -> bool {
+    NO_DEVICE.load(Ordering::SeqCst)
+}
+
 /// Report `n` simulated ports from the next discovery (the next first `init`) on.
 pub(crate) fn set_ports(n: usize) {
     PORTS.store(n.max(1), Ordering::SeqCst);

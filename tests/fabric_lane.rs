@@ -1,0 +1,233 @@
+//! The native fabric lane: Rivet's shipped library, unchanged, over the project's user-space verbs
+//! fabric (`fabric/`), with no VM: the fabric's `libibverbs.so.1` comes first on
+//! `LD_LIBRARY_PATH` and nothing else tells Rivet about it. Checked here: discovery finds the
+//! fabric's device (`rivet info`), the conformance suite between two processes (the same checks
+//! as the Soft-RoCE lane, `common::check_conformance`), the 64 MiB / grouped / many-small
+//! transfers, `rivet bench` (its figures printed), an all-to-all connect of 8 and of 32 ranks,
+//! and the faults that make sense on one host: a peer killed in either role, hostile handshake
+//! clients, a handshake that times out, bad memory, fork after init, connect/close cycles and
+//! closes with receives in flight.
+//!
+//! What the fabric does not model (timing, congestion, link state, device removal) is not tested
+//! here: port flaps, link loss and device removal stay in the VM lane.
+//!
+//! `#[ignore]`d: it needs the fabric built; `scripts/fabric-lane.sh` builds it and runs this with
+//! `RIVET_FABRIC_LIB_DIR` set, one test at a time.
+
+mod common;
+use common::plugin_library;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::Instant;
+
+/// The folder holding the fabric's `libibverbs.so.1` (set by `scripts/fabric-lane.sh`).
+fn fabric_dir() -> PathBuf {
+    let dir = std::env::var_os("RIVET_FABRIC_LIB_DIR")
+        .map(PathBuf::from)
+        .expect("RIVET_FABRIC_LIB_DIR: the fabric's library folder (run scripts/fabric-lane.sh)");
+    assert!(
+        dir.join("libibverbs.so.1").exists(),
+        "{} has no libibverbs.so.1",
+        dir.display()
+    );
+    dir
+}
+
+/// `program args…` with the fabric first on `LD_LIBRARY_PATH` and the handshake on loopback.
+fn over_fabric(program: &str, args: &[&str]) -> Command {
+    let mut path = fabric_dir().into_os_string();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .env("LD_LIBRARY_PATH", path)
+        .env("NCCL_SOCKET_IFNAME", "=lo");
+    command
+}
+
+/// Run `command`, echo its output into the test's, and return it with how long it took.
+fn run(what: &str, command: &mut Command) -> (Output, String, String) {
+    let start = Instant::now();
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: run {command:?}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    eprintln!(
+        "fabric lane: {what}: {:?} in {:.1} s",
+        output.status,
+        start.elapsed().as_secs_f64()
+    );
+    (output, stdout, stderr)
+}
+
+fn lib() -> String {
+    plugin_library().display().to_string()
+}
+
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn discovery_finds_the_fabric_device_from_ld_library_path_alone() {
+    let (out, stdout, _) = run(
+        "rivet info",
+        &mut over_fabric(env!("CARGO_BIN_EXE_rivet"), &["info"]),
+    );
+    assert!(out.status.success(), "rivet info over the fabric failed");
+    assert!(
+        stdout.contains("InfiniBand"),
+        "rivet info shows no InfiniBand port over the fabric:\n{stdout}"
+    );
+    // Without the fabric the same host has no device: the fabric, not the host, was found.
+    let (_, plain, _) = run(
+        "rivet info without the fabric",
+        Command::new(env!("CARGO_BIN_EXE_rivet")).arg("info"),
+    );
+    assert_ne!(plain, stdout, "the fabric changed nothing in rivet info");
+}
+
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn conformance_suite_between_two_processes() {
+    // The fabric pins no pages (it moves memory with process_vm_writev): VmPin cannot show the
+    // registration cache's page accounting, the rest of that check runs.
+    let (out, stdout, _) = run(
+        "conformance",
+        over_fabric(env!("RIVET_C_CONFORMANCE"), &[&lib()]).env("CONFORMANCE_UNPINNED_DEVICE", "1"),
+    );
+    common::check_conformance(&stdout);
+    assert!(out.status.success(), "conformance exit status");
+    let (out, _, stderr) = run(
+        "transfer v12",
+        &mut over_fabric(env!("RIVET_C_TRANSFER"), &[&lib(), "--version", "12"]),
+    );
+    assert!(out.status.success(), "transfer v12 exit status");
+    common::check_transfer(&stderr);
+}
+
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn rivet_bench_moves_every_size_and_prints_its_figures() {
+    let sizes = ["4096", "65536", "1048576", "16777216"];
+    let (out, stdout, _) = run(
+        "rivet bench",
+        &mut over_fabric(
+            env!("CARGO_BIN_EXE_rivet"),
+            &[
+                "bench",
+                "--json",
+                "--quiet",
+                "--sizes",
+                "4K,64K,1M,16M",
+                "--lat-iters",
+                "500",
+            ],
+        ),
+    );
+    assert!(out.status.success(), "rivet bench over the fabric failed");
+    for size in sizes {
+        let key = format!("\"size\":{size},");
+        let rest = stdout
+            .split(&key)
+            .nth(1)
+            .unwrap_or_else(|| panic!("no result for {size} B: {stdout}"));
+        let mib: f64 = rest
+            .split("\"mib_per_s\":")
+            .nth(1)
+            .and_then(|r| r.split([',', '}']).next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no mib_per_s for {size} B: {rest}"));
+        assert!(mib > 0.0, "{size} B: {mib} MiB/s");
+        eprintln!("fabric lane: rivet bench {size} B: {mib:.1} MiB/s");
+    }
+    assert!(stdout.contains("\"p50_us\":"), "no latency: {stdout}");
+}
+
+/// `all_connect` with `ranks` ranks on this host; every rank must connect to every other.
+fn all_connect(ranks: u32) {
+    let dir = std::env::temp_dir().join(format!(
+        "rivet-fabric-all-connect-{}-{ranks}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    let n = ranks.to_string();
+    let (out, _, stderr) = run(
+        &format!("all_connect {ranks} ranks"),
+        &mut over_fabric(
+            env!("RIVET_C_ALL_CONNECT"),
+            &[
+                &lib(),
+                "--ranks",
+                &n,
+                "--local",
+                &n,
+                "--dir",
+                &dir.display().to_string(),
+            ],
+        ),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success() && !stderr.contains("FAIL "),
+        "all_connect {ranks}"
+    );
+    let passed = stderr
+        .lines()
+        .filter(|l| l.starts_with("PASS [rank"))
+        .count();
+    assert!(
+        passed >= ranks as usize,
+        "all_connect {ranks}: {passed} rank lines passed"
+    );
+}
+
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn all_to_all_connect_of_8_ranks() {
+    all_connect(8);
+}
+
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn all_to_all_connect_of_32_ranks() {
+    all_connect(32);
+}
+
+/// The `tests/c/faults.c` scenarios that make sense between processes of one host. Link state,
+/// device removal and the memlock limit (which needs another user and a device node) stay in
+/// the VM lane.
+const FAULTS: [&str; 8] = [
+    "kill-sender",
+    "kill-receiver",
+    "hostile",
+    "handshake-timeout",
+    "bad-regmr",
+    "fork",
+    "cycles=100",
+    "close-inflight=10",
+];
+
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn faults_end_in_errors_not_hangs() {
+    let mut stderr_all = String::new();
+    for scenario in FAULTS {
+        let mut command = over_fabric(env!("RIVET_C_FAULTS"), &[&lib(), scenario]);
+        if scenario == "handshake-timeout" {
+            command.env("RIVET_HANDSHAKE_TIMEOUT_MS", "1500");
+        }
+        let (out, _, stderr) = run(&format!("faults {scenario}"), &mut command);
+        assert!(out.status.success(), "fault scenario {scenario} failed");
+        assert!(!stderr.contains("FAIL ["), "{scenario}: a check failed");
+        stderr_all += &stderr;
+    }
+    assert!(
+        stderr_all.contains("failed: the peer closed the connection or died"),
+        "no peer-death line"
+    );
+}
