@@ -88,8 +88,8 @@ perf ib_write_bw -s 65536 -n 5000
 perf ib_write_bw -s 1048576 -n 1000
 perf ib_read_bw -s 65536 -n 2000
 perf ib_send_bw -s 65536 -n 2000
-perf ib_send_lat -s 2 -n 5000
-perf ib_write_lat -s 2 -n 5000
+perf ib_send_lat -s 2 -n 2000
+perf ib_write_lat -s 2 -n 2000
 perf ib_atomic_bw -n 2000
 
 rm -rf "$RIVET_FABRIC_DIR"

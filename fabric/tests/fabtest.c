@@ -1009,7 +1009,7 @@ static void many_target(struct end *e)
 }
 
 /* SEND ping-pong with busy polling on both sides: prints the round-trip distribution */
-#define PINGS 2000
+#define PINGS 1000
 static void pingpong_run(struct end *e, int target)
 {
 	open_end(e, 4096, ALL_ACCESS, 0, 0);
