@@ -751,7 +751,7 @@ static void stopped_init(struct end *e)
 	CHECK(n == 1 && wc.wr_id == 1 && wc.status == IBV_WC_RETRY_EXC_ERR);
 	double dt = now_ms() - t0;
 	printf("     peer SIGSTOPped: WRITE -> RETRY_EXC_ERR after %.1f ms (QP timeout x tries = 201 ms)\n", dt);
-	CHECK(dt > 150 && dt < 2000);
+	CHECK(dt > 150 && dt < 5000); /* the cap (10 s) would mean the stop went unnoticed */
 	CHECK(kill(peer, SIGKILL) == 0);
 	close_end(e);
 }
