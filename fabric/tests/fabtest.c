@@ -661,9 +661,11 @@ static void lkey_target(struct end *e)
 }
 
 /* the peer is killed: outstanding and later WRs fail with RETRY_EXC_ERR within a bound */
-static double kill_bound_ms = 1000;
+/* the QPs time out after 10 s (timeout 20 x 8 tries, capped): only the connection's EOF meets
+ * the bound, which leaves room for a loaded host's scheduling stalls */
+static double kill_bound_ms = 3000;
 
-static uint8_t killed_qp_timeout = 14;
+static uint8_t killed_qp_timeout = 20;
 
 static void killed_init(struct end *e)
 {
@@ -699,20 +701,18 @@ static void killed_target(struct end *e)
 static void killed_forked_target(struct end *e)
 {
 	open_end(e, 1 << 16, ALL_ACCESS, 0, 0);
-	pair_up(e, 31, 7); /* a timeout of hours: only the connection's EOF can end the SEND */
+	pair_up(e, 14, 7);
 	pid_t c = fork();
 	CHECK(c >= 0);
 	if (c == 0) {
-		sleep(3);
+		sleep(8);
 		_exit(0);
 	}
 	pause();
 }
 
-/* with a QP timeout of 4 s x 8 tries (the 10 s cap), only the EOF can beat the bound */
 static void killed_forked_init(struct end *e)
 {
-	killed_qp_timeout = 20;
 	killed_init(e);
 }
 
@@ -751,7 +751,7 @@ static void stopped_init(struct end *e)
 	CHECK(n == 1 && wc.wr_id == 1 && wc.status == IBV_WC_RETRY_EXC_ERR);
 	double dt = now_ms() - t0;
 	printf("     peer SIGSTOPped: WRITE -> RETRY_EXC_ERR after %.1f ms (QP timeout x tries = 201 ms)\n", dt);
-	CHECK(dt > 150 && dt < 2000);
+	CHECK(dt > 150 && dt < 5000); /* the cap (10 s) would mean the stop went unnoticed */
 	CHECK(kill(peer, SIGKILL) == 0);
 	close_end(e);
 }
@@ -1009,7 +1009,7 @@ static void many_target(struct end *e)
 }
 
 /* SEND ping-pong with busy polling on both sides: prints the round-trip distribution */
-#define PINGS 2000
+#define PINGS 1000
 static void pingpong_run(struct end *e, int target)
 {
 	open_end(e, 4096, ALL_ACCESS, 0, 0);
@@ -1167,6 +1167,204 @@ static void toolong_target(struct end *e)
 	close_end(e);
 }
 
+/* NCCL 2.28.9's IB transport, replayed (src/transport/net_ib.cc): its QP capacities, access
+ * flags and modify masks, relaxed-ordering MRs through ibv_reg_mr_iova2, ECE probed, the
+ * receiver's CTS written into the sender's FIFO (signaled every 16th), receives without SGEs,
+ * and the data as one RDMA_WRITE_WITH_IMM whose immediate is the size (0 bytes: no SGE) */
+#define NCCL_MSGS 300
+struct nccl_fifo_entry {
+	uint64_t addr;
+	uint32_t rkey;
+	uint32_t size;
+	uint64_t idx; /* written last by the CTS: the sender waits on it */
+};
+
+static struct ibv_qp *nccl_qp(struct end *e, int access)
+{
+	struct ibv_qp_init_attr qa;
+	memset(&qa, 0, sizeof(qa));
+	qa.send_cq = e->scq;
+	qa.recv_cq = e->scq; /* one CQ for both, as NCCL */
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = 2 * 32;
+	qa.cap.max_recv_wr = 32;
+	qa.cap.max_send_sge = 1;
+	qa.cap.max_recv_sge = 1;
+	qa.cap.max_inline_data = 0;
+	struct ibv_qp *qp = ibv_create_qp(e->pd, &qa);
+	CHECK(qp);
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.pkey_index = 0;
+	a.port_num = 1;
+	a.qp_access_flags = (unsigned)access;
+	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0);
+	struct ibv_ece ece;
+	int r = ibv_query_ece(qp, &ece);
+	CHECK(r == 0 || r == EOPNOTSUPP);
+	return qp;
+}
+
+static void nccl_connect(struct ibv_qp *qp, const struct info *peer)
+{
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_4096;
+	a.dest_qp_num = peer->qpn;
+	a.rq_psn = 0;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 0;
+	a.ah_attr.dlid = peer->lid;
+	a.ah_attr.sl = 0;
+	a.ah_attr.src_path_bits = 0;
+	a.ah_attr.port_num = 1;
+	CHECK(ibv_modify_qp(qp, &a,
+			    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+				    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0);
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 20;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.sq_psn = 0;
+	a.max_rd_atomic = 1;
+	CHECK(ibv_modify_qp(qp, &a,
+			    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+				    IBV_QP_MAX_QP_RD_ATOMIC) == 0);
+}
+
+static uint32_t nccl_size(int i)
+{
+	return i % 7 == 0 ? 0 : (uint32_t)((i * 2654435761u) % 200000);
+}
+
+static void nccl_run(struct end *e, int receiver)
+{
+	open_end(e, 256 * 1024, ALL_ACCESS, 0, 0);
+	struct ibv_qp *qp = nccl_qp(e, receiver ? IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC
+						 : IBV_ACCESS_REMOTE_WRITE);
+	/* the FIFO lives in its own MR, the data buffer is registered with relaxed ordering */
+	static struct nccl_fifo_entry fifo[NCCL_MSGS];
+	memset(fifo, 0, sizeof(fifo));
+	struct ibv_mr *fifo_mr = ibv_reg_mr(e->pd, fifo, sizeof(fifo),
+					    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+	CHECK(fifo_mr);
+	uint8_t *data = malloc(200000);
+	CHECK(data);
+	struct ibv_mr *data_mr = ibv_reg_mr_iova2(e->pd, data, 200000, (uintptr_t)data,
+						  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+							  IBV_ACCESS_REMOTE_READ | IBV_ACCESS_RELAXED_ORDERING);
+	CHECK(data_mr);
+	struct info mine = my_info(e), peer;
+	mine.qpn = qp->qp_num;
+	mine.addr2 = (uintptr_t)fifo;
+	mine.rkey2 = fifo_mr->rkey;
+	xwrite(e->sock, &mine, sizeof(mine));
+	xread(e->sock, &peer, sizeof(peer));
+	nccl_connect(qp, &peer);
+	sync_peer(e->sock);
+	struct ibv_wc wc;
+	int n;
+	if (receiver) {
+		for (int i = 0; i < NCCL_MSGS; i++) {
+			uint32_t size = nccl_size(i);
+			struct ibv_recv_wr rwr, *rbad;
+			memset(&rwr, 0, sizeof(rwr));
+			rwr.wr_id = (uint64_t)i;
+			rwr.sg_list = NULL;
+			rwr.num_sge = 0;
+			CHECK(ibv_post_recv(qp, &rwr, &rbad) == 0);
+			memset(data, 0, size);
+			/* the CTS: our buffer's address, rkey and size, into the sender's FIFO slot */
+			struct nccl_fifo_entry *cts = (struct nccl_fifo_entry *)e->buf;
+			cts->addr = (uintptr_t)data;
+			cts->rkey = data_mr->rkey;
+			cts->size = size;
+			cts->idx = (uint64_t)i + 1;
+			struct ibv_sge sge = {(uintptr_t)cts, sizeof(*cts), e->mr->lkey};
+			struct ibv_send_wr wr, *bad;
+			memset(&wr, 0, sizeof(wr));
+			wr.wr_id = 1000000 + (uint64_t)i;
+			wr.sg_list = &sge;
+			wr.num_sge = 1;
+			wr.opcode = IBV_WR_RDMA_WRITE;
+			wr.send_flags = i % 16 == 15 ? IBV_SEND_SIGNALED : 0;
+			wr.wr.rdma.remote_addr = peer.addr2 + (uint64_t)i * sizeof(struct nccl_fifo_entry);
+			wr.wr.rdma.rkey = peer.rkey2;
+			CHECK(ibv_post_send(qp, &wr, &bad) == 0);
+			/* one CQ: the CTS completions and the data's receive arrive in any order */
+			for (int got = 0; !got;) {
+				while ((n = ibv_poll_cq(e->scq, 1, &wc)) == 0)
+					;
+				CHECK(n == 1 && wc.status == IBV_WC_SUCCESS);
+				if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+					CHECK(wc.wr_id == (uint64_t)i && wc.imm_data == size && wc.qp_num == qp->qp_num);
+					got = 1;
+				} else {
+					CHECK(wc.opcode == IBV_WC_RDMA_WRITE && wc.wr_id >= 1000000);
+				}
+			}
+			for (uint32_t j = 0; j < size; j += 97)
+				CHECK(data[j] == (uint8_t)(i + j));
+		}
+	} else {
+		int unacked = 0;
+		for (int i = 0; i < NCCL_MSGS; i++) {
+			volatile struct nccl_fifo_entry *slot = &fifo[i];
+			while (__atomic_load_n(&slot->idx, __ATOMIC_ACQUIRE) != (uint64_t)i + 1) {
+				/* NCCL's proxy keeps polling its CQ while it waits */
+				if ((n = ibv_poll_cq(e->scq, 1, &wc)) == 1) {
+					CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE);
+					unacked--;
+				}
+			}
+			uint32_t size = slot->size;
+			CHECK(size == nccl_size(i));
+			for (uint32_t j = 0; j < size; j++)
+				data[j] = (uint8_t)(i + j);
+			struct ibv_sge sge = {(uintptr_t)data, size, data_mr->lkey};
+			struct ibv_send_wr wr, *bad;
+			memset(&wr, 0, sizeof(wr));
+			wr.wr_id = (uint64_t)i;
+			wr.sg_list = size ? &sge : NULL;
+			wr.num_sge = size ? 1 : 0;
+			wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+			wr.imm_data = size; /* NCCL's immediate: the size, in host order */
+			wr.send_flags = IBV_SEND_SIGNALED;
+			wr.wr.rdma.remote_addr = slot->addr;
+			wr.wr.rdma.rkey = slot->rkey;
+			CHECK(ibv_post_send(qp, &wr, &bad) == 0);
+			unacked++;
+			/* the data buffer is reused: wait for this send as NCCL waits for its request */
+			while (unacked) {
+				while ((n = ibv_poll_cq(e->scq, 1, &wc)) == 0)
+					;
+				CHECK(n == 1 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE);
+				unacked--;
+			}
+		}
+	}
+	sync_peer(e->sock);
+	CHECK(ibv_destroy_qp(qp) == 0);
+	CHECK(ibv_dereg_mr(fifo_mr) == 0);
+	CHECK(ibv_dereg_mr(data_mr) == 0);
+	free(data);
+	close_end(e);
+}
+
+static void nccl_init(struct end *e)
+{
+	nccl_run(e, 0);
+}
+
+static void nccl_target(struct end *e)
+{
+	nccl_run(e, 1);
+}
+
 /* device, port, GID, sysfs tree */
 static void device_init(struct end *e)
 {
@@ -1224,6 +1422,7 @@ int main(int argc, char **argv)
 		{"access-no-remote-read", access_init, access_target, BAD_NO_RR},
 		{"access-read-out-of-bounds", access_init, access_target, BAD_READ_BOUNDS},
 		{"local-prot", lkey_init, lkey_target, -1},
+		{"nccl-pattern", nccl_init, nccl_target, -1},
 		{"threads", threads_init, threads_target, -1},
 		{"pingpong", pingpong_init, pingpong_target, -1},
 		{"many-qps", many_init, many_target, -1},
