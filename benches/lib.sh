@@ -14,17 +14,21 @@ bench_profile() {
     echo "$profile"
 }
 
-# gid_index DEV IPV4: the RoCE v2 GID index of IPV4 on device DEV (port 1); fails when none.
+# gid_index DEV IPV4: the index of IPV4's RoCE v2 GID on device DEV (port 1), as the plugin's own
+# discovery chooses it (`$rivet info` limited to DEV:1, RoCE v2, IPv4), so any device libibverbs
+# lists is found, wherever its sysfs tree is; fails (with a reason on stderr) when Rivet's GID
+# there is not IPV4's, e.g. when the netdev has another IPv4 address first. Needs $rivet, the
+# rivet command the benchmark runs.
 gid_index() {
-    local ports=/sys/class/infiniband/$1/ports/1 a b c d want g
-    IFS=. read -r a b c d <<<"$2"
-    want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d")
-    for g in "$ports"/gids/*; do
-        if [[ $(cat "$g") == "$want" && $(cat "$ports/gid_attrs/types/${g##*/}" 2>/dev/null) == "RoCE v2" ]]; then
-            echo "${g##*/}"
-            return
-        fi
-    done
+    local dev=$1 want=::ffff:$2 line
+    line=$(env -u RIVET_MESH -u RIVET_DISABLE -u NCCL_IB_DISABLE -u NCCL_IB_GID_INDEX \
+        NCCL_IB_HCA="=$dev:1" NCCL_IB_ROCE_VERSION_NUM=2 NCCL_IB_ADDR_FAMILY=AF_INET \
+        "${rivet:?gid_index needs \$rivet}" info | grep -F " $dev port 1 RoCE ") || true
+    if [[ $line =~ gid\[([0-9]+)\]\ ([^ ]+) && ${BASH_REMATCH[2]} == "$want" ]]; then
+        echo "${BASH_REMATCH[1]}"
+        return 0
+    fi
+    echo "gid_index: Rivet uses no RoCE v2 GID $want on $dev port 1 (rivet info: ${line:-no such RoCE port})" >&2
     return 1
 }
 

@@ -32,14 +32,9 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
-
-profile=debug
-for a in "$@"; do
-    case $a in
-        --release) profile=release ;;
-        *) echo "usage: $0 [--release]" >&2; exit 2 ;;
-    esac
-done
+# shellcheck source=benches/lib.sh
+source "$here/lib.sh"
+profile=$(bench_profile "$@")
 
 fabric=${FABRIC:-0}
 if [[ $fabric == 1 ]]; then
@@ -94,23 +89,11 @@ iters_for() { # the same schedule as rivet bench: 128 MiB per size, between 8 an
 }
 
 ip4=${IP:-$(ip -4 -o addr show dev eth0 | awk '{ split($4, a, "/"); print a[1]; exit }')}
-IFS=. read -r a b c d <<<"$ip4"
-want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d")
-gid_index=
 gid_args=()
-ports=/sys/class/infiniband/$dev/ports/1
-((fabric)) && ports=/nonexistent # an InfiniBand port: perftest takes its LID, no GID
-for g in "$ports"/gids/*; do
-    i=${g##*/}
-    if [[ $(cat "$g") == "$want" && $(cat "$ports/gid_attrs/types/$i" 2>/dev/null) == "RoCE v2" ]]; then
-        gid_index=$i
-        break
-    fi
-done
 if ((fabric)); then
-    gid_index="none (InfiniBand, LID)"
+    gid_index="none (InfiniBand, LID)" # an InfiniBand port: perftest takes its LID, no GID
 else
-    [[ -n $gid_index ]] || { echo "side_by_side: no RoCE v2 GID for $ip4 on $dev" >&2; exit 1; }
+    gid_index=$(gid_index "$dev" "$ip4") || { echo "side_by_side: no RoCE v2 GID for $ip4 on $dev" >&2; exit 1; }
     gid_args=(-x "$gid_index")
 fi
 

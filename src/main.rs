@@ -44,7 +44,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("info") if args.get(1).is_some_and(|a| a == "--stats") => {
-            print!("{}", stats::format(&stats::read(std::path::Path::new("/"))));
+            print!("{}", stats::report());
             ExitCode::SUCCESS
         }
         Some("info") => info(),

@@ -1,10 +1,13 @@
 //! `rivet info --stats`: the per-port counters the kernel keeps for each RDMA device
 //! (`ports/<p>/counters` and the driver's `ports/<p>/hw_counters`: rxe's `sent_pkts`,
 //! `rcvd_pkts`, `retry_exceeded_err`, …; mlx5's `out_of_sequence`, `local_ack_timeout_err`, …),
-//! for a quick look during a run. Read from sysfs under a root so tests use a fake tree.
+//! for a quick look during a run. The devices are the ones the plugin's discovery lists, each
+//! read in its own sysfs directory (`ibdev_path`); tests pass a list over a fake tree.
 
 use std::fs;
 use std::path::Path;
+
+use rivet_verbs_ffi::discover::{ListedDevice, Sysfs, list_devices};
 
 use crate::doctor::dir_names;
 
@@ -47,15 +50,22 @@ fn read_counters(dir: &Path) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// The counters of every port under `<root>/sys/class/infiniband`.
-pub(crate) fn read(root: &Path) -> Vec<PortCounters> {
-    let class = root.join("sys/class/infiniband");
+/// `rivet info --stats`: the counters of every device discovery lists, or why there is none.
+pub(crate) fn report() -> String {
+    match list_devices(&Sysfs::system()) {
+        Ok(devices) => format(&read(&devices)),
+        Err(why) => format!("no RDMA device: {why}\n"),
+    }
+}
+
+/// The counters of every port of `devices` (`ports/<p>/` in each device's sysfs directory).
+pub(crate) fn read(devices: &[ListedDevice]) -> Vec<PortCounters> {
     let mut out = Vec::new();
-    for device in dir_names(&class) {
-        let ports = class.join(&device).join("ports");
+    for device in devices {
+        let ports = device.sysfs_dir.join("ports");
         for port in dir_names(&ports) {
             out.push(PortCounters {
-                port: format!("{device}:{port}"),
+                port: format!("{}:{port}", device.name),
                 counters: read_counters(&ports.join(&port).join("counters")),
                 hw_counters: read_counters(&ports.join(&port).join("hw_counters")),
             });
@@ -67,7 +77,7 @@ pub(crate) fn read(root: &Path) -> Vec<PortCounters> {
 /// One block per port: a summary line, then the non-zero counters.
 pub(crate) fn format(ports: &[PortCounters]) -> String {
     if ports.is_empty() {
-        return "no RDMA device: no port under /sys/class/infiniband\n".to_owned();
+        return "no RDMA port: the listed devices have none in sysfs\n".to_owned();
     }
     let mut s = String::new();
     for p in ports {
@@ -110,7 +120,12 @@ mod tests {
     #[test]
     fn reads_and_formats_port_and_driver_counters() {
         let root = scratch("tree");
-        let port = root.join("sys/class/infiniband/rxe0/ports/1");
+        // Where the device's ibdev_path points: a provider's own tree, not the class directory.
+        let devices = [ListedDevice {
+            name: "rxe0".into(),
+            sysfs_dir: Sysfs::at(&root).device_dir(Some(Path::new("/run/provider/rxe0")), "rxe0"),
+        }];
+        let port = root.join("run/provider/rxe0/ports/1");
         fs::create_dir_all(port.join("counters")).unwrap();
         fs::create_dir_all(port.join("hw_counters")).unwrap();
         fs::write(port.join("counters/port_xmit_data"), "1000\n").unwrap();
@@ -121,7 +136,7 @@ mod tests {
         fs::write(port.join("hw_counters/rcvd_pkts"), "0\n").unwrap();
         fs::write(port.join("hw_counters/lifespan"), "not a number\n").unwrap();
 
-        let ports = read(&root);
+        let ports = read(&devices);
         assert_eq!(ports.len(), 1);
         assert_eq!(ports[0].bytes(), (Some(4000), Some(1000)));
         assert_eq!(
@@ -137,9 +152,9 @@ mod tests {
             "rxe0:1: tx 4000 B, rx 1000 B\n  counters: port_rcv_data=250 port_xmit_data=1000\n  hw_counters: retry_exceeded_err=3 sent_pkts=42\n"
         );
         fs::remove_dir_all(port.join("counters")).unwrap();
-        assert!(format(&read(&root)).starts_with("rxe0:1: no byte counters"));
+        assert!(format(&read(&devices)).starts_with("rxe0:1: no byte counters"));
         fs::remove_dir_all(&root).unwrap();
-        assert!(read(&root).is_empty());
-        assert!(format(&[]).starts_with("no RDMA device"));
+        assert!(read(&devices).is_empty());
+        assert!(format(&[]).starts_with("no RDMA port"));
     }
 }

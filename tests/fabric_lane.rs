@@ -1,7 +1,8 @@
 //! The native fabric lane: Rivet's shipped library, unchanged, over the project's user-space verbs
 //! fabric (`fabric/`), with no VM: the fabric's `libibverbs.so.1` comes first on
 //! `LD_LIBRARY_PATH` and nothing else tells Rivet about it. Checked here: discovery finds the
-//! fabric's device (`rivet info`), the conformance suite between two processes (the same checks
+//! fabric's device (`rivet info`; `rivet doctor`, `rivet info --stats` and the benchmarks' GID
+//! helper through the same discovery), the conformance suite between two processes (the same checks
 //! as the Soft-RoCE lane, `common::check_conformance`), the 64 MiB / grouped / many-small
 //! transfers, `rivet bench` (its figures printed), an all-to-all connect of 8 and of 32 ranks,
 //! and the faults that make sense on one host: a peer killed in either role, hostile handshake
@@ -88,6 +89,91 @@ fn discovery_finds_the_fabric_device_from_ld_library_path_alone() {
         Command::new(env!("CARGO_BIN_EXE_rivet")).arg("info"),
     );
     assert_ne!(plain, stdout, "the fabric changed nothing in rivet info");
+}
+
+/// The stdout line of `rivet doctor` for check `name` (`devices:`, `port rfab0:1:`, …).
+fn doctor_line<'a>(stdout: &'a str, name: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|l| l.get(5..).is_some_and(|rest| rest.starts_with(name)))
+        .unwrap_or_else(|| panic!("rivet doctor printed no {name:?} line:\n{stdout}"))
+}
+
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn doctor_and_stats_see_the_fabric_device_through_discovery() {
+    // Both list the devices the plugin's discovery lists and read each where its ibdev_path
+    // points (the fabric's own tree), not /sys/class/infiniband.
+    let (_, stdout, _) = run(
+        "rivet doctor",
+        &mut over_fabric(env!("CARGO_BIN_EXE_rivet"), &["doctor"]),
+    );
+    let devices = doctor_line(&stdout, "devices:");
+    assert!(
+        devices.starts_with("OK") && devices.contains("1 ACTIVE"),
+        "{devices}"
+    );
+    let port = doctor_line(&stdout, "port rfab0:1:");
+    assert!(
+        port.starts_with("OK") && port.contains("ACTIVE, link layer InfiniBand"),
+        "{port}"
+    );
+    assert!(doctor_line(&stdout, "mtu rfab0:1:").contains("active MTU 4096"));
+    assert!(doctor_line(&stdout, "gid rfab0:1:").starts_with("OK"));
+    // The PCI checks follow the device's `device` link into the fabric's tree (a stand-in PCI
+    // function without config space).
+    assert!(doctor_line(&stdout, "acs:").contains("1 PCI NIC(s)"));
+    assert!(doctor_line(&stdout, "relaxed-ordering rfab0:").starts_with("OK"));
+
+    let (out, stats, _) = run(
+        "rivet info --stats",
+        &mut over_fabric(env!("CARGO_BIN_EXE_rivet"), &["info", "--stats"]),
+    );
+    assert!(out.status.success(), "rivet info --stats exit status");
+    assert!(
+        stats.lines().any(|l| l.starts_with("rfab0:1: ")),
+        "rivet info --stats does not name rfab0:1:\n{stats}"
+    );
+
+    // Without the fabric the same host does not show it.
+    let (_, plain, _) = run(
+        "rivet doctor without the fabric",
+        Command::new(env!("CARGO_BIN_EXE_rivet")).arg("doctor"),
+    );
+    assert!(!plain.contains("rfab0"), "{plain}");
+}
+
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn the_benchmarks_gid_helper_asks_rivet() {
+    // benches/lib.sh's gid_index over a RoCE fabric (its own directory: the link layer is one
+    // fabric's setting, shared by every process that uses that directory).
+    let dir = std::env::temp_dir().join(format!("rivet-fabric-roce-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let gid_index = |ip: &str| {
+        let script = format!(
+            "source {}/benches/lib.sh; gid_index rfab0 {ip}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        run(
+            &format!("gid_index rfab0 {ip}"),
+            over_fabric("bash", &["-c", &script])
+                .env("RIVET_FABRIC_DIR", &dir)
+                .env("RIVET_FABRIC_LINK_LAYER", "ethernet")
+                .env("rivet", env!("CARGO_BIN_EXE_rivet")),
+        )
+    };
+    // The fabric's port 1 of device 0 has the RoCE v2 GID ::ffff:127.0.0.1 at index 0.
+    let (out, stdout, _) = gid_index("127.0.0.1");
+    assert!(out.status.success(), "gid_index rfab0 127.0.0.1 failed");
+    assert_eq!(stdout.trim(), "0");
+    let (out, stdout, stderr) = gid_index("10.9.9.9");
+    assert!(!out.status.success(), "a GID that is not there: {stdout}");
+    assert!(
+        stderr.contains("no RoCE v2 GID ::ffff:10.9.9.9 on rfab0"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -107,13 +107,13 @@ impl SysPort {
     }
 }
 
-/// Whether the machine has RDMA devices and an ACTIVE port; one line per port.
-pub(crate) fn ports(class_exists: bool, ports: &[SysPort]) -> Vec<Check> {
-    if !class_exists || ports.is_empty() {
-        let why = if class_exists {
-            "no RDMA device"
-        } else {
-            "no RDMA device (/sys/class/infiniband does not exist: no RDMA driver loaded)"
+/// Whether the machine has RDMA devices and an ACTIVE port; one line per port. `no_device` is
+/// discovery's reason when libibverbs lists no device (e.g. no RDMA driver loaded).
+pub(crate) fn ports(no_device: Option<&str>, ports: &[SysPort]) -> Vec<Check> {
+    if no_device.is_some() || ports.is_empty() {
+        let why = match no_device {
+            Some(why) => format!("no RDMA device: {why}"),
+            None => "no RDMA device: the listed devices have no port in sysfs".to_owned(),
         };
         return vec![
             Check::new("devices", Status::Warn, why)
@@ -400,15 +400,21 @@ mod tests {
 
     #[test]
     fn port_verdicts() {
-        let none = ports(false, &[]);
+        let none = ports(Some("libibverbs found no RDMA devices"), &[]);
         assert_eq!(none.len(), 1);
         assert_eq!(none[0].status, Status::Warn);
-        assert!(none[0].detail.contains("no RDMA device"));
-        let down = ports(true, &[port("1: DOWN", "Ethernet", 0, None)]);
+        assert_eq!(
+            none[0].detail,
+            "no RDMA device: libibverbs found no RDMA devices"
+        );
+        let portless = ports(None, &[]);
+        assert_eq!(portless[0].status, Status::Warn);
+        assert!(portless[0].detail.contains("no port"));
+        let down = ports(None, &[port("1: DOWN", "Ethernet", 0, None)]);
         assert_eq!(down[0].status, Status::Fail);
         assert_eq!(down[1].status, Status::Warn);
         let up = ports(
-            true,
+            None,
             &[
                 port("4: ACTIVE", "Ethernet", 1, None),
                 port("1: DOWN", "InfiniBand", 0, None),

@@ -2,12 +2,16 @@
 //!
 //! The checks are pure functions ([`checks`], [`pci`]); this module gathers their inputs from
 //! sysfs under a root (`/`, or `--root DIR` for a fake tree in tests), from the environment and
-//! from the plugin's own discovery, and prints the verdicts.
+//! from the plugin's own discovery, and prints the verdicts. The RDMA devices are the ones the
+//! plugin's discovery lists (libibverbs' device list), each read in its own sysfs directory
+//! (`ibdev_path`), so a user-space provider's device is checked like a kernel one;
+//! `/sys/class/infiniband` only explains why there is none.
 
 mod checks;
 mod pci;
 
 use rivet_core::name_list::NameList;
+use rivet_verbs_ffi::discover::{DiscoverError, ListedDevice, Sysfs, list_devices, sysfs};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::fs;
@@ -23,7 +27,8 @@ RoCE v2, GPU peer memory, PCIe ACS, IOMMU, relaxed ordering, NCCL_*/RIVET_* name
 interface. One line per check: OK, WARN or FAIL, and a hint. Exit status 1 when a check FAILs.
 
   --json       one JSON object on stdout
-  --root DIR   read sys/... under DIR instead of / (tests); skips libibverbs discovery
+  --root DIR   read sys/... under DIR instead of / (tests): the devices libibverbs lists are read
+               at their sysfs paths under DIR; skips the GID discovery
 ";
 
 fn read(path: &Path) -> Option<String> {
@@ -43,12 +48,11 @@ pub(crate) fn dir_names(path: &Path) -> Vec<String> {
     names
 }
 
-/// Every RDMA port under `<root>/sys/class/infiniband`.
-fn sys_ports(root: &Path) -> Vec<SysPort> {
-    let class = root.join("sys/class/infiniband");
+/// Every port of the listed devices, from `ports/` in each device's sysfs directory.
+fn sys_ports(root: &Path, devices: &[ListedDevice]) -> Vec<SysPort> {
     let mut out = Vec::new();
-    for device in dir_names(&class) {
-        let ports_dir = class.join(&device).join("ports");
+    for device in devices {
+        let ports_dir = device.sysfs_dir.join("ports");
         for port_name in dir_names(&ports_dir) {
             let Ok(port) = port_name.parse::<u8>() else {
                 continue;
@@ -72,7 +76,7 @@ fn sys_ports(root: &Path) -> Vec<SysPort> {
                     .ok()
             });
             out.push(SysPort {
-                device: device.clone(),
+                device: device.name.clone(),
                 port,
                 state: read(&dir.join("state"))
                     .unwrap_or_default()
@@ -177,8 +181,8 @@ fn missing_names(variable: &str, spec: &str, existing: &[String]) -> Vec<EnvName
         .collect()
 }
 
-fn env_check(root: &Path) -> Check {
-    let devices = dir_names(&root.join("sys/class/infiniband"));
+fn env_check(root: &Path, devices: &[ListedDevice]) -> Check {
+    let devices: Vec<String> = devices.iter().map(|d| d.name.clone()).collect();
     let netdevs = dir_names(&root.join("sys/class/net"));
     let mut missing = Vec::new();
     for (var, existing) in [("NCCL_IB_HCA", &devices), ("NCCL_SOCKET_IFNAME", &netdevs)] {
@@ -210,13 +214,17 @@ fn memlock_soft() -> Option<u64> {
     (rc == 0 && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
 }
 
-/// Every check, in print order.
-fn run_checks(root: &Path) -> Vec<Check> {
+/// Every check, in print order. `listed` is the plugin's device list
+/// ([`rivet_verbs_ffi::discover::list_devices`] over the same root), or why it is empty.
+fn run_checks(root: &Path, listed: &Result<Vec<ListedDevice>, DiscoverError>) -> Vec<Check> {
     let real = root == Path::new("/");
     let mut out = vec![checks::memlock(memlock_soft())];
-    let class_exists = root.join("sys/class/infiniband").is_dir();
-    let ports = sys_ports(root);
-    out.extend(checks::ports(class_exists, &ports));
+    let (devices, no_device) = match listed {
+        Ok(devices) => (devices.as_slice(), None),
+        Err(why) => (&[][..], Some(why.to_string())),
+    };
+    let ports = sys_ports(root, devices);
+    out.extend(checks::ports(no_device.as_deref(), &ports));
     let found = if real {
         discovery()
     } else {
@@ -247,23 +255,15 @@ fn run_checks(root: &Path) -> Vec<Check> {
     }
     out.extend(checks::gid(&found.picks, !ports.is_empty() && real));
 
-    let peer_memory = [
-        "sys/kernel/mm/memory_peers/nv_mem/version",
-        "sys/kernel/mm/memory_peers/nv_mem_nc/version",
-        "sys/module/nvidia_peermem/version",
-    ]
-    .iter()
-    .any(|f| root.join(f).exists());
+    let peer_memory = Sysfs::at(root).peer_memory_present();
     let gpus = gpus(root);
     out.push(checks::gpu_memory(gpus.len(), peer_memory, found.dmabuf));
 
-    let nics: Vec<(String, PathBuf)> = dir_names(&root.join("sys/class/infiniband"))
-        .into_iter()
-        .filter_map(|d| {
-            let pci =
-                fs::canonicalize(root.join("sys/class/infiniband").join(&d).join("device")).ok()?;
-            Some((d, pci))
-        })
+    // The PCI function behind each device, as discovery finds it (the `device` link in its
+    // sysfs directory); virtual devices have none.
+    let nics: Vec<(String, PathBuf)> = devices
+        .iter()
+        .filter_map(|d| Some((d.name.clone(), sysfs::pci_path(&d.sysfs_dir)?)))
         .collect();
     let mut bridges = BTreeSet::new();
     let mut root_complex_pairs = Vec::new();
@@ -320,14 +320,17 @@ fn run_checks(root: &Path) -> Vec<Check> {
         ));
     }
     for (nic, pci) in &nics {
-        let config = fs::read(pci.join("config")).unwrap_or_default();
-        out.push(checks::relaxed_ordering(
-            nic,
-            pci::relaxed_ordering(&config),
-        ));
+        let fact = match fs::read(pci.join("config")) {
+            Ok(config) => pci::relaxed_ordering(&config),
+            // Every PCI function has config space; a device link without it is a stand-in
+            // (the verbs fabric's), with no PCIe capability to check.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => pci::ConfigFact::Absent,
+            Err(_) => pci::ConfigFact::Unreadable,
+        };
+        out.push(checks::relaxed_ordering(nic, fact));
     }
 
-    out.push(env_check(root));
+    out.push(env_check(root, devices));
     let ifname = std::env::var("NCCL_SOCKET_IFNAME").ok();
     let chosen = nccl_net_rivet::diag::socket_address().ok().flatten();
     let chosen_text = chosen.as_ref().map(|(n, a)| (n.clone(), a.to_string()));
@@ -403,7 +406,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             }
         }
     }
-    let checks = run_checks(&root);
+    let checks = run_checks(&root, &list_devices(&Sysfs::at(&root)));
     print!(
         "{}",
         if as_json {

@@ -1,4 +1,5 @@
-//! The doctor over fake sysfs trees: a RoCE NIC and a GPU under one PCIe switch.
+//! The doctor over fake sysfs trees: a RoCE NIC and a GPU under one PCIe switch. The device list
+//! is given as discovery would return it (a name and the sysfs directory its `ibdev_path` names).
 
 use super::*;
 use pci::tests::config_space;
@@ -16,10 +17,18 @@ fn write(path: &Path, text: impl AsRef<[u8]>) {
     fs::write(path, text).unwrap();
 }
 
+/// The device list discovery returns for one device whose `ibdev_path` is `ibdev_path`.
+fn listed(root: &Path, name: &str, ibdev_path: &str) -> Result<Vec<ListedDevice>, DiscoverError> {
+    Ok(vec![ListedDevice {
+        name: name.to_owned(),
+        sysfs_dir: Sysfs::at(root).device_dir(Some(Path::new(ibdev_path)), name),
+    }])
+}
+
 /// mlx5_0 (port ACTIVE, RoCE on eth2 with MTU `mtu`) and one NVIDIA GPU behind the switch ports
 /// 0000:02:01.0 and 0000:02:02.0, the first with ACS control `acs`; the NIC's IOMMU group
-/// translates DMA.
-fn tree(name: &str, acs: u16, mtu: u32, peer_memory: bool) -> PathBuf {
+/// translates DMA. The device's files are in `<root>/<ibdev_path>`.
+fn tree(name: &str, ibdev_path: &str, acs: u16, mtu: u32, peer_memory: bool) -> PathBuf {
     let root = scratch(name);
     let sw = root.join("sys/devices/pci0000:00/0000:00:02.0/0000:01:00.0");
     let nic = sw.join("0000:02:01.0/0000:03:00.0");
@@ -43,7 +52,7 @@ fn tree(name: &str, acs: u16, mtu: u32, peer_memory: bool) -> PathBuf {
     fs::create_dir_all(&pci_devices).unwrap();
     std::os::unix::fs::symlink(&gpu, pci_devices.join("0000:04:00.0")).unwrap();
     std::os::unix::fs::symlink(&nic, pci_devices.join("0000:03:00.0")).unwrap();
-    let dev = root.join("sys/class/infiniband/mlx5_0");
+    let dev = root.join(ibdev_path.trim_start_matches('/'));
     fs::create_dir_all(&dev).unwrap();
     std::os::unix::fs::symlink(&nic, dev.join("device")).unwrap();
     let port = dev.join("ports/1");
@@ -68,8 +77,8 @@ fn find<'a>(checks: &'a [Check], name: &str) -> &'a Check {
 
 #[test]
 fn acs_redirect_on_the_switch_port_fails() {
-    let root = tree("acs", 0x001d, 9000, true);
-    let checks = run_checks(&root);
+    let root = tree("acs", KERNEL_PATH, 0x001d, 9000, true);
+    let checks = run_checks(&root, &listed(&root, "mlx5_0", KERNEL_PATH));
     let acs = find(&checks, "acs 0000:02:01.0");
     assert_eq!(acs.status, Status::Fail, "{acs:?}");
     assert_eq!(find(&checks, "acs 0000:02:02.0").status, Status::Ok);
@@ -90,8 +99,8 @@ fn acs_redirect_on_the_switch_port_fails() {
 
 #[test]
 fn clean_switch_small_mtu_and_no_peer_memory() {
-    let root = tree("clean", 0x0011, 1500, false);
-    let checks = run_checks(&root);
+    let root = tree("clean", KERNEL_PATH, 0x0011, 1500, false);
+    let checks = run_checks(&root, &listed(&root, "mlx5_0", KERNEL_PATH));
     assert_eq!(find(&checks, "acs 0000:02:01.0").status, Status::Ok);
     assert_eq!(find(&checks, "mtu mlx5_0:1").status, Status::Warn);
     assert_eq!(find(&checks, "gpu-memory").status, Status::Warn);
@@ -102,12 +111,45 @@ fn clean_switch_small_mtu_and_no_peer_memory() {
 #[test]
 fn empty_root_says_there_is_no_device() {
     let root = scratch("empty");
-    let checks = run_checks(&root);
+    let none = Err(DiscoverError::NoInfinibandClass {
+        path: Sysfs::at(&root).class_dir(),
+    });
+    let checks = run_checks(&root, &none);
     let devices = find(&checks, "devices");
     assert_eq!(devices.status, Status::Warn);
-    assert!(devices.detail.contains("no RDMA device"));
+    assert!(devices.detail.starts_with("no RDMA device: "));
+    assert!(devices.detail.contains("no RDMA driver loaded"));
     assert_eq!(find(&checks, "gpu-memory").status, Status::Ok);
     assert_eq!(find(&checks, "acs").status, Status::Ok);
+    fs::remove_dir_all(&root).unwrap();
+}
+
+/// Where the kernel's devices are (`ibdev_path` of mlx5_0).
+const KERNEL_PATH: &str = "/sys/class/infiniband/mlx5_0";
+
+#[test]
+fn a_device_outside_the_class_directory_is_checked_where_its_ibdev_path_points() {
+    // A user-space provider's device (the verbs fabric): its tree is elsewhere and the root has
+    // no class directory at all.
+    let own = "/run/fabric/sys/class/infiniband/mlx5_0";
+    let root = tree("ibdev", own, 0x001d, 9000, true);
+    assert!(!root.join("sys/class/infiniband").exists());
+    let checks = run_checks(&root, &listed(&root, "mlx5_0", own));
+    assert_eq!(find(&checks, "devices").status, Status::Ok);
+    assert_eq!(find(&checks, "port mlx5_0:1").status, Status::Ok);
+    assert_eq!(find(&checks, "roce-v2 mlx5_0:1").status, Status::Ok);
+    // The PCI checks follow the `device` link found there.
+    assert_eq!(find(&checks, "acs 0000:02:01.0").status, Status::Fail);
+    assert_eq!(find(&checks, "relaxed-ordering mlx5_0").status, Status::Ok);
+    assert_eq!(find(&checks, "iommu").status, Status::Warn);
+    // The same tree, listed with the kernel's path, has no device there.
+    let checks = run_checks(&root, &listed(&root, "mlx5_0", KERNEL_PATH));
+    assert_eq!(find(&checks, "devices").status, Status::Warn);
+    assert!(
+        !checks
+            .iter()
+            .any(|c| c.name.starts_with("relaxed-ordering mlx5_0"))
+    );
     fs::remove_dir_all(&root).unwrap();
 }
 

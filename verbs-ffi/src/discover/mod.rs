@@ -107,7 +107,8 @@ pub struct PortInfo {
     pub roce_version: Option<u8>,
     /// Why this GID was chosen.
     pub why: String,
-    /// Realpath of `/sys/class/infiniband/<dev>/device`; `None` for virtual devices.
+    /// Realpath of the `device` link in the device's sysfs directory (its `ibdev_path`); `None`
+    /// for virtual devices.
     pub pci_path: Option<PathBuf>,
     /// The PCI path NCCL's IB transport would report ([`identity::nccl_pci_path`]).
     pub nccl_pci_path: Option<String>,
@@ -216,27 +217,62 @@ impl fmt::Display for DiscoverError {
 
 impl std::error::Error for DiscoverError {}
 
-/// Finds every ACTIVE InfiniBand or RoCE port that passes `options.filter`, with its GID, speed and
-/// properties. Ports are returned in device-list order, then port order.
-pub fn discover(options: &DiscoverOptions) -> Result<Vec<PortInfo>, DiscoverError> {
-    let verbs = verbs().map_err(DiscoverError::Library)?;
-    // The device list, not sysfs, says which devices exist: a user-space provider has devices
-    // the kernel does not know. The class directory only explains an empty or failed list.
+/// One device libibverbs lists, with the directory its sysfs files are read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedDevice {
+    /// Device name (`mlx5_0`, `rxe0`, `rfab0`).
+    pub name: String,
+    /// Its sysfs directory ([`Sysfs::device_dir`]: its `ibdev_path` under the root), holding
+    /// `ports/<p>/…` and the `device` link to its PCI function.
+    pub sysfs_dir: PathBuf,
+}
+
+/// Every device libibverbs lists (in its order), whatever the state of its ports, with the sysfs
+/// directory discovery reads for it: what the `rivet` command's checks and counters look at, so
+/// they see exactly the devices the plugin sees. The error says why there is none, as
+/// [`discover`]'s does.
+pub fn list_devices(sysfs: &Sysfs) -> Result<Vec<ListedDevice>, DiscoverError> {
+    verbs().map_err(DiscoverError::Library)?;
+    let list = device_list(sysfs)?;
+    Ok(list
+        .iter()
+        .map(|device| {
+            let name = device.name();
+            ListedDevice {
+                sysfs_dir: sysfs.device_dir(device.ibdev_path().as_deref(), &name),
+                name,
+            }
+        })
+        .collect())
+}
+
+/// libibverbs' device list, or why it is empty. The device list, not sysfs, says which devices
+/// exist: a user-space provider has devices the kernel does not know. The class directory only
+/// explains an empty or failed list.
+fn device_list(sysfs: &Sysfs) -> Result<DeviceList, DiscoverError> {
     let no_class = || DiscoverError::NoInfinibandClass {
-        path: options.sysfs.class_dir(),
+        path: sysfs.class_dir(),
     };
     let list = match DeviceList::new() {
         Ok(list) => list,
-        Err(_) if !options.sysfs.has_infiniband_class() => return Err(no_class()),
+        Err(_) if !sysfs.has_infiniband_class() => return Err(no_class()),
         Err(e) => return Err(DiscoverError::DeviceList(e)),
     };
     if list.is_empty() {
-        return Err(if options.sysfs.has_infiniband_class() {
+        return Err(if sysfs.has_infiniband_class() {
             DiscoverError::NoDevices
         } else {
             no_class()
         });
     }
+    Ok(list)
+}
+
+/// Finds every ACTIVE InfiniBand or RoCE port that passes `options.filter`, with its GID, speed and
+/// properties. Ports are returned in device-list order, then port order.
+pub fn discover(options: &DiscoverOptions) -> Result<Vec<PortInfo>, DiscoverError> {
+    let verbs = verbs().map_err(DiscoverError::Library)?;
+    let list = device_list(&options.sysfs)?;
     let peer_memory = options
         .sysfs
         .peer_memory_file()
@@ -524,6 +560,37 @@ mod tests {
         );
         let p = PtrSupport(PtrSupport::HOST | PtrSupport::DMABUF);
         assert!(p.dmabuf() && !p.cuda());
+    }
+
+    #[test]
+    fn the_device_listing_is_libibverbs_list_read_where_discovery_reads() {
+        // Whatever libibverbs this host loads: the listing names its devices in its order, each
+        // with the directory discovery reads (ibdev_path under the root), or fails as discovery
+        // does.
+        let sysfs = Sysfs::at("/nonexistent-rivet-root");
+        let listed = list_devices(&sysfs);
+        let Ok(list) = DeviceList::new() else {
+            assert!(listed.is_err(), "{listed:?}");
+            return;
+        };
+        if list.is_empty() {
+            let discovered = discover(&DiscoverOptions {
+                sysfs: sysfs.clone(),
+                ..DiscoverOptions::default()
+            });
+            assert_eq!(listed, Err(discovered.unwrap_err()));
+            return;
+        }
+        let listed = listed.expect("devices listed");
+        assert_eq!(listed.len(), list.len());
+        for (entry, device) in listed.iter().zip(list.iter()) {
+            assert_eq!(entry.name, device.name());
+            assert_eq!(
+                entry.sysfs_dir,
+                sysfs.device_dir(device.ibdev_path().as_deref(), &entry.name)
+            );
+            assert!(entry.sysfs_dir.starts_with("/nonexistent-rivet-root"));
+        }
     }
 
     #[test]
