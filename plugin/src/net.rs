@@ -64,7 +64,7 @@ fn acquire(counted: bool) -> NetResult<()> {
         }
         return Ok(());
     }
-    // Which build NCCL loaded, before anything can fail (README "Confirm NCCL loaded it").
+    // Which build NCCL loaded, before anything can fail (README "Confirm that NCCL loaded it").
     info!(INIT_NET, "{}", crate::version::line());
     match devices::discover() {
         Ok(ports) => {
