@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Rivet's whole test suite, from a fresh Debian machine: installs what it needs, then runs
-# formatting, lints, the no_std build of the core, unit/integration tests, docs, fuzz smoke runs
-# and the Soft-RoCE VM lane. `.ci/run` calls exactly this.
+# formatting, lints, the no_std build of the core, the minimal build, the shipped libraries'
+# footprint, reproducibility and packages, unit/integration tests, docs, fuzz smoke runs and the
+# Soft-RoCE VM lanes. `.ci/run` calls exactly this.
 #
 #   scripts/test.sh            everything
 #   RIVET_SKIP_VM=1 ...        skip the Soft-RoCE VM lane (it needs qemu and ~10 minutes)

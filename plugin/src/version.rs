@@ -1,6 +1,6 @@
 //! What this build is: the crate version, the commit (`plugin/build.rs`), the ABI versions the
 //! library exports, the wire version it speaks and the optional parts built in. `rivet version`,
-//! `rivet info`, `rivet doctor` and the library's INFO line at `init` all print [`line`].
+//! `rivet info`, `rivet doctor` and the library's INFO line at `init` all print [`line()`].
 
 use core::fmt;
 use core::ops::RangeInclusive;
