@@ -58,12 +58,13 @@ multiarch=$(in_root dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x
 installed=/usr/lib/$multiarch/libnccl-net-rivet.so
 check test -f "$root$installed"
 # No conffile: /etc/nccl.conf stays the administrator's (libnccl2 may ship one).
-check test -z "$(in_root dpkg -L rivet | grep '^/etc')"
+no_files_in_etc() { ! in_root dpkg -L rivet | grep -q '^/etc'; }
+check no_files_in_etc
 in_root /usr/bin/rivet version
 in_root ldconfig -p | grep rivet || { echo "FAIL the loader cache lacks libnccl-net-rivet.so"; fail=1; }
 echo "== transfer through the installed library"
 # The test program lives in the build tree (lower layer); the library comes from the install.
-check in_root env LD_DEBUG=libs LD_DEBUG_OUTPUT=/tmp/ld "$transfer" libnccl-net-rivet.so --version 12 --quick
+check in_root env LD_DEBUG=libs LD_DEBUG_OUTPUT=/tmp/ld "$transfer" libnccl-net-rivet.so --version 12 --quick --small 500
 loaded=$(cat "$root"/tmp/ld.* 2>/dev/null | sed -n 's/.*calling init: \(.*libnccl-net-rivet\.so\)$/\1/p' | sort -u)
 echo "loaded: $loaded"
 # /lib may be a link to /usr/lib (merged /usr): compare where the paths lead.
