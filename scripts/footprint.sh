@@ -1,61 +1,87 @@
 #!/usr/bin/env bash
-# scripts/footprint.sh: build the library scripts/install.sh ships (`--profile dist`), strip a copy
-# and check what it carries (README "Footprint"):
-#   - its dynamic symbols: every table in REQUIRED, any of OPTIONAL, nothing else;
+# scripts/footprint.sh: build the two libraries Rivet ships (scripts/build-dist.sh: the default
+# one and --minimal) and check what each carries (docs/footprint.md):
+#   - its dynamic symbols: the seven net tables, plus the seven CollNet tables in the default
+#     build and none in the minimal one; nothing else;
 #   - no code of the test support: rivet-verbs-ffi's `mlx5-model` and `loopback-check` features,
 #     rivet-core's `sim` feature, the plugin's cfg(test) simulated backend;
-#   - `.data` is at most 64 KiB.
-# Prints the stripped size and the `.text`, `.data`, `.rodata`, `.eh_frame` sections (`size -A`).
+#   - the minimal one: no function of CollNet, the mesh device or the profiler events;
+#   - `.data` at most 64 KiB; the stripped size at most 850,000 bytes (default) and 600,000
+#     bytes (minimal).
+# Prints each stripped size and its `.text`, `.data`, `.rodata`, `.eh_frame` sections (`size -A`).
 #
-#   scripts/footprint.sh [LIB]     LIB: check this library instead of building one
+#   scripts/footprint.sh                  build both and check both
+#   scripts/footprint.sh [--minimal] DIR  check DIR/lib and DIR/debug as build-dist.sh wrote them
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
 
-# The exported tables. A new table version or family goes here (and into tests/abi_loader.rs).
-required=(ncclNetPlugin_v{6..12} ncclCollNetPlugin_v{6..12})
-optional=()
+net=(ncclNetPlugin_v{6..12})
+collnet=(ncclCollNetPlugin_v{6..12})
 # Demangled path prefixes of code that must not be linked in.
 test_support='rivet_verbs_ffi::(mlx5::model|selftest)::|rivet_core::sim::|nccl_net_rivet::backend::sim::'
+# Functions of the optional parts' own modules (the minimal build may keep std's generic code
+# instantiated for their types, e.g. dropping the never-set Option<Arc<MeshDevice>>: 341 bytes).
+optional_parts=' [tTwW] <?(nccl_net_rivet::(collnet|mesh|profiler)|rivet_core::collnet)::'
 max_data=65536
 
-lib=${1:-}
-if [ -z "$lib" ]; then
-  cargo build --profile dist --locked -p rivet-plugin
-  lib="${CARGO_TARGET_DIR:-$repo/target}/dist/libnccl_net_rivet.so"
-fi
-stripped=$(mktemp /tmp/rivet-footprint.XXXXXX.so)
-trap 'rm -f "$stripped"' EXIT
-strip --strip-all -o "$stripped" "$lib"
-
-fail=0
-exports=$(nm -D --defined-only "$stripped" | awk '{print $3}' | sort)
-for sym in "${required[@]}"; do
-  if ! grep -qxF "$sym" <<<"$exports"; then
-    echo "footprint: FAIL $sym is not exported" >&2
+# check NAME DIR MAX_BYTES MINIMAL(0|1)
+check() {
+  local name=$1 dir=$2 max=$3 minimal=$4 fail=0
+  local stripped="$dir/lib/libnccl-net-rivet.so" full="$dir/debug/libnccl-net-rivet.so"
+  local required=("${net[@]}")
+  [ "$minimal" = 1 ] || required+=("${collnet[@]}")
+  local exports
+  exports=$(nm -D --defined-only "$stripped" | awk '{print $3}' | sort)
+  for sym in "${required[@]}"; do
+    grep -qxF "$sym" <<<"$exports" || { echo "footprint: FAIL $name: $sym is not exported" >&2; fail=1; }
+  done
+  local unexpected
+  unexpected=$(grep -vxF -f <(printf '%s\n' "${required[@]}") <<<"$exports" || true)
+  if [ -n "$unexpected" ]; then
+    echo "footprint: FAIL $name exports beyond its tables: $(echo "$unexpected" | tr '\n' ' ')" >&2
     fail=1
   fi
-done
-allowed=$(printf '%s\n' "${required[@]}" "${optional[@]}")
-unexpected=$(grep -vxF -f <(echo "$allowed") <<<"$exports" || true)
-if [ -n "$unexpected" ]; then
-  echo "footprint: FAIL exported beyond the plugin tables: $(echo "$unexpected" | tr '\n' ' ')" >&2
-  fail=1
+  # The unstripped library's symbol table names every function that was linked in (and not inlined).
+  local linked
+  linked=$({
+    nm -C "$full" | grep -E "$test_support"
+    if [ "$minimal" = 1 ]; then nm -C "$full" | grep -E "$optional_parts"; fi
+  } || true)
+  if [ -n "$linked" ]; then
+    echo "footprint: FAIL $name links $(wc -l <<<"$linked") symbols it must not carry:" >&2
+    head -5 <<<"$linked" >&2
+    fail=1
+  fi
+  section() { size -A "$stripped" | awk -v s="$1" '$1 == s { print $2 }'; }
+  local data bytes
+  data=$(section .data)
+  bytes=$(stat -c %s "$stripped")
+  if [ "${data:-0}" -gt "$max_data" ]; then
+    echo "footprint: FAIL $name: .data is $data bytes (at most $max_data)" >&2
+    fail=1
+  fi
+  if [ "$bytes" -gt "$max" ]; then
+    echo "footprint: FAIL $name: $bytes bytes stripped (at most $max)" >&2
+    fail=1
+  fi
+  printf 'footprint: %s stripped %d bytes (at most %d): .text %d, .data %d, .rodata %d, .eh_frame %d; %d exports\n' \
+    "$name" "$bytes" "$max" "$(section .text)" "${data:-0}" "$(section .rodata)" \
+    "$(section .eh_frame)" "$(wc -l <<<"$exports")"
+  return "$fail"
+}
+
+if [ $# -gt 0 ]; then
+  minimal=0
+  [ "$1" = --minimal ] && { minimal=1; shift; }
+  if [ "$minimal" = 1 ]; then check minimal "$1" 600000 1; else check default "$1" 850000 0; fi
+  exit
 fi
-# The unstripped library's symbol table names every function that was linked in (and not inlined).
-test_code=$(nm -C "$lib" | grep -cE "$test_support" || true)
-if [ "$test_code" != 0 ]; then
-  echo "footprint: FAIL $test_code symbols of test support in $lib:" >&2
-  nm -C "$lib" | grep -E "$test_support" | head -5 >&2
-  fail=1
-fi
-section() { size -A "$stripped" | awk -v s="$1" '$1 == s { print $2 }'; }
-data=$(section .data)
-if [ "${data:-0}" -gt "$max_data" ]; then
-  echo "footprint: FAIL .data is $data bytes (at most $max_data)" >&2
-  fail=1
-fi
-printf 'footprint: %s stripped %d bytes: .text %d, .data %d, .rodata %d, .eh_frame %d; exports %s\n' \
-  "$(basename "$lib")" "$(stat -c %s "$stripped")" "$(section .text)" "${data:-0}" \
-  "$(section .rodata)" "$(section .eh_frame)" "$(echo "$exports" | tr '\n' ' ')"
+work=$(mktemp -d /tmp/rivet-footprint.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+scripts/build-dist.sh "$work/default"
+scripts/build-dist.sh --minimal "$work/minimal"
+fail=0
+check default "$work/default" 850000 0 || fail=1
+check minimal "$work/minimal" 600000 1 || fail=1
 exit "$fail"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/miri.sh: run the tests that can run under Miri (undefined behaviour, aliasing, leaks in
-# unsafe code) on a nightly toolchain with the `miri` component (README "Testing"). Not part of
+# unsafe code) on a nightly toolchain with the `miri` component (docs/testing.md, "Miri"). Not part of
 # scripts/test.sh: it needs a nightly toolchain and takes ~6 minutes on the 2-core host.
 #
 # Miri stops the whole test process at the first call it cannot emulate (dlopen, sockets,

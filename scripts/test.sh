@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Rivet's whole test suite, from a fresh Debian machine: installs what it needs, then runs
-# formatting, lints, the no_std build of the core, unit/integration tests, docs, fuzz smoke runs
-# and the Soft-RoCE VM lane. `.ci/run` calls exactly this.
+# formatting, lints, the no_std build of the core, the minimal build, the shipped libraries'
+# footprint, reproducibility and packages, unit/integration tests, docs, fuzz smoke runs and the
+# Soft-RoCE VM lanes. `.ci/run` calls exactly this.
 #
 #   scripts/test.sh            everything
 #   RIVET_SKIP_VM=1 ...        skip the Soft-RoCE VM lane (it needs qemu and ~10 minutes)
@@ -16,11 +17,12 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 stage "dependencies"
 # Headers for the bindgen layout test (libibverbs-dev, libclang-dev), the C compiler for the C
-# test programs, binutils' nm for the export check, valgrind for the VM lane's memcheck run.
+# test programs, binutils' nm for the export check, valgrind for the VM lane's memcheck run,
+# dpkg-dev for the package's multiarch directory.
 need_apt=()
 # The fabric lane: python3 for the GPU script's driver (its CPU half runs there), and for the
 # fabric's own tests ibverbs-utils (ibv_devinfo) and perftest.
-for pkg in libibverbs-dev libclang-dev clang gcc binutils pkg-config valgrind python3 ibverbs-utils perftest; do
+for pkg in libibverbs-dev libclang-dev clang gcc binutils pkg-config valgrind dpkg-dev python3 ibverbs-utils perftest; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -35,6 +37,9 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 rustup target add x86_64-unknown-none >/dev/null
+# std's sources: the shipped library is built with a std without its backtrace printer
+# (scripts/build-dist.sh says why).
+rustup component add rust-src >/dev/null
 
 stage "format"
 cargo fmt --all --check
@@ -50,8 +55,18 @@ stage "build"
 # dependencies).
 cargo build --workspace --locked
 
-stage "footprint: the shipped library's exports, no test-support code, .data"
+stage "minimal build (--no-default-features): clippy, the plugin's unit tests"
+cargo clippy -p rivet-plugin -p rivet --all-targets --no-default-features --locked -- -D warnings
+cargo test -p rivet-plugin --lib --no-default-features --locked
+
+stage "footprint: the shipped libraries (default, minimal): sizes, exports, no test-support code"
 scripts/footprint.sh
+
+stage "reproducible: the shipped library built again in another directory is byte-identical"
+scripts/reproducible.sh
+
+stage "packages: the Debian package and the relocatable tarball"
+scripts/package.sh --out target/package
 
 stage "tests"
 cargo test --workspace --locked

@@ -14,4 +14,8 @@ export RIVET_VERBS_DEVICE_TEST="$device_test"
 plugin_test=$(cargo test -p rivet-plugin --lib --no-run --locked --message-format=json 2>/dev/null |
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
 export RIVET_PLUGIN_DEVICE_TEST="$plugin_test"
+# The Debian package, installed on a clean root in the VM (scripts/vm-package.sh).
+scripts/package.sh --out target/package
+deb=$(ls target/package/rivet_*.deb | grep -v minimal | head -n 1)
+export RIVET_PACKAGE_DEB="$repo/$deb"
 cargo test --locked --test vm_lane -- --ignored --nocapture

@@ -20,11 +20,12 @@ commands:
   doctor    check the machine's RDMA/GPU configuration (rivet doctor --help)
   bench     bandwidth and latency through the plugin (rivet bench --help)
   selftest  check every data path on this machine's devices, byte by byte (rivet selftest --help)
-  version   print the version
+  version   print the version: crate, commit, net/CollNet ABI and wire versions, features
   help      print this text
 ";
 
 fn info() -> ExitCode {
+    println!("{}", nccl_net_rivet::version::line());
     match nccl_net_rivet::devices::discover() {
         Ok(ports) => {
             for (index, port) in ports.iter().enumerate() {
@@ -52,7 +53,7 @@ fn main() -> ExitCode {
         Some("selftest") => selftest::main(&args[1..]),
         Some("doctor") => doctor::main(&args[1..]),
         Some("version" | "--version" | "-V") => {
-            println!("rivet {}", env!("CARGO_PKG_VERSION"));
+            println!("{}", nccl_net_rivet::version::line());
             ExitCode::SUCCESS
         }
         Some("help" | "--help" | "-h") | None => {

@@ -6,7 +6,8 @@
 //! split (`NCCL_IB_QPS_PER_CONNECTION`, `NCCL_IB_SPLIT_DATA_ON_QPS`), the
 //! CollNet conformance (`tests/c/collnet.c`: 2, 3 and 8 ranks, bit-exact results, a killed and a
 //! missing member), and `rivet selftest --quick` (the verbs path PASSes, the mlx5 direct path is
-//! skipped on rxe).
+//! skipped on rxe), and, with `RIVET_PACKAGE_DEB`, the Debian package installed on a clean root
+//! with the transfer test through the installed library (`scripts/vm-package.sh`).
 //!
 //! Slow (a VM under TCG), so it is `#[ignore]`d; `scripts/vm-lane.sh` (run by `.ci/run`) runs it.
 
@@ -66,6 +67,15 @@ fn script() -> String {
     s += &format!("step collnet-missing {collnet} {lib} --ranks 3 --missing\n");
     s += &format!("step selftest {rivet} selftest --quick --plugin {lib}\n");
     s += &format!("step stats {rivet} info --stats\n");
+    // The Debian package on a clean root (an overlay), the transfer test through the installed
+    // library, then its removal (scripts/vm-package.sh).
+    if let Some(deb) = std::env::var("RIVET_PACKAGE_DEB")
+        .ok()
+        .filter(|d| !d.is_empty())
+    {
+        let check = repo().join("scripts/vm-package.sh");
+        s += &format!("step package bash {} {deb} {transfer}\n", check.display());
+    }
     s
 }
 
@@ -188,6 +198,19 @@ fn soft_roce_lane() {
         "rivet selftest: verbs must PASS and mlx5-direct be skipped on rxe0"
     );
     common::check_conformance(&stdout);
+    if std::env::var("RIVET_PACKAGE_DEB").is_ok_and(|v| !v.is_empty()) {
+        assert_eq!(
+            step("package"),
+            0,
+            "the installed package failed: see above"
+        );
+        for needle in [
+            "PASS the transfer loaded the installed library",
+            "PASS nothing left in the root but dpkg's records and the loader cache",
+        ] {
+            assert!(stdout.contains(needle), "package: missing {needle:?}");
+        }
+    }
     common::check_transfer(&stderr);
 }
 

@@ -14,13 +14,13 @@
 //! `#![allow(unsafe_code)]` and say why at the top (`plugin/tests/unsafe_docs.rs` checks that,
 //! and that every `unsafe fn` has a `# Safety` section).
 //!
-//! Public for the `rivet` command: [`devices`] and [`diag`] (a safe Rust API), [`sys`] and
+//! Public for the `rivet` command: [`devices`], [`diag`] and [`version`] (a safe Rust API), [`sys`] and
 //! [`abi`] (the C view, for what must go through the exported tables).
 //!
 //! | layer | modules | what |
 //! |---|---|---|
 //! | 0 | `sys` | C mirrors of NCCL's ABI: result codes, property structs, callbacks, function-table layouts |
-//! | 1 | `error`, `clock`, `random`, `log` | typed errors with their `ncclResult_t`, time, randomness, NCCL's logger |
+//! | 1 | `error`, `clock`, `random`, `log`, `version` | typed errors with their `ncclResult_t`, time, randomness, NCCL's logger, what this build is |
 //! | 2 | `handle` | the one typed handle layer: every object NCCL holds as `void*` is looked up here |
 //! | 3 | `oob` | the out-of-band TCP socket of the handshake |
 //! | 4 | `config`, `diag` | settings from the environment; the CLI's view of them |
@@ -36,6 +36,7 @@
 pub mod abi;
 mod backend;
 mod clock;
+#[cfg(feature = "collnet")]
 mod collnet;
 mod comm;
 mod config;
@@ -50,5 +51,6 @@ mod oob;
 mod profiler;
 mod random;
 pub mod sys;
+pub mod version;
 
 pub use error::{ErrorClass, NetError};

@@ -64,6 +64,8 @@ fn acquire(counted: bool) -> NetResult<()> {
         }
         return Ok(());
     }
+    // Which build NCCL loaded, before anything can fail (README "Confirm that NCCL loaded it").
+    info!(INIT_NET, "{}", crate::version::line());
     match devices::discover() {
         Ok(ports) => {
             // Before any memory is registered (only comms register).
@@ -72,7 +74,13 @@ fn acquire(counted: bool) -> NetResult<()> {
             let config = Config::from_env();
             #[cfg(test)]
             let config = crate::backend::sim::settle_config(config);
-            let mesh = if config.mesh {
+            let mesh = if config.mesh && !cfg!(feature = "mesh") {
+                return Err(no_device(&NoDevice::BadSetting(
+                    "RIVET_MESH=1: this build has no mesh device (built without the `mesh` \
+                     feature)"
+                        .to_owned(),
+                )));
+            } else if config.mesh {
                 Some(Arc::new(
                     mesh_device(&ports).map_err(|why| no_device(&NoDevice::BadSetting(why)))?,
                 ))
@@ -252,6 +260,11 @@ pub(crate) fn config() -> NetResult<Config> {
 /// The mesh device, when `RIVET_MESH=1` made `dev` (then always 0) one; `Err` for a device that
 /// does not exist.
 pub(crate) fn mesh_device_for(dev: c_int) -> NetResult<Option<Arc<MeshDevice>>> {
+    // Without the feature no mesh device is ever made: the constant answer lets the linker drop
+    // the mesh paths of listen/connect.
+    if !cfg!(feature = "mesh") {
+        return Ok(None);
+    }
     let (mesh, alias) = global()
         .as_ref()
         .map_or((None, false), |g| (g.mesh.clone(), g.mesh_alias));
@@ -305,6 +318,7 @@ fn open(port: &Port) -> NetResult<Arc<OpenPort>> {
 /// Open device `dev` (once; later calls share it). Not for the mesh device, whose comms choose
 /// their port per connection (`comm::listen`, `comm::connect`), nor for a fused device of several
 /// ports (`open_ports`).
+#[cfg_attr(not(feature = "collnet"), allow(dead_code))] // only CollNet calls it
 pub(crate) fn open_port(dev: c_int) -> NetResult<Arc<OpenPort>> {
     let mut ports = open_ports(dev)?;
     if ports.len() != 1 {

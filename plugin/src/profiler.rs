@@ -11,6 +11,9 @@
 //! so there is one event per send and one per receive buffer. `device` is the index within the
 //! comm's devices, always 0 (Rivet does not fuse NICs), as NCCL reports for a single-NIC comm.
 //!
+//! Built without the `profiler` feature, [`set`] ignores the callback and [`callback`] is a
+//! constant `None`, so the data path's call sites are unchanged and carry no event code.
+//!
 //! Cost when no profiler is attached: the shims load [`callback`] once (one relaxed atomic load)
 //! and branch on it; nothing else runs. With a profiler the open events of live requests are kept
 //! in a table behind a mutex (the profiler itself allocates and locks per event too).
@@ -79,12 +82,20 @@ static OPEN: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
 
 /// Remember (or forget, with `None`) the profiler callback `init` received.
 pub(crate) fn set(callback: NcclProfilerCallback) {
+    if !cfg!(feature = "profiler") {
+        return;
+    }
     CALLBACK.store(callback.map_or(0, |f| f as usize), Ordering::Relaxed);
 }
 
 /// The callback, if a profiler is attached: the one branch on the data path.
 #[inline(always)]
 pub(crate) fn callback() -> Option<Callback> {
+    // Without the feature this is a constant `None`: the call sites stay as they are and the
+    // event code is compiled out behind them.
+    if !cfg!(feature = "profiler") {
+        return None;
+    }
     match CALLBACK.load(Ordering::Relaxed) {
         0 => None,
         // SAFETY: the value was stored from a `Callback` by `set`.

@@ -36,7 +36,8 @@ pub(crate) const USAGE: &str = "usage: rivet bench [options]                 loo
        rivet bench --client HOST[:P] [options]
 
 options:
-  --plugin PATH     plugin library (default: RIVET_PLUGIN_LIB, else libnccl_net_rivet.so next to rivet)
+  --plugin PATH     plugin library (default: RIVET_PLUGIN_LIB, else libnccl_net_rivet.so next to rivet,
+                    else ../lib/ or ../lib/<arch>-linux-gnu/libnccl-net-rivet.so from it)
   --dev D           plugin device index (default 0)
   --fuse LIST       fuse the listed devices (comma list) with makeVDevice, as NCCL 2.24+ does, and use
                     the device it returns instead of --dev
@@ -274,10 +275,15 @@ pub(crate) fn find_plugin(explicit: Option<&PathBuf>) -> Result<PathBuf, Error> 
     let exe = std::env::current_exe()
         .map_err(|e| Error::Load(format!("locating the rivet executable: {e}")))?;
     let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
-    // A cargo build puts the cdylib beside the binary; an install puts it in ../lib.
+    // A cargo build puts the cdylib beside the binary; an install puts it in ../lib, the Debian
+    // package in the multiarch directory ../lib/<arch>-linux-gnu (scripts/package.sh).
     for candidate in [
         dir.join("libnccl_net_rivet.so"),
         dir.join("../lib/libnccl-net-rivet.so"),
+        dir.join(format!(
+            "../lib/{}-linux-gnu/libnccl-net-rivet.so",
+            std::env::consts::ARCH
+        )),
     ] {
         if candidate.exists() {
             return Ok(candidate);

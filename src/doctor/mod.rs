@@ -346,7 +346,8 @@ fn run_checks(root: &Path, listed: &Result<Vec<ListedDevice>, DiscoverError>) ->
 }
 
 fn text(checks: &[Check]) -> String {
-    let mut s = String::new();
+    // Which build gave these verdicts (the line the library logs at `init`).
+    let mut s = format!("{}\n", nccl_net_rivet::version::line());
     for c in checks {
         let _ = write!(s, "{:<4} {}: {}", c.status.to_string(), c.name, c.detail);
         if !c.hint.is_empty() {
@@ -373,7 +374,8 @@ fn json(checks: &[Check]) -> String {
         })
         .collect();
     format!(
-        "{{\"ok\":{},\"warn\":{},\"fail\":{},\"checks\":[{}]}}\n",
+        "{{\"version\":{},\"ok\":{},\"warn\":{},\"fail\":{},\"checks\":[{}]}}\n",
+        json_str(&nccl_net_rivet::version::line().to_string()),
         count(Status::Ok),
         count(Status::Warn),
         count(Status::Fail),

@@ -1161,3 +1161,94 @@ fn a_failed_init_then_finalize_of_null_logs_nothing_above_info() {
     let rc = unsafe { (api.devices)(&mut n) };
     assert_ne!(rc, NCCL_SUCCESS, "no user left: the devices are closed");
 }
+
+/// Lines the test logger received: `(level, flags, text)`.
+static LOGGED: Mutex<Vec<(c_int, core::ffi::c_ulong, String)>> = Mutex::new(Vec::new());
+
+/// A logger with the fixed arguments the plugin passes (`fmt` is always `"%s"`, one string
+/// after it). Defining a C-variadic function needs an unstable feature; on the x86-64 and AArch64
+/// Linux calling conventions a variadic call places these six arguments where this function
+/// reads them.
+extern "C" fn recording_logger(
+    level: c_int,
+    flags: core::ffi::c_ulong,
+    _file: *const core::ffi::c_char,
+    _line: c_int,
+    fmt: *const core::ffi::c_char,
+    text: *const core::ffi::c_char,
+) {
+    // SAFETY: the plugin passes NUL-terminated strings for `fmt` and the one argument.
+    let (fmt, text) = unsafe { (CStr::from_ptr(fmt), CStr::from_ptr(text)) };
+    // The plugin formats every line itself: any other format string is recorded as a failure
+    // (no panic may unwind out of a C callback).
+    let text = if fmt == c"%s" {
+        text.to_string_lossy().into_owned()
+    } else {
+        format!("format string {fmt:?}, not %s")
+    };
+    let mut logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+    if logged.len() < 10_000 {
+        logged.push((level, flags, text));
+    }
+}
+
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+#[test]
+fn init_logs_the_version_line_through_the_logger() {
+    let _serial = serial();
+    // As in a fresh process: the next `init` sets the devices up again.
+    crate::net::forget_devices_for_tests();
+    LOGGED.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    let t = &ncclNetPlugin_v12.0;
+    // SAFETY: see `recording_logger`: the plugin calls the logger with exactly the six arguments
+    // it reads, which the variadic call passes in the same registers.
+    let logger = unsafe {
+        core::mem::transmute::<
+            extern "C" fn(
+                c_int,
+                core::ffi::c_ulong,
+                *const core::ffi::c_char,
+                c_int,
+                *const core::ffi::c_char,
+                *const core::ffi::c_char,
+            ),
+            unsafe extern "C" fn(
+                c_int,
+                core::ffi::c_ulong,
+                *const core::ffi::c_char,
+                c_int,
+                *const core::ffi::c_char,
+                ...
+            ),
+        >(recording_logger)
+    };
+    let mut ctx = null_mut();
+    // SAFETY: a valid out-pointer, NULL config and profiler (allowed), a logger that stays callable.
+    let rc = unsafe { t.init.unwrap()(&mut ctx, 0x7e57, null_mut(), Some(logger), None) };
+    assert_eq!(rc, NCCL_SUCCESS);
+    // SAFETY: the context `init` returned, with no comm open on it.
+    assert_eq!(unsafe { t.finalize.unwrap()(ctx) }, NCCL_SUCCESS);
+    let logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let expected = crate::version::line().to_string();
+    let lines: Vec<_> = logged
+        .iter()
+        .filter(|(_, _, text)| text.contains(&expected))
+        .collect();
+    assert_eq!(lines.len(), 1, "one version line at init, got {logged:?}");
+    let (level, flags, text) = lines[0];
+    assert_eq!(*level, NCCL_LOG_INFO, "{text}");
+    assert_ne!(flags & NCCL_NET, 0, "the NET subsystem shows it: {text}");
+    assert!(
+        text.contains(&format!("commit {}", crate::version::COMMIT)),
+        "{text}"
+    );
+    let tables: Vec<u32> = every_api().iter().map(|a| a.version).collect();
+    let claimed: Vec<u32> = crate::version::NET_ABI.collect();
+    assert_eq!(
+        tables, claimed,
+        "the version line names the tables exported"
+    );
+}

@@ -2,9 +2,12 @@
 //! `extern "C"` entry points they point at (`shims`), the boundary every entry runs its body
 //! through (`guard`: no panic and no Rust error crosses into C) and the per-version device
 //! properties ([`props`]). The C layouts they fill are in [`crate::sys`], at the bottom. The
-//! CollNet tables ([`collnet_tables`]) and their shims (`collnet_shims`) sit beside the net ones.
+//! CollNet tables ([`collnet_tables`]) and their shims (`collnet_shims`) sit beside the net ones
+//! (feature `collnet`: without it the library exports the net tables alone).
 
+#[cfg(feature = "collnet")]
 mod collnet_shims;
+#[cfg(feature = "collnet")]
 pub mod collnet_tables;
 #[cfg(test)]
 mod export_tests;

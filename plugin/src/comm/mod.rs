@@ -53,6 +53,7 @@ pub(crate) fn dereg_mr(comm: Ptr, mh: Ptr) -> NetResult<()> {
 
 /// `regMr` on an opened port rather than through a data comm: a CollNet group registers once for
 /// all of its connections (they share the port's protection domain).
+#[cfg_attr(not(feature = "collnet"), allow(dead_code))] // only CollNet calls it
 pub(crate) fn reg_mr_on_port(
     port: Arc<OpenPort>,
     data: Ptr,
@@ -64,12 +65,14 @@ pub(crate) fn reg_mr_on_port(
 }
 
 /// `deregMr` of a registration made with [`reg_mr_on_port`].
+#[cfg_attr(not(feature = "collnet"), allow(dead_code))] // only CollNet calls it
 pub(crate) fn dereg_mr_on_port(port: &Arc<OpenPort>, mh: Ptr) -> NetResult<()> {
     mr::dereg_mr(port, mh)
 }
 
 /// Check that `addr .. addr + len` lies inside registration `mh` (CollNet reads and writes
 /// registered buffers with the CPU).
+#[cfg_attr(not(feature = "collnet"), allow(dead_code))] // only CollNet calls it
 pub(crate) fn check_registered(call: &str, mh: Ptr, addr: u64, len: u64) -> NetResult<()> {
     mr::lookup(call, mh)?.lkey_for(addr, len).map(drop)
 }

@@ -109,6 +109,7 @@ pub(crate) fn lookup(call: &str, mh: Ptr) -> NetResult<&'static UserMr> {
 }
 
 /// Register `size` bytes at `data` in `port`'s protection domain.
+#[cfg_attr(not(feature = "collnet"), allow(dead_code))] // only CollNet calls it
 pub(crate) fn reg_mr(
     port: Arc<OpenPort>,
     data: Ptr,
