@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-const CHECKS: [&str; 11] = [
+const CHECKS: [&str; 12] = [
     "memlock",
     "devices",
     "mtu",
@@ -15,6 +15,7 @@ const CHECKS: [&str; 11] = [
     "relaxed-ordering",
     "env",
     "socket-if",
+    "version",
 ];
 
 fn doctor(args: &[&str]) -> (String, i32) {

@@ -218,7 +218,15 @@ fn memlock_soft() -> Option<u64> {
 /// ([`rivet_verbs_ffi::discover::list_devices`] over the same root), or why it is empty.
 fn run_checks(root: &Path, listed: &Result<Vec<ListedDevice>, DiscoverError>) -> Vec<Check> {
     let real = root == Path::new("/");
-    let mut out = vec![checks::memlock(memlock_soft())];
+    // First, which build gives these verdicts: the line the library logs at `init`.
+    let mut out = vec![
+        Check::new(
+            "version",
+            Status::Ok,
+            nccl_net_rivet::version::line().to_string(),
+        ),
+        checks::memlock(memlock_soft()),
+    ];
     let (devices, no_device) = match listed {
         Ok(devices) => (devices.as_slice(), None),
         Err(why) => (&[][..], Some(why.to_string())),
@@ -346,8 +354,7 @@ fn run_checks(root: &Path, listed: &Result<Vec<ListedDevice>, DiscoverError>) ->
 }
 
 fn text(checks: &[Check]) -> String {
-    // Which build gave these verdicts (the line the library logs at `init`).
-    let mut s = format!("{}\n", nccl_net_rivet::version::line());
+    let mut s = String::new();
     for c in checks {
         let _ = write!(s, "{:<4} {}: {}", c.status.to_string(), c.name, c.detail);
         if !c.hint.is_empty() {
@@ -374,8 +381,7 @@ fn json(checks: &[Check]) -> String {
         })
         .collect();
     format!(
-        "{{\"version\":{},\"ok\":{},\"warn\":{},\"fail\":{},\"checks\":[{}]}}\n",
-        json_str(&nccl_net_rivet::version::line().to_string()),
+        "{{\"ok\":{},\"warn\":{},\"fail\":{},\"checks\":[{}]}}\n",
         count(Status::Ok),
         count(Status::Warn),
         count(Status::Fail),

@@ -1068,7 +1068,6 @@ fn a_fused_device_stripes_each_message_over_its_ports() {
 /// above INFO, and the failed `init` must leave nothing behind for the next one.
 #[test]
 fn a_failed_init_then_finalize_of_null_logs_nothing_above_info() {
-    use super::collnet_tables::{ncclCollNetPlugin_v11, ncclCollNetPlugin_v12};
     use crate::log::{Level, tap};
     let _serial = serial();
     crate::net::forget_devices_for_tests();
@@ -1117,18 +1116,22 @@ fn a_failed_init_then_finalize_of_null_logs_nothing_above_info() {
         );
     }
     // Were the CollNet table called anyway, its init fails and finalize(NULL) is as quiet.
-    for (version, init, finalize) in [
-        (
-            11,
-            ncclCollNetPlugin_v11.0.init.unwrap(),
-            ncclCollNetPlugin_v11.0.finalize.unwrap(),
-        ),
-        (
-            12,
-            ncclCollNetPlugin_v12.0.init.unwrap(),
-            ncclCollNetPlugin_v12.0.finalize.unwrap(),
-        ),
-    ] {
+    #[cfg(feature = "collnet")]
+    for (version, init, finalize) in {
+        use super::collnet_tables::{ncclCollNetPlugin_v11, ncclCollNetPlugin_v12};
+        [
+            (
+                11,
+                ncclCollNetPlugin_v11.0.init.unwrap(),
+                ncclCollNetPlugin_v11.0.finalize.unwrap(),
+            ),
+            (
+                12,
+                ncclCollNetPlugin_v12.0.init.unwrap(),
+                ncclCollNetPlugin_v12.0.finalize.unwrap(),
+            ),
+        ]
+    } {
         tap::start();
         let mut ctx: Ptr = null_mut();
         // SAFETY: as above.
