@@ -47,6 +47,11 @@ impl RequestState for RecvState {
     const FREE: Self = Self::Free;
 
     #[inline(always)]
+    fn is_free(&self) -> bool {
+        matches!(self, Self::Free)
+    }
+
+    #[inline(always)]
     fn pending(&self) -> bool {
         matches!(self, Self::Posted { .. })
     }
@@ -137,10 +142,12 @@ impl RecvConn {
         if tags.len() != n {
             return Err(DataError::InvalidArgument("one tag per receive buffer"));
         }
-        if bufs.iter().any(|b| b.addr.checked_add(b.len).is_none()) {
-            return Err(DataError::InvalidArgument(
-                "receive buffer wraps the address space",
-            ));
+        for b in bufs {
+            if b.addr.checked_add(b.len).is_none() {
+                return Err(DataError::InvalidArgument(
+                    "receive buffer wraps the address space",
+                ));
+            }
         }
         let seq = self.next_seq;
         let slot = seq as u8;

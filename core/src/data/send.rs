@@ -32,6 +32,11 @@ impl RequestState for SendState {
     const FREE: Self = Self::Free;
 
     #[inline(always)]
+    fn is_free(&self) -> bool {
+        matches!(self, Self::Free)
+    }
+
+    #[inline(always)]
     fn pending(&self) -> bool {
         matches!(self, Self::InFlight { .. })
     }
@@ -607,9 +612,11 @@ impl SendConn {
         if first.index != 0 {
             return Err(self.fail_group(slot));
         }
-        if !(1..n).all(|i| stamp_fresh(nic, base + usize::from(i) * CTS_ENTRY_LEN, stamp)) {
-            // The rest of the group's write has not landed yet.
-            return Ok(false);
+        for i in 1..n {
+            if !stamp_fresh(nic, base + usize::from(i) * CTS_ENTRY_LEN, stamp) {
+                // The rest of the group's write has not landed yet.
+                return Ok(false);
+            }
         }
         // Stamps never go stale while we are behind them: the receiver rewrites this slot only
         // after this receive completed, which needs this sender's write-with-immediate.
