@@ -114,7 +114,7 @@ impl Nic for AnyEndpoint {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
         match self {
             Self::Verbs(e) => e.post_send(chain),
@@ -134,7 +134,7 @@ impl Nic for AnyEndpoint {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError> {
         match self {
             Self::Verbs(e) => e.poll(out),
