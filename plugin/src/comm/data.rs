@@ -513,6 +513,9 @@ pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Ptr> {
 impl<Conn: RecvPath> Side<Conn> {
     #[inline(always)]
     fn irecv(&self, handle: Handle, args: &RecvArgs) -> NetResult<Ptr> {
+        if args.n == 1 {
+            return self.irecv_one(handle, args);
+        }
         let side = self;
         let mut bufs = [RecvBuf {
             addr: 0,
@@ -559,6 +562,43 @@ impl<Conn: RecvPath> Side<Conn> {
             conn.irecv(endpoint, &bufs[..args.n], &tags[..args.n])
         };
         state.answer(side, "irecv", handle, posted)
+    }
+
+    /// `irecv` of one buffer (NCCL's point-to-point): the same as the general path without its
+    /// eight-entry arrays.
+    #[inline(always)]
+    fn irecv_one(&self, handle: Handle, args: &RecvArgs) -> NetResult<Ptr> {
+        let (addr, len) = (args.data[0] as u64, args.sizes[0] as u64);
+        let mr = if len == 0 && args.mhandles[0].is_null() {
+            None
+        } else {
+            Some(mr::lookup("irecv", args.mhandles[0])?)
+        };
+        let rkey = match mr {
+            Some(mr) => mr.rkey_for(addr, len)?,
+            None => 0,
+        };
+        let bufs = [RecvBuf { addr, len, rkey }];
+        let tags = [args.tags[0] as u32];
+        let mut state = self.lock("irecv")?;
+        let State {
+            conn,
+            endpoint,
+            watch: _,
+        } = &mut *state;
+        let posted = if endpoint.devices() > 1 {
+            let devices = endpoint.devices();
+            let keys = device_keys("irecv", mr, addr, len, true, devices)?;
+            // rkeys[d][0]: the buffer's key on port d.
+            let mut rkeys = [[0u32; 8]; 8];
+            for (d, key) in keys[..devices].iter().enumerate() {
+                rkeys[d][0] = *key;
+            }
+            conn.irecv_keyed(endpoint, &bufs, &rkeys[..devices], &tags)
+        } else {
+            conn.irecv(endpoint, &bufs, &tags)
+        };
+        state.answer(self, "irecv", handle, posted)
     }
 
     /// `iflush` on this receive comm (`None`: nothing to flush).
