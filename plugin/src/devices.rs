@@ -376,7 +376,7 @@ pub(crate) fn fake_port_info(name: &str, pci_path: Option<&str>, port: u8, guid:
 
 #[cfg(test)]
 mod tests {
-    use super::{Port, fake_port_info as fake_port};
+    use super::{DmaBufProbe, Port, fake_port_info as fake_port};
     use rivet_verbs_ffi::discover::assign_nccl_identities;
     use std::ffi::CStr;
 
