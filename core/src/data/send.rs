@@ -342,7 +342,7 @@ impl SendConn {
         let head = &self.head.m;
         let n = head.n;
         // A plain loop: as an iterator `find` the compiler kept it out of line in the plugin's
-        // `isend` (27 instructions more per call).
+        // `isend`.
         let mut found = None;
         for i in 0..n {
             if head.matched & (1 << i) == 0 && head.entries[usize::from(i)].tag == tag {

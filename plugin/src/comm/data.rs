@@ -4,9 +4,8 @@
 //! Each comm's protocol state (`rivet-core`'s `SendConn`/`RecvConn` plus the verbs endpoint it
 //! drives) sits in an [`Exclusive`] cell that is only ever found busy when NCCL breaks its own
 //! contract (two threads on one comm): that is answered with an error instead of a wait (or,
-//! without the flag, a data race). Entering is one compare-exchange and leaving one store; the
-//! `std::sync::Mutex` used through `try_lock` before cost about 200 instructions more per round
-//! trip and side (`benches/callgrind_pingpong.sh`: 3,464 → 3,265 inside the plugin).
+//! without the flag, a data race). Entering is one compare-exchange and leaving one store, less
+//! than a `std::sync::Mutex` used through `try_lock` costs per call.
 //!
 //! Unsafe (opted in): `closeSend`/`closeRecv` remove the comm from its handle table, which
 //! [`crate::handle`] makes `unsafe` (no reference to it may be in use; NCCL's contract guarantees
@@ -472,7 +471,7 @@ impl<Conn: SendPath> Side<Conn> {
 }
 
 // The several-lane paths out of line: inlined like the one-queue-pair path they would grow the C
-// entry points by a copy each (measured: +68 instructions per round trip and side on one lane).
+// entry points by a copy each, which the one-lane path pays for in its own calls.
 #[inline(never)]
 fn isend_lanes<Conn: SendPath>(
     side: &Side<Conn>,
