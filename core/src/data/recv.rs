@@ -162,26 +162,30 @@ impl RecvConn {
             }
         }
         let stamp = stamp_for(seq);
-        let entry = |i: usize| CtsEntry {
-            addr: bufs[i].addr,
-            size: bufs[i].len,
-            rkey: bufs[i].rkey,
-            tag: tags[i],
-            n: n as u8,
-            index: i as u8,
-            stamp,
-        };
+        // Inlined into both uses below (as a closure it stayed out of line).
+        #[inline(always)]
+        fn entry(bufs: &[RecvBuf], tags: &[u32], i: usize, stamp: u32) -> CtsEntry {
+            CtsEntry {
+                addr: bufs[i].addr,
+                size: bufs[i].len,
+                rkey: bufs[i].rkey,
+                tag: tags[i],
+                n: bufs.len() as u8,
+                index: i as u8,
+                stamp,
+            }
+        }
         let mut capacity = [0u64; MAX_RECVS];
         capacity[0] = bufs[0].len;
         if n == 1 {
             // One buffer (NCCL's point-to-point): its entry alone, not a whole slot's bytes.
-            let bytes = entry(0).encode();
+            let bytes = entry(bufs, tags, 0, stamp).encode();
             return self.post_receive(nic, seq, 1, capacity, &bytes).map(Some);
         }
         let mut bytes = [0u8; CTS_SLOT_LEN];
         for (i, out) in bytes.chunks_exact_mut(CTS_ENTRY_LEN).take(n).enumerate() {
             capacity[i] = bufs[i].len;
-            out.copy_from_slice(&entry(i).encode());
+            out.copy_from_slice(&entry(bufs, tags, i, stamp).encode());
         }
         self.post_receive(nic, seq, n as u8, capacity, &bytes[..n * CTS_ENTRY_LEN])
             .map(Some)
