@@ -31,12 +31,17 @@ pub const CTS_BATCH: u32 = 6;
 enum RecvState {
     /// Not in use.
     Free,
+    /// A one-buffer receive (NCCL's point-to-point) posted: `Posted` without the group's arrays,
+    /// so posting and completing it write a few words, not a whole slot.
+    PostedOne { seq: u32, capacity: u64 },
     /// Receive and clear-to-send posted; waiting for the slot's write-with-immediate.
     Posted {
         seq: u32,
         n: u8,
         capacity: [u64; MAX_RECVS],
     },
+    /// A one-buffer receive's data arrived.
+    DoneOne { size: u64 },
     /// Data arrived.
     Done { n: u8, sizes: [u64; MAX_RECVS] },
     /// The sender refused a send that did not fit.
@@ -53,13 +58,18 @@ impl RequestState for RecvState {
 
     #[inline(always)]
     fn pending(&self) -> bool {
-        matches!(self, Self::Posted { .. })
+        matches!(self, Self::PostedOne { .. } | Self::Posted { .. })
     }
 
     #[inline(always)]
     fn report(&self) -> Result<Completed, DataError> {
         match *self {
-            Self::Posted { .. } | Self::Free => Ok(Completed::Pending),
+            Self::PostedOne { .. } | Self::Posted { .. } | Self::Free => Ok(Completed::Pending),
+            Self::DoneOne { size } => {
+                let mut sizes = [0; MAX_RECVS];
+                sizes[0] = size;
+                Ok(Completed::Done { n: 1, sizes })
+            }
             Self::Done { n, sizes } => Ok(Completed::Done {
                 n: usize::from(n),
                 sizes,
@@ -175,24 +185,32 @@ impl RecvConn {
                 stamp,
             }
         }
-        let mut capacity = [0u64; MAX_RECVS];
-        capacity[0] = bufs[0].len;
         if n == 1 {
             // One buffer (NCCL's point-to-point): its entry alone, not a whole slot's bytes.
             let bytes = entry(bufs, tags, 0, stamp).encode();
-            return self.post_receive(nic, seq, 1, capacity, &bytes).map(Some);
+            let state = RecvState::PostedOne {
+                seq,
+                capacity: bufs[0].len,
+            };
+            return self.post_receive(nic, seq, state, &bytes).map(Some);
         }
+        let mut capacity = [0u64; MAX_RECVS];
         let mut bytes = [0u8; CTS_SLOT_LEN];
         for (i, out) in bytes.chunks_exact_mut(CTS_ENTRY_LEN).take(n).enumerate() {
             capacity[i] = bufs[i].len;
             out.copy_from_slice(&entry(bufs, tags, i, stamp).encode());
         }
-        self.post_receive(nic, seq, n as u8, capacity, &bytes[..n * CTS_ENTRY_LEN])
+        let state = RecvState::Posted {
+            seq,
+            n: n as u8,
+            capacity,
+        };
+        self.post_receive(nic, seq, state, &bytes[..n * CTS_ENTRY_LEN])
             .map(Some)
     }
 
-    /// Post receive `seq` (its slot free, room checked) of `n` buffers of `capacity`, whose
-    /// encoded CTS entries are `bytes`: the receive work request, the request, and the entries,
+    /// Post receive `seq` (its slot free, room checked) in `state`, whose encoded CTS entries
+    /// are `bytes`: the receive work request, the request, and the entries,
     /// written at once (inline when they are the only deferred ones and fit), staged, or left
     /// deferred (see [`CTS_LOW_WATER`]).
     #[inline(always)]
@@ -200,8 +218,7 @@ impl RecvConn {
         &mut self,
         nic: &mut impl Nic,
         seq: u32,
-        n: u8,
-        capacity: [u64; MAX_RECVS],
+        state: RecvState,
         bytes: &[u8],
     ) -> Result<RequestId, DataError> {
         let slot = seq as u8;
@@ -217,9 +234,7 @@ impl RecvConn {
         }
         self.recvs_posted += 1;
 
-        let id = self
-            .requests
-            .occupy(slot, RecvState::Posted { seq, n, capacity });
+        let id = self.requests.occupy(slot, state);
         self.next_seq = seq.wrapping_add(1);
         self.deferred += 1;
         let may_defer = core::mem::replace(&mut self.polled, false);
@@ -336,10 +351,14 @@ impl RecvConn {
     #[inline(always)]
     fn cts_write(&mut self, start: usize, slots: usize) -> Result<SendWr<'static>, DataError> {
         let last = (start + slots).saturating_sub(1);
-        let RecvState::Posted { n, .. } = self.requests.state(last) else {
-            return Err(self
-                .health
-                .fail(ProtocolError::UnexpectedCompletion { wr: WrKind::Cts }.into()));
+        let n = match self.requests.state(last) {
+            RecvState::PostedOne { .. } => 1,
+            RecvState::Posted { n, .. } => n,
+            _ => {
+                return Err(self
+                    .health
+                    .fail(ProtocolError::UnexpectedCompletion { wr: WrKind::Cts }.into()));
+            }
         };
         let offset = start * CTS_SLOT_LEN;
         let len = (slots - 1) * CTS_SLOT_LEN + usize::from(n) * CTS_ENTRY_LEN;
@@ -412,13 +431,14 @@ impl RecvConn {
     ) -> Result<(), DataError> {
         let seq = self.oldest;
         let slot = seq as u8;
-        let RecvState::Posted {
-            seq: posted_seq,
-            n,
-            capacity,
-        } = self.requests.state(usize::from(slot))
-        else {
-            return Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }.into());
+        let (posted_seq, n, capacity) = match self.requests.state(usize::from(slot)) {
+            RecvState::PostedOne { seq, capacity } => {
+                let mut capacities = [0; MAX_RECVS];
+                capacities[0] = capacity;
+                (seq, 1, capacities)
+            }
+            RecvState::Posted { seq, n, capacity } => (seq, n, capacity),
+            _ => return Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }.into()),
         };
         // `granted() == 0`: the oldest receive's CTS entry was never written, so no data for it
         // can be on its way.
@@ -476,16 +496,17 @@ impl RecvConn {
                 (false, None) => RecvState::Done { n, sizes },
             }
         } else {
-            sizes[0] = u64::from(byte_len);
-            if sizes[0] > capacity[0] {
+            // Without a record the group has one buffer (`Imm::decode` checked).
+            let size = u64::from(byte_len);
+            if size > capacity[0] {
                 return Err(ProtocolError::Overflow {
                     index: 0,
-                    size: sizes[0],
+                    size,
                     capacity: capacity[0],
                 }
                 .into());
             }
-            RecvState::Done { n, sizes }
+            RecvState::DoneOne { size }
         };
         *self.requests.state_mut(usize::from(slot)) = state;
         self.oldest = seq.wrapping_add(1);
