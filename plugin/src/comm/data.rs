@@ -398,7 +398,7 @@ pub(crate) fn port_of(call: &str, comm: Ptr) -> NetResult<Arc<OpenPort>> {
 
 /// `isend`: the request, or NULL ("try later"). Inlined into the C entry point, like `irecv` and
 /// `test`: the result is then built where the shim reads it, not copied up through each layer.
-#[inline]
+#[inline(always)]
 pub(crate) fn isend(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> NetResult<Ptr> {
     let (handle, entry) = COMMS.lookup("isend", "sendComm", comm)?;
     match entry {
