@@ -30,23 +30,18 @@ pub mod errno {
     pub const EOPNOTSUPP: i32 = 95;
 }
 
-/// What the dma-buf registration probe found.
+/// What the dma-buf registration probe found, classified by the layer that ran it (the FFI
+/// crate's probe knows which errno means support).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DmaBufProbe {
+pub enum DmaBuf {
     /// libibverbs has no `ibv_reg_dmabuf_mr` (rdma-core < 34).
     NoSymbol,
-    /// The probe registration failed with this errno (`0` if it unexpectedly succeeded).
-    Answered(i32),
     /// Not probed (no protection domain could be allocated).
     NotProbed,
-}
-
-impl DmaBufProbe {
-    /// Whether the answer means the kernel and provider take dma-buf registrations: the call got
-    /// through to the fd check (any errno but `EOPNOTSUPP`/`EPROTONOSUPPORT`, normally `EBADF`).
-    pub fn accepted(self) -> bool {
-        matches!(self, Self::Answered(e) if e != errno::EOPNOTSUPP && e != errno::EPROTONOSUPPORT)
-    }
+    /// The kernel and provider take dma-buf registrations (the probe got through to the fd check).
+    Accepted,
+    /// The probe failed with this errno (`EOPNOTSUPP`, `EPROTONOSUPPORT`): not supported.
+    Refused(i32),
 }
 
 /// The host facts and settings the decision uses.
@@ -55,7 +50,7 @@ pub struct GdrFacts<'a> {
     /// The peer-memory file found (e.g. `/sys/module/nvidia_peermem/version`), if any.
     pub peer_memory: Option<&'a str>,
     /// The dma-buf probe's answer.
-    pub dmabuf: DmaBufProbe,
+    pub dmabuf: DmaBuf,
     /// `NCCL_DMABUF_ENABLE` (default 1).
     pub dmabuf_enable: i64,
     /// `NCCL_IB_PCI_RELAXED_ORDERING` (default 2: on where supported).
@@ -130,15 +125,13 @@ impl<'a> GdrPolicy<'a> {
         };
         let dmabuf = match facts.dmabuf {
             _ if facts.dmabuf_enable == 0 => Verdict::No("NCCL_DMABUF_ENABLE=0"),
-            DmaBufProbe::NoSymbol => {
-                Verdict::No("libibverbs has no ibv_reg_dmabuf_mr (rdma-core < 34)")
-            }
-            DmaBufProbe::NotProbed => Verdict::No("the device could not be probed"),
-            DmaBufProbe::Answered(e) if !facts.dmabuf.accepted() => Verdict::ProbeRefused(e),
-            DmaBufProbe::Answered(_) if !visible => {
+            DmaBuf::NoSymbol => Verdict::No("libibverbs has no ibv_reg_dmabuf_mr (rdma-core < 34)"),
+            DmaBuf::NotProbed => Verdict::No("the device could not be probed"),
+            DmaBuf::Refused(e) => Verdict::ProbeRefused(e),
+            DmaBuf::Accepted if !visible => {
                 Verdict::No("GPU receives cannot be flushed on this path")
             }
-            DmaBufProbe::Answered(_) => Verdict::Yes("kernel and provider accept dma-buf"),
+            DmaBuf::Accepted => Verdict::Yes("kernel and provider accept dma-buf"),
         };
         Self {
             cuda,
@@ -183,7 +176,7 @@ mod tests {
 
     const HOST_ONLY: GdrFacts<'static> = GdrFacts {
         peer_memory: None,
-        dmabuf: DmaBufProbe::Answered(errno::EOPNOTSUPP),
+        dmabuf: DmaBuf::Refused(errno::EOPNOTSUPP),
         dmabuf_enable: 1,
         relaxed_ordering: 2,
         has_reg_mr_iova2: true,
@@ -205,23 +198,18 @@ mod tests {
     fn peer_memory_gives_cuda_and_ebadf_gives_dmabuf() {
         let p = GdrPolicy::decide(&GdrFacts {
             peer_memory: Some("/sys/module/nvidia_peermem/version"),
-            dmabuf: DmaBufProbe::Answered(errno::EBADF),
+            dmabuf: DmaBuf::Accepted,
             ..HOST_ONLY
         });
         assert_eq!(p.ptr_support(), 1 | 2 | 4);
         assert!(p.to_string().contains("nvidia_peermem"));
-        // EPROTONOSUPPORT is "no" as well; any other errno means the call got through.
-        for (e, yes) in [
-            (errno::EPROTONOSUPPORT, false),
-            (errno::EOPNOTSUPP, false),
-            (22, true),
-            (0, true),
-        ] {
+        // A refusal is "no" whatever its errno, and says which.
+        for e in [errno::EPROTONOSUPPORT, errno::EOPNOTSUPP] {
             let p = GdrPolicy::decide(&GdrFacts {
-                dmabuf: DmaBufProbe::Answered(e),
+                dmabuf: DmaBuf::Refused(e),
                 ..HOST_ONLY
             });
-            assert_eq!(p.dmabuf.yes(), yes, "errno {e}");
+            assert_eq!(p.dmabuf, Verdict::ProbeRefused(e));
         }
     }
 
@@ -229,7 +217,7 @@ mod tests {
     fn no_gpu_memory_without_a_flush_unless_the_user_disabled_it() {
         let facts = GdrFacts {
             peer_memory: Some("/sys/kernel/mm/memory_peers/nv_mem/version"),
-            dmabuf: DmaBufProbe::Answered(errno::EBADF),
+            dmabuf: DmaBuf::Accepted,
             flush_available: false,
             ..HOST_ONLY
         };
@@ -258,7 +246,7 @@ mod tests {
     #[test]
     fn dmabuf_follows_the_switch_and_the_symbol() {
         let yes = GdrFacts {
-            dmabuf: DmaBufProbe::Answered(errno::EBADF),
+            dmabuf: DmaBuf::Accepted,
             ..HOST_ONLY
         };
         assert!(GdrPolicy::decide(&yes).dmabuf.yes());
@@ -267,7 +255,7 @@ mod tests {
             ..yes
         });
         assert_eq!(off.dmabuf, Verdict::No("NCCL_DMABUF_ENABLE=0"));
-        for probe in [DmaBufProbe::NoSymbol, DmaBufProbe::NotProbed] {
+        for probe in [DmaBuf::NoSymbol, DmaBuf::NotProbed] {
             assert!(
                 !GdrPolicy::decide(&GdrFacts {
                     dmabuf: probe,

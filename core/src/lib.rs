@@ -18,7 +18,6 @@ pub mod flush;
 pub mod gdr;
 pub mod handshake;
 pub mod mesh;
-pub mod name_list;
 pub mod nic;
 pub mod regcache;
 pub mod route;

@@ -3,9 +3,9 @@
 
 use crate::log::warn;
 use crate::oob::iface::{self, Family, IfRules};
-use rivet_core::name_list::NameList;
 use rivet_core::time::Duration;
 use rivet_core::wire::{Lanes, MAX_LANES};
+use rivet_verbs_ffi::name_list::NameList;
 
 /// Queue-pair settings from the environment (NCCL's `NCCL_IB_*` knobs).
 #[derive(Clone, Copy, Debug)]

@@ -10,8 +10,9 @@ use crate::backend::device::{GpuSetup, OpenPort};
 use crate::config::GdrSettings;
 use crate::sys::NCCL_NET_ID_UNDEF;
 use core::ffi::{c_char, c_int};
-use rivet_core::gdr::{GdrFacts, GdrPolicy};
+use rivet_core::gdr::{DmaBuf, GdrFacts, GdrPolicy};
 use rivet_verbs_ffi::discover::{AddrFamily, GidPolicy, NameList};
+use rivet_verbs_ffi::mr::DmaBufProbe;
 use rivet_verbs_ffi::{DiscoverError, DiscoverOptions, PortInfo, VerbsError};
 use std::ffi::CString;
 use std::fmt;
@@ -181,12 +182,23 @@ impl Drop for PropString {
     }
 }
 
+/// The dma-buf probe's answer as the GPUDirect decision takes it: the probe says which errno
+/// means support.
+fn dmabuf_fact(probe: DmaBufProbe) -> DmaBuf {
+    match probe {
+        DmaBufProbe::NoSymbol => DmaBuf::NoSymbol,
+        DmaBufProbe::NotProbed => DmaBuf::NotProbed,
+        DmaBufProbe::Answered(_) if probe.accepted() => DmaBuf::Accepted,
+        DmaBufProbe::Answered(errno) => DmaBuf::Refused(errno),
+    }
+}
+
 /// This port's GPUDirect decision (`rivet_core::gdr`). The flush is available on every data path
 /// (a libibverbs loopback queue pair, `backend::flush`).
 fn gdr_policy<'a>(info: &'a PortInfo, gdr: &GdrSettings) -> GdrPolicy<'a> {
     GdrPolicy::decide(&GdrFacts {
         peer_memory: info.peer_memory.as_deref(),
-        dmabuf: info.dmabuf_probe,
+        dmabuf: dmabuf_fact(info.dmabuf_probe),
         dmabuf_enable: gdr.dmabuf_enable,
         relaxed_ordering: gdr.relaxed_ordering,
         has_reg_mr_iova2: info.has_reg_mr_iova2,
@@ -358,7 +370,7 @@ pub(crate) fn fake_port_info(name: &str, pci_path: Option<&str>, port: u8, guid:
         port_flags: 0,
         ptr_support: PtrSupport(PtrSupport::HOST),
         peer_memory: None,
-        dmabuf_probe: rivet_core::gdr::DmaBufProbe::NoSymbol,
+        dmabuf_probe: DmaBufProbe::NoSymbol,
         has_reg_mr_iova2: true,
         rail: None,
         plane: None,
@@ -367,7 +379,7 @@ pub(crate) fn fake_port_info(name: &str, pci_path: Option<&str>, port: u8, guid:
 
 #[cfg(test)]
 mod tests {
-    use super::{Port, fake_port_info as fake_port};
+    use super::{DmaBufProbe, Port, fake_port_info as fake_port};
     use rivet_verbs_ffi::discover::assign_nccl_identities;
     use std::ffi::CStr;
 
@@ -406,7 +418,6 @@ mod tests {
     #[test]
     fn ptr_support_and_the_flush_follow_the_gdr_decision() {
         use crate::config::GdrSettings;
-        use rivet_core::gdr::DmaBufProbe;
         let mut info = fake_port("mlx5_0", None, 1, 0xaa);
         // Soft-RoCE: host memory only, no flush queue pair.
         info.dmabuf_probe = DmaBufProbe::Answered(95);

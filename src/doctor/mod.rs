@@ -10,8 +10,8 @@
 mod checks;
 mod pci;
 
-use rivet_core::name_list::NameList;
 use rivet_verbs_ffi::discover::{DiscoverError, ListedDevice, Sysfs, list_devices, sysfs};
+use rivet_verbs_ffi::name_list::NameList;
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::fs;
@@ -152,7 +152,7 @@ fn gpus(root: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Names in a NCCL list (`rivet_core::name_list`, the parser the plugin uses) that match nothing
+/// Names in a NCCL list (`rivet_verbs_ffi::name_list`, the parser the plugin uses) that match nothing
 /// in `existing` (by prefix, or exactly after `=`). A value the parser rejects is reported whole.
 fn missing_names(variable: &str, spec: &str, existing: &[String]) -> Vec<EnvName> {
     let Ok(list) = NameList::parse(spec) else {

@@ -9,6 +9,10 @@
 //!   [`MemoryRegion`] / [`QueuePair`]. Children hold an `Arc` to their parent, so a context is
 //!   closed only after its PDs and CQs, and a PD/CQ only after its QPs.
 //! - [`mod@discover`]: the usable ports, with GID, speed and PCI path, as an NCCL plugin reports them.
+//! - [`name_list`]: NCCL's name-list syntax (`NCCL_IB_HCA`, `NCCL_SOCKET_IFNAME`), which discovery
+//!   filters ports with.
+//!
+//! The crate depends on nothing of Rivet's (only `libc`): what discovery decides with lives here.
 //!
 //! Test support behind features, never in the shipped plugin: `mlx5-model` (the software mlx5
 //! device, `mlx5::model`) and `loopback-check` (`selftest`, a two-QP loopback transfer).
@@ -25,6 +29,7 @@ mod error;
 pub mod loader;
 pub mod mlx5;
 pub mod mr;
+pub mod name_list;
 pub mod pd;
 pub mod qp;
 #[cfg(feature = "loopback-check")]

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use crate::error::{VerbsError, errno_after_null, last_errno};
 use crate::pd::ProtectionDomain;
 use crate::sys::{access, ibv_mr};
-use rivet_core::gdr::DmaBufProbe;
 
 /// A registered memory region; deregistered on drop.
 #[derive(Debug)]
@@ -179,10 +178,29 @@ fn dmabuf_register(
     Ok(unsafe { reg(pd.as_ptr(), offset, len, iova, fd, flags) })
 }
 
+/// What the dma-buf registration probe found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DmaBufProbe {
+    /// libibverbs has no `ibv_reg_dmabuf_mr` (rdma-core < 34).
+    NoSymbol,
+    /// The probe registration failed with this errno (`0` if it unexpectedly succeeded).
+    Answered(i32),
+    /// Not probed (no protection domain could be allocated).
+    NotProbed,
+}
+
+impl DmaBufProbe {
+    /// Whether the answer means the kernel and provider take dma-buf registrations: the call got
+    /// through to the fd check (any errno but `EOPNOTSUPP`/`EPROTONOSUPPORT`, normally `EBADF`).
+    pub fn accepted(self) -> bool {
+        matches!(self, Self::Answered(e) if e != libc::EOPNOTSUPP && e != libc::EPROTONOSUPPORT)
+    }
+}
+
 /// Probe whether the device behind `pd` accepts dma-buf registrations, the way NCCL does: register
 /// with `fd = -1` and length 0, and report the errno (`EOPNOTSUPP`/`EPROTONOSUPPORT` mean no, any
-/// other outcome, normally `EBADF`, means the kernel and provider support it; the decision is
-/// `rivet_core::gdr`'s).
+/// other outcome, normally `EBADF`, means the kernel and provider support it: see
+/// [`DmaBufProbe::accepted`]; whether it is advertised is `rivet_core::gdr`'s decision).
 pub fn dmabuf_probe(pd: &ProtectionDomain) -> DmaBufProbe {
     match dmabuf_register(pd, 0, 0, 0, -1, 0) {
         Err(_) => DmaBufProbe::NoSymbol,
@@ -192,5 +210,25 @@ pub fn dmabuf_probe(pd: &ProtectionDomain) -> DmaBufProbe {
             unsafe { (pd.context().verbs().dereg_mr)(raw) };
             DmaBufProbe::Answered(0)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DmaBufProbe;
+
+    #[test]
+    fn dmabuf_probe_accepts_any_errno_but_not_supported() {
+        for (e, yes) in [
+            (libc::EPROTONOSUPPORT, false),
+            (libc::EOPNOTSUPP, false),
+            (libc::EBADF, true),
+            (libc::EINVAL, true),
+            (0, true),
+        ] {
+            assert_eq!(DmaBufProbe::Answered(e).accepted(), yes, "errno {e}");
+        }
+        assert!(!DmaBufProbe::NoSymbol.accepted());
+        assert!(!DmaBufProbe::NotProbed.accepted());
     }
 }

@@ -10,9 +10,12 @@
 use super::{Completed, DataError, MAX_REQUESTS, RequestId, Side};
 
 /// The state a direction keeps per request.
-pub(super) trait RequestState: Copy + PartialEq {
+pub(super) trait RequestState: Copy {
     /// A slot not in use.
     const FREE: Self;
+    /// Whether this is [`FREE`](Self::FREE) (a `matches!`, not the derived `PartialEq`, which
+    /// compares every field of every variant and is not always inlined).
+    fn is_free(&self) -> bool;
     /// Still waiting for its completion (`test` polls the NIC only then).
     fn pending(&self) -> bool;
     /// What `test` reports for a slot in use: [`Completed::Pending`], [`Completed::Done`] or the
@@ -67,7 +70,7 @@ impl<S: RequestState, const FREE_LIST: bool> RequestPool<S, FREE_LIST> {
     /// Whether slot `index` is free.
     #[inline(always)]
     pub(super) fn is_free(&self, index: u8) -> bool {
-        self.slots[usize::from(index)].state == S::FREE
+        self.slots[usize::from(index)].state.is_free()
     }
 
     /// Put a request in slot `index` (free: [`next_free`](Self::next_free) with the free list,
@@ -97,7 +100,7 @@ impl<S: RequestState, const FREE_LIST: bool> RequestPool<S, FREE_LIST> {
     pub(super) fn lookup(&self, req: RequestId) -> Result<usize, DataError> {
         let index = usize::from(req.index);
         let slot = &self.slots[index];
-        if req.side != self.side || slot.generation != req.generation || slot.state == S::FREE {
+        if req.side != self.side || slot.generation != req.generation || slot.state.is_free() {
             return Err(DataError::InvalidRequest {
                 bits: req.to_bits(),
             });
@@ -120,7 +123,7 @@ impl<S: RequestState, const FREE_LIST: bool> RequestPool<S, FREE_LIST> {
     /// End the request in slot `index` (nothing if it is free): its id goes stale.
     pub(super) fn release(&mut self, index: usize) {
         let slot = &mut self.slots[index];
-        if slot.state == S::FREE {
+        if slot.state.is_free() {
             return;
         }
         slot.state = S::FREE;
@@ -173,6 +176,9 @@ mod tests {
 
     impl RequestState for Toy {
         const FREE: Self = Self::Free;
+        fn is_free(&self) -> bool {
+            matches!(self, Self::Free)
+        }
         fn pending(&self) -> bool {
             *self == Self::Waiting
         }

@@ -53,6 +53,7 @@ impl SendQueue {
 
     /// Take the next post position for a work request of `kind` at `index`; `must_signal` forces
     /// a signaled completion. The caller must have checked [`has_room`](Self::has_room).
+    #[inline(always)]
     pub(crate) fn next(&mut self, kind: WrKind, index: u16, must_signal: bool) -> Slotted {
         self.posted += 1;
         let left = (SEND_QUEUE_DEPTH as u64).saturating_sub(self.posted - self.retired);

@@ -31,12 +31,17 @@ pub const CTS_BATCH: u32 = 6;
 enum RecvState {
     /// Not in use.
     Free,
+    /// A one-buffer receive (NCCL's point-to-point) posted: `Posted` without the group's arrays,
+    /// so posting and completing it write a few words, not a whole slot.
+    PostedOne { seq: u32, capacity: u64 },
     /// Receive and clear-to-send posted; waiting for the slot's write-with-immediate.
     Posted {
         seq: u32,
         n: u8,
         capacity: [u64; MAX_RECVS],
     },
+    /// A one-buffer receive's data arrived.
+    DoneOne { size: u64 },
     /// Data arrived.
     Done { n: u8, sizes: [u64; MAX_RECVS] },
     /// The sender refused a send that did not fit.
@@ -47,14 +52,24 @@ impl RequestState for RecvState {
     const FREE: Self = Self::Free;
 
     #[inline(always)]
+    fn is_free(&self) -> bool {
+        matches!(self, Self::Free)
+    }
+
+    #[inline(always)]
     fn pending(&self) -> bool {
-        matches!(self, Self::Posted { .. })
+        matches!(self, Self::PostedOne { .. } | Self::Posted { .. })
     }
 
     #[inline(always)]
     fn report(&self) -> Result<Completed, DataError> {
         match *self {
-            Self::Posted { .. } | Self::Free => Ok(Completed::Pending),
+            Self::PostedOne { .. } | Self::Posted { .. } | Self::Free => Ok(Completed::Pending),
+            Self::DoneOne { size } => {
+                let mut sizes = [0; MAX_RECVS];
+                sizes[0] = size;
+                Ok(Completed::Done { n: 1, sizes })
+            }
             Self::Done { n, sizes } => Ok(Completed::Done {
                 n: usize::from(n),
                 sizes,
@@ -137,10 +152,12 @@ impl RecvConn {
         if tags.len() != n {
             return Err(DataError::InvalidArgument("one tag per receive buffer"));
         }
-        if bufs.iter().any(|b| b.addr.checked_add(b.len).is_none()) {
-            return Err(DataError::InvalidArgument(
-                "receive buffer wraps the address space",
-            ));
+        for b in bufs {
+            if b.addr.checked_add(b.len).is_none() {
+                return Err(DataError::InvalidArgument(
+                    "receive buffer wraps the address space",
+                ));
+            }
         }
         let seq = self.next_seq;
         let slot = seq as u8;
@@ -154,30 +171,58 @@ impl RecvConn {
                 return Ok(None);
             }
         }
-        let offset = usize::from(slot) * CTS_SLOT_LEN;
-        let len = n * CTS_ENTRY_LEN;
-
-        let mut bytes = [0u8; CTS_SLOT_LEN];
-        let mut capacity = [0u64; MAX_RECVS];
-        for (i, ((buf, tag), out)) in bufs
-            .iter()
-            .zip(tags)
-            .zip(bytes.chunks_exact_mut(CTS_ENTRY_LEN))
-            .enumerate()
-        {
-            capacity[i] = buf.len;
-            let entry = CtsEntry {
-                addr: buf.addr,
-                size: buf.len,
-                rkey: buf.rkey,
-                tag: *tag,
-                n: n as u8,
+        let stamp = stamp_for(seq);
+        // Inlined into both uses below (as a closure it stayed out of line).
+        #[inline(always)]
+        fn entry(bufs: &[RecvBuf], tags: &[u32], i: usize, stamp: u32) -> CtsEntry {
+            CtsEntry {
+                addr: bufs[i].addr,
+                size: bufs[i].len,
+                rkey: bufs[i].rkey,
+                tag: tags[i],
+                n: bufs.len() as u8,
                 index: i as u8,
-                stamp: stamp_for(seq),
-            };
-            out.copy_from_slice(&entry.encode());
+                stamp,
+            }
         }
+        if n == 1 {
+            // One buffer (NCCL's point-to-point): its entry alone, not a whole slot's bytes.
+            let bytes = entry(bufs, tags, 0, stamp).encode();
+            let state = RecvState::PostedOne {
+                seq,
+                capacity: bufs[0].len,
+            };
+            return self.post_receive(nic, seq, state, &bytes).map(Some);
+        }
+        let mut capacity = [0u64; MAX_RECVS];
+        let mut bytes = [0u8; CTS_SLOT_LEN];
+        for (i, out) in bytes.chunks_exact_mut(CTS_ENTRY_LEN).take(n).enumerate() {
+            capacity[i] = bufs[i].len;
+            out.copy_from_slice(&entry(bufs, tags, i, stamp).encode());
+        }
+        let state = RecvState::Posted {
+            seq,
+            n: n as u8,
+            capacity,
+        };
+        self.post_receive(nic, seq, state, &bytes[..n * CTS_ENTRY_LEN])
+            .map(Some)
+    }
 
+    /// Post receive `seq` (its slot free, room checked) in `state`, whose encoded CTS entries
+    /// are `bytes`: the receive work request, the request, and the entries,
+    /// written at once (inline when they are the only deferred ones and fit), staged, or left
+    /// deferred (see [`CTS_LOW_WATER`]).
+    #[inline(always)]
+    fn post_receive(
+        &mut self,
+        nic: &mut impl Nic,
+        seq: u32,
+        state: RecvState,
+        bytes: &[u8],
+    ) -> Result<RequestId, DataError> {
+        let slot = seq as u8;
+        let offset = usize::from(slot) * CTS_SLOT_LEN;
         let recv_id = WrId {
             kind: WrKind::Recv,
             index: slot.into(),
@@ -189,33 +234,59 @@ impl RecvConn {
         }
         self.recvs_posted += 1;
 
-        let id = self.requests.occupy(
-            slot,
-            RecvState::Posted {
-                seq,
-                n: n as u8,
-                capacity,
-            },
-        );
+        let id = self.requests.occupy(slot, state);
         self.next_seq = seq.wrapping_add(1);
         self.deferred += 1;
         let may_defer = core::mem::replace(&mut self.polled, false);
         let flush_now = !may_defer || self.flush_due();
-        let inline = flush_now && self.deferred == 1 && len <= nic.max_inline();
-        // Staged unless it goes inline now: a later flush may carry it with its neighbours.
-        if !inline {
-            nic.write_staging(offset, &bytes[..len]);
-        }
-        if flush_now {
-            let flushed = self.flush_cts(nic, inline.then_some(&bytes[..len]));
-            if inline && self.deferred > 0 {
-                // Not written (an error; the room was checked above): it stays deferred, so it is
-                // staged after all.
-                nic.write_staging(offset, &bytes[..len]);
+        if flush_now && self.deferred == 1 && bytes.len() <= nic.max_inline() {
+            // The only deferred entries are this receive's and they fit inline: one RDMA WRITE
+            // of them, nothing staged. The room for it was checked with the receive's.
+            let written = self.write_cts_inline(nic, slot, bytes);
+            if written.is_err() {
+                // Not written: it stays deferred, so it is staged after all.
+                nic.write_staging(offset, bytes);
             }
-            flushed?;
+            return written.map(|()| id);
         }
-        Ok(Some(id))
+        // Staged: a later flush may carry it with its neighbours.
+        nic.write_staging(offset, bytes);
+        if flush_now {
+            self.flush_cts(nic)?;
+        }
+        Ok(id)
+    }
+
+    /// Write the entries of the one deferred receive, in `slot`, inline (`bytes`, at most
+    /// `max_inline`) with one RDMA WRITE, taking its send-queue position. The caller checked the
+    /// send queue's room.
+    #[inline(always)]
+    fn write_cts_inline(
+        &mut self,
+        nic: &mut impl Nic,
+        slot: u8,
+        bytes: &[u8],
+    ) -> Result<(), DataError> {
+        let offset = usize::from(slot) * CTS_SLOT_LEN;
+        let remote_addr =
+            region_addr(&self.peer_fifo, offset, bytes.len()).ok_or(DataError::PeerRegion {
+                len: self.peer_fifo.len,
+                need: SEND_INBOUND_LEN,
+            })?;
+        let posted = self.sq.next(WrKind::Cts, u16::from(slot), false);
+        let write = SendWr {
+            wr_id: posted.wr_id,
+            op: SendOp::Write,
+            payload: Payload::Inline(bytes),
+            remote_addr,
+            rkey: self.peer_fifo.rkey,
+            signaled: posted.signaled,
+        };
+        if let Err(err) = nic.post_send(&[write]) {
+            return Err(self.health.fail(err.into()));
+        }
+        self.deferred = 0;
+        Ok(())
     }
 
     /// The cause the connection failed with, if it did.
@@ -242,10 +313,9 @@ impl RecvConn {
     }
 
     /// Write every deferred CTS entry to the sender: the slots are consecutive, so one RDMA
-    /// WRITE from staging covers them (two when they wrap past the last slot). `inline` is the
-    /// single deferred slot's bytes when they fit inline. When the send queue has no room the
-    /// entries stay deferred and the next call tries again.
-    fn flush_cts(&mut self, nic: &mut impl Nic, inline: Option<&[u8]>) -> Result<(), DataError> {
+    /// WRITE from staging covers them (two when they wrap past the last slot). When the send
+    /// queue has no room the entries stay deferred and the next call tries again.
+    fn flush_cts(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
         if !self.sq.has_room(2, self.recvs_posted) {
             self.poll_cq(nic)?;
             if !self.sq.has_room(2, self.recvs_posted) {
@@ -262,11 +332,11 @@ impl RecvConn {
         let head = count.min(SLOTS - first_slot);
         let posted = if head == count {
             // One write (the common case: no chain array to fill).
-            let write = self.cts_write(first_slot, count, inline.filter(|_| count == 1))?;
+            let write = self.cts_write(first_slot, count)?;
             nic.post_send(&[write])
         } else {
-            let first = self.cts_write(first_slot, head, None)?;
-            let rest = self.cts_write(0, count - head, None)?;
+            let first = self.cts_write(first_slot, head)?;
+            let rest = self.cts_write(0, count - head)?;
             nic.post_send(&[first, rest])
         };
         if let Err(err) = posted {
@@ -276,20 +346,19 @@ impl RecvConn {
         Ok(())
     }
 
-    /// The RDMA WRITE of the staged (or, for one slot, `inline`) CTS entries of the `slots`
-    /// (at least one) consecutive FIFO slots from `start`, taking its send-queue position.
+    /// The RDMA WRITE of the staged CTS entries of the `slots` (at least one) consecutive FIFO
+    /// slots from `start`, taking its send-queue position.
     #[inline(always)]
-    fn cts_write<'a>(
-        &mut self,
-        start: usize,
-        slots: usize,
-        inline: Option<&'a [u8]>,
-    ) -> Result<SendWr<'a>, DataError> {
+    fn cts_write(&mut self, start: usize, slots: usize) -> Result<SendWr<'static>, DataError> {
         let last = (start + slots).saturating_sub(1);
-        let RecvState::Posted { n, .. } = self.requests.state(last) else {
-            return Err(self
-                .health
-                .fail(ProtocolError::UnexpectedCompletion { wr: WrKind::Cts }.into()));
+        let n = match self.requests.state(last) {
+            RecvState::PostedOne { .. } => 1,
+            RecvState::Posted { n, .. } => n,
+            _ => {
+                return Err(self
+                    .health
+                    .fail(ProtocolError::UnexpectedCompletion { wr: WrKind::Cts }.into()));
+            }
         };
         let offset = start * CTS_SLOT_LEN;
         let len = (slots - 1) * CTS_SLOT_LEN + usize::from(n) * CTS_ENTRY_LEN;
@@ -298,12 +367,9 @@ impl RecvConn {
                 len: self.peer_fifo.len,
                 need: SEND_INBOUND_LEN,
             })?;
-        let payload = match inline {
-            Some(bytes) => Payload::Inline(bytes),
-            None => Payload::Staged {
-                offset: offset as u32,
-                len: len as u32,
-            },
+        let payload = Payload::Staged {
+            offset: offset as u32,
+            len: len as u32,
         };
         let posted = self.sq.next(WrKind::Cts, last as u16, false);
         Ok(SendWr {
@@ -365,13 +431,14 @@ impl RecvConn {
     ) -> Result<(), DataError> {
         let seq = self.oldest;
         let slot = seq as u8;
-        let RecvState::Posted {
-            seq: posted_seq,
-            n,
-            capacity,
-        } = self.requests.state(usize::from(slot))
-        else {
-            return Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }.into());
+        let (posted_seq, n, capacity) = match self.requests.state(usize::from(slot)) {
+            RecvState::PostedOne { seq, capacity } => {
+                let mut capacities = [0; MAX_RECVS];
+                capacities[0] = capacity;
+                (seq, 1, capacities)
+            }
+            RecvState::Posted { seq, n, capacity } => (seq, n, capacity),
+            _ => return Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }.into()),
         };
         // `granted() == 0`: the oldest receive's CTS entry was never written, so no data for it
         // can be on its way.
@@ -429,16 +496,17 @@ impl RecvConn {
                 (false, None) => RecvState::Done { n, sizes },
             }
         } else {
-            sizes[0] = u64::from(byte_len);
-            if sizes[0] > capacity[0] {
+            // Without a record the group has one buffer (`Imm::decode` checked).
+            let size = u64::from(byte_len);
+            if size > capacity[0] {
                 return Err(ProtocolError::Overflow {
                     index: 0,
-                    size: sizes[0],
+                    size,
                     capacity: capacity[0],
                 }
                 .into());
             }
-            RecvState::Done { n, sizes }
+            RecvState::DoneOne { size }
         };
         *self.requests.state_mut(usize::from(slot)) = state;
         self.oldest = seq.wrapping_add(1);
@@ -454,7 +522,7 @@ impl Connection for RecvConn {
         self.polled = true;
         let mut progress = Ok(());
         if self.flush_due() && self.health.check().is_ok() {
-            progress = self.flush_cts(nic, None);
+            progress = self.flush_cts(nic);
         }
         if progress.is_ok() && self.requests.state(index).pending() {
             progress = self.health.check().and_then(|()| self.poll_cq(nic));

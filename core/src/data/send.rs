@@ -32,6 +32,11 @@ impl RequestState for SendState {
     const FREE: Self = Self::Free;
 
     #[inline(always)]
+    fn is_free(&self) -> bool {
+        matches!(self, Self::Free)
+    }
+
+    #[inline(always)]
     fn pending(&self) -> bool {
         matches!(self, Self::InFlight { .. })
     }
@@ -301,6 +306,9 @@ impl SendConn {
         let Some(matched) = self.match_send(nic, buf, tag, offset)? else {
             return Ok(None);
         };
+        if matched.n == 1 && !matched.mismatch && buf.len <= self.ar_threshold {
+            return self.send_whole(nic, &matched, buf).map(Some);
+        }
         let plan = self.plan_send(&matched, buf);
         self.post_plan(nic, &plan)?;
         Ok(Some(self.commit_send(&matched, &plan, buf)))
@@ -334,7 +342,7 @@ impl SendConn {
         let head = &self.head.m;
         let n = head.n;
         // A plain loop: as an iterator `find` the compiler kept it out of line in the plugin's
-        // `isend` (27 instructions more per call).
+        // `isend`.
         let mut found = None;
         for i in 0..n {
             if head.matched & (1 << i) == 0 && head.entries[usize::from(i)].tag == tag {
@@ -378,6 +386,74 @@ impl SendConn {
             }
         }
         Ok(Some(matched))
+    }
+
+    /// A send that fits a one-buffer receive, without adaptive routing's split (the common
+    /// case, NCCL's point-to-point): one signaled write with immediate of the data (or of nothing
+    /// into the record, for an empty send) ends the slot. The same work request as
+    /// [`plan_send`](Self::plan_send) → [`post_plan`](Self::post_plan) →
+    /// [`commit_send`](Self::commit_send) produce for it, built once, with no plan and no record.
+    #[inline(always)]
+    fn send_whole(
+        &mut self,
+        nic: &mut impl Nic,
+        m: &SendMatch,
+        buf: SendBuf,
+    ) -> Result<RequestId, DataError> {
+        let (payload, remote_addr, rkey) = if buf.len == 0 {
+            let record_addr = region_addr(
+                &self.peer_records,
+                usize::from(m.slot) * RECORD_LEN,
+                RECORD_LEN,
+            )
+            .ok_or(DataError::PeerRegion {
+                len: self.peer_records.len,
+                need: RECV_INBOUND_LEN,
+            })?;
+            (Payload::Empty, record_addr, self.peer_records.rkey)
+        } else {
+            let sge = Sge {
+                addr: buf.addr,
+                // `buf.len <= MAX_WR_BYTES` was checked when matching.
+                len: buf.len as u32,
+                lkey: buf.lkey,
+            };
+            (Payload::Local(sge), m.entry.addr, m.entry.rkey)
+        };
+        let imm = Imm {
+            seq16: self.seq as u16,
+            n: 1,
+            record: false,
+            mismatch: false,
+        }
+        .encode();
+        let posted = self.sq.next(WrKind::SlotEnd, u16::from(m.slot), true);
+        let post = self.sq.posted() as u32;
+        let wr = SendWr {
+            wr_id: posted.wr_id,
+            op: SendOp::WriteImm(imm),
+            payload,
+            remote_addr,
+            rkey,
+            signaled: true,
+        };
+        nic.post_send(&[wr])
+            .map_err(|err| self.health.fail(err.into()))?;
+        let id = self
+            .requests
+            .occupy(m.req_index, SendState::InFlight { size: buf.len });
+        let mut reqs = [0; MAX_RECVS];
+        reqs[0] = m.req_index;
+        self.ends[usize::from(m.slot)] = EndState::Ending {
+            post,
+            reqs,
+            count: 1,
+        };
+        // The slot ended: the next send reads the next receive's entries. (`head.m` needs no
+        // update: it is rewritten when that receive is loaded.)
+        self.head.state = HeadState::Unread;
+        self.seq = self.seq.wrapping_add(1);
+        Ok(id)
     }
 
     /// The work requests for a matched send (taking their send-queue positions): for a single
@@ -609,9 +685,11 @@ impl SendConn {
         if first.index != 0 {
             return Err(self.fail_group(slot));
         }
-        if !(1..n).all(|i| stamp_fresh(nic, base + usize::from(i) * CTS_ENTRY_LEN, stamp)) {
-            // The rest of the group's write has not landed yet.
-            return Ok(false);
+        for i in 1..n {
+            if !stamp_fresh(nic, base + usize::from(i) * CTS_ENTRY_LEN, stamp) {
+                // The rest of the group's write has not landed yet.
+                return Ok(false);
+            }
         }
         // Stamps never go stale while we are behind them: the receiver rewrites this slot only
         // after this receive completed, which needs this sender's write-with-immediate.

@@ -104,6 +104,7 @@ impl AnyEndpoint {
 }
 
 impl Nic for AnyEndpoint {
+    #[inline]
     fn max_inline(&self) -> usize {
         match self {
             Self::Verbs(e) => e.max_inline(),
@@ -113,6 +114,7 @@ impl Nic for AnyEndpoint {
         }
     }
 
+    #[inline(always)]
     fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
         match self {
             Self::Verbs(e) => e.post_send(chain),
@@ -122,6 +124,7 @@ impl Nic for AnyEndpoint {
         }
     }
 
+    #[inline]
     fn post_recv(&mut self, wr_id: u64) -> Result<(), NicError> {
         match self {
             Self::Verbs(e) => e.post_recv(wr_id),
@@ -131,6 +134,7 @@ impl Nic for AnyEndpoint {
         }
     }
 
+    #[inline(always)]
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError> {
         match self {
             Self::Verbs(e) => e.poll(out),
@@ -140,6 +144,7 @@ impl Nic for AnyEndpoint {
         }
     }
 
+    #[inline]
     fn read_inbound(&self, offset: usize, out: &mut [u8]) {
         match self {
             Self::Verbs(e) => e.read_inbound(offset, out),
@@ -149,6 +154,7 @@ impl Nic for AnyEndpoint {
         }
     }
 
+    #[inline]
     fn write_staging(&mut self, offset: usize, bytes: &[u8]) {
         match self {
             Self::Verbs(e) => e.write_staging(offset, bytes),

@@ -220,29 +220,13 @@ impl Endpoint {
     }
 }
 
-fn post_errno(err: &VerbsError) -> i32 {
-    err.errno().unwrap_or(libc::EINVAL)
-}
-
-impl Nic for Endpoint {
-    fn max_inline(&self) -> usize {
-        self.max_inline
-    }
-
-    fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
-        // One work request (every post of a single-buffer send, and most clear-to-send writes):
-        // one WR and one SGE on the stack, no chain arrays.
-        if let [wr] = chain {
-            let mut sge = MaybeUninit::<ibv_sge>::uninit();
-            let mut posted = [self.ibv_wr(wr, &mut sge)?];
-            // SAFETY: as for the chain below.
-            return unsafe { self.qp.post_send(&mut posted) }.map_err(|e| NicError::Post {
-                errno: post_errno(&e),
-            });
-        }
+impl Endpoint {
+    /// Post a chain of several work requests, in pieces of [`MAX_CHAIN`]. Out of line: the
+    /// chain arrays would otherwise widen the frame of every one-request post.
+    #[inline(never)]
+    fn post_chain(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
         for piece in chain.chunks(MAX_CHAIN) {
-            // Only the entries this call posts are written (a whole 16-entry array of 128-byte
-            // WRs zeroed per call was the largest cost per message: benches/callgrind_pingpong.sh).
+            // Only the entries this call posts are written, not whole arrays.
             let mut sges = [MaybeUninit::<ibv_sge>::uninit(); MAX_CHAIN];
             let mut wrs = [MaybeUninit::<ibv_send_wr>::uninit(); MAX_CHAIN];
             for ((wr, out), sge) in piece.iter().zip(&mut wrs).zip(&mut sges) {
@@ -261,6 +245,30 @@ impl Nic for Endpoint {
             })?;
         }
         Ok(())
+    }
+}
+
+fn post_errno(err: &VerbsError) -> i32 {
+    err.errno().unwrap_or(libc::EINVAL)
+}
+
+impl Nic for Endpoint {
+    fn max_inline(&self) -> usize {
+        self.max_inline
+    }
+
+    fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
+        // One work request (every post of a single-buffer send, and most clear-to-send writes):
+        // one WR and one SGE on the stack, no chain arrays.
+        if let [wr] = chain {
+            let mut sge = MaybeUninit::<ibv_sge>::uninit();
+            let mut posted = [self.ibv_wr(wr, &mut sge)?];
+            // SAFETY: as for the chain in `post_chain`.
+            return unsafe { self.qp.post_send(&mut posted) }.map_err(|e| NicError::Post {
+                errno: post_errno(&e),
+            });
+        }
+        self.post_chain(chain)
     }
 
     fn post_recv(&mut self, wr_id: u64) -> Result<(), NicError> {

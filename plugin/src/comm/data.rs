@@ -4,9 +4,8 @@
 //! Each comm's protocol state (`rivet-core`'s `SendConn`/`RecvConn` plus the verbs endpoint it
 //! drives) sits in an [`Exclusive`] cell that is only ever found busy when NCCL breaks its own
 //! contract (two threads on one comm): that is answered with an error instead of a wait (or,
-//! without the flag, a data race). Entering is one compare-exchange and leaving one store; the
-//! `std::sync::Mutex` used through `try_lock` before cost about 200 instructions more per round
-//! trip and side (`benches/callgrind_pingpong.sh`: 3,464 → 3,265 inside the plugin).
+//! without the flag, a data race). Entering is one compare-exchange and leaving one store, less
+//! than a `std::sync::Mutex` used through `try_lock` costs per call.
 //!
 //! Unsafe (opted in): `closeSend`/`closeRecv` remove the comm from its handle table, which
 //! [`crate::handle`] makes `unsafe` (no reference to it may be in use; NCCL's contract guarantees
@@ -399,7 +398,7 @@ pub(crate) fn port_of(call: &str, comm: Ptr) -> NetResult<Arc<OpenPort>> {
 
 /// `isend`: the request, or NULL ("try later"). Inlined into the C entry point, like `irecv` and
 /// `test`: the result is then built where the shim reads it, not copied up through each layer.
-#[inline]
+#[inline(always)]
 pub(crate) fn isend(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> NetResult<Ptr> {
     let (handle, entry) = COMMS.lookup("isend", "sendComm", comm)?;
     match entry {
@@ -472,7 +471,7 @@ impl<Conn: SendPath> Side<Conn> {
 }
 
 // The several-lane paths out of line: inlined like the one-queue-pair path they would grow the C
-// entry points by a copy each (measured: +68 instructions per round trip and side on one lane).
+// entry points by a copy each, which the one-lane path pays for in its own calls.
 #[inline(never)]
 fn isend_lanes<Conn: SendPath>(
     side: &Side<Conn>,
@@ -513,6 +512,9 @@ pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Ptr> {
 impl<Conn: RecvPath> Side<Conn> {
     #[inline(always)]
     fn irecv(&self, handle: Handle, args: &RecvArgs) -> NetResult<Ptr> {
+        if args.n == 1 {
+            return self.irecv_one(handle, args);
+        }
         let side = self;
         let mut bufs = [RecvBuf {
             addr: 0,
@@ -559,6 +561,43 @@ impl<Conn: RecvPath> Side<Conn> {
             conn.irecv(endpoint, &bufs[..args.n], &tags[..args.n])
         };
         state.answer(side, "irecv", handle, posted)
+    }
+
+    /// `irecv` of one buffer (NCCL's point-to-point): the same as the general path without its
+    /// eight-entry arrays.
+    #[inline(always)]
+    fn irecv_one(&self, handle: Handle, args: &RecvArgs) -> NetResult<Ptr> {
+        let (addr, len) = (args.data[0] as u64, args.sizes[0] as u64);
+        let mr = if len == 0 && args.mhandles[0].is_null() {
+            None
+        } else {
+            Some(mr::lookup("irecv", args.mhandles[0])?)
+        };
+        let rkey = match mr {
+            Some(mr) => mr.rkey_for(addr, len)?,
+            None => 0,
+        };
+        let bufs = [RecvBuf { addr, len, rkey }];
+        let tags = [args.tags[0] as u32];
+        let mut state = self.lock("irecv")?;
+        let State {
+            conn,
+            endpoint,
+            watch: _,
+        } = &mut *state;
+        let posted = if endpoint.devices() > 1 {
+            let devices = endpoint.devices();
+            let keys = device_keys("irecv", mr, addr, len, true, devices)?;
+            // rkeys[d][0]: the buffer's key on port d.
+            let mut rkeys = [[0u32; 8]; 8];
+            for (d, key) in keys[..devices].iter().enumerate() {
+                rkeys[d][0] = *key;
+            }
+            conn.irecv_keyed(endpoint, &bufs, &rkeys[..devices], &tags)
+        } else {
+            conn.irecv(endpoint, &bufs, &tags)
+        };
+        state.answer(self, "irecv", handle, posted)
     }
 
     /// `iflush` on this receive comm (`None`: nothing to flush).

@@ -8,7 +8,7 @@
 //!   IPv6 there), less IPv6 loopback (`::1`), less the other family when `NCCL_SOCKET_FAMILY` is
 //!   `AF_INET` or `AF_INET6`; an interface is represented by its first candidate address;
 //! - `NCCL_SOCKET_IFNAME` (longer than one character, NCCL's own rule) names the interfaces in
-//!   NCCL's list syntax (`rivet_core::name_list`: `^` excludes, `=` exact, else prefixes): the first
+//!   NCCL's list syntax (`rivet_verbs_ffi::name_list`: `^` excludes, `=` exact, else prefixes): the first
 //!   interface it keeps, or none (an error naming the variable);
 //! - otherwise, the first interface of the first of these that finds one: `ib*`; the interface on
 //!   the subnet of `NCCL_COMM_ID`'s address, when that is set; anything but `docker*`, `lo*`,
@@ -18,7 +18,7 @@
 
 #![allow(unsafe_code)]
 
-use rivet_core::name_list::NameList;
+use rivet_verbs_ffi::name_list::NameList;
 use std::ffi::CStr;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 

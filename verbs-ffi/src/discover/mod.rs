@@ -1,7 +1,7 @@
 //! Device discovery: every usable port, described the way an NCCL net plugin reports it.
 //!
 //! The decisions (GID choice, speed tables, device identity; the `NCCL_IB_HCA` list syntax in
-//! `rivet_core::name_list`) live in pure modules with unit tests; [`discover`] only gathers the
+//! `crate::name_list`) live in pure modules with unit tests; [`discover`] only gathers the
 //! inputs from libibverbs and sysfs and applies them.
 
 pub mod gid;
@@ -16,14 +16,13 @@ use crate::context::Context;
 use crate::device::DeviceList;
 use crate::error::VerbsError;
 use crate::loader::verbs;
-use crate::mr::dmabuf_probe;
+use crate::mr::{DmaBufProbe, dmabuf_probe};
 use crate::pd::ProtectionDomain;
 use crate::sys::{gid_type, link_layer, port_state};
-use rivet_core::gdr::DmaBufProbe;
 
+pub use crate::name_list::{NameEntry, NameList, NameListError};
 pub use gid::{AddrFamily, GidChoice, GidPolicy};
 pub use identity::{NcclIdentity, PortLocation, nccl_identities, nccl_pci_path};
-pub use rivet_core::name_list::{NameEntry, NameList, NameListError};
 pub use sysfs::Sysfs;
 
 /// A port's link layer.

@@ -36,7 +36,7 @@ pub(crate) mod fabric;
 pub(crate) use endpoint::SimEndpoint;
 
 use crate::config::Config;
-use rivet_core::name_list::NameList;
+use rivet_verbs_ffi::name_list::NameList;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// The simulated port's device name.

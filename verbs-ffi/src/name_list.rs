@@ -9,10 +9,7 @@
 //! matched without a port (an interface) matches every entry's port. Without `=`, `mlx5_1` also
 //! matches `mlx5_10` … `mlx5_19`, and `eth1` matches `eth10`.
 
-use alloc::borrow::ToOwned;
-use alloc::string::String;
-use alloc::vec::Vec;
-use core::fmt;
+use std::fmt;
 
 /// Most entries NCCL accepts in one list.
 pub const MAX_ENTRIES: usize = 32;
@@ -90,7 +87,7 @@ impl fmt::Display for NameListError {
     }
 }
 
-impl core::error::Error for NameListError {}
+impl std::error::Error for NameListError {}
 
 impl NameList {
     /// A filter that keeps every port.
@@ -236,9 +233,6 @@ fn parse_entry(entry: &str) -> Result<NameEntry, NameListError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    use alloc::format;
-    use alloc::string::ToString;
 
     fn keeps(spec: &str, device: &str, port: u32) -> bool {
         NameList::parse(spec).unwrap().keeps(device, Some(port))
