@@ -21,7 +21,7 @@ use crate::nic::{Completion, CompletionKind, Nic, Payload, RemoteRegion, SendOp,
 /// grants below this, or when [`CTS_BATCH`] wait. A lone receive is written at once; a receiver
 /// that keeps NCCL's 8 receives posted writes one CTS per up to 6 receives instead of one each.
 /// On Soft-RoCE every RDMA operation is kernel work, and the clear-to-send writes were half of
-/// them: 8-byte ping-pong latency went from 1.8 to 1.2–1.3 × `ib_send_lat` (README, Benchmarks).
+/// them; batching them is what cut 8-byte latency against `ib_send_lat` (docs/performance.md).
 /// Two grants in hand keep a streaming sender busy while the batch travels.
 pub const CTS_LOW_WATER: u32 = 2;
 /// Deferred CTS entries that are written at once even while the sender holds enough grants.
