@@ -24,6 +24,7 @@ use rivet_core::data::{
     SLOTS, SendBuf,
 };
 use rivet_core::sim::DataPair;
+use rivet_core::sim::suite::pattern;
 
 #[derive(Arbitrary, Debug)]
 enum Fault {
@@ -63,19 +64,6 @@ enum Op {
 pub struct Input {
     inline: u8,
     ops: Vec<Op>,
-}
-
-/// Deterministic bytes of message `id`.
-fn pattern(id: u64, len: usize) -> Vec<u8> {
-    let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 #[derive(Debug)]
