@@ -16,9 +16,11 @@ deb=$(realpath "$1")
 transfer=$(realpath "$2")
 [ "${RIVET_IN_VM:-0}" = 1 ] || { echo "vm-package.sh: runs inside the VM only" >&2; exit 2; }
 
-# overlayfs is a module of the guest kernel; the kit holds the guest's modules.
+# overlayfs is a module of the guest kernel; the kit holds the guest's modules. vm/run.sh and
+# vm/multi.sh export the kit's path into the guest; the default is theirs.
+kit=${RIVET_VM_KIT:-$(cd "$(dirname "$0")/.." && pwd)/.vm-kit}
 if ! grep -qw overlay /proc/filesystems; then
-  ko=$(find "${RIVET_VM_KIT:?}/kernel" -path "*/$(uname -r)/*" -name 'overlay.ko*' | head -n 1)
+  ko=$(find "$kit/kernel" -path "*/$(uname -r)/*" -name 'overlay.ko*' | head -n 1)
   [ -n "$ko" ] || { echo "vm-package.sh: no overlay module for $(uname -r)" >&2; exit 1; }
   case "$ko" in
     *.xz) xz -dc "$ko" >/run/overlay.ko; insmod /run/overlay.ko ;;

@@ -41,7 +41,10 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
-kit=${RIVET_VM_KIT:-$repo/.vm-kit}
+kit=$(realpath -m "${RIVET_VM_KIT:-$repo/.vm-kit}")
+# Exported so that it reaches the guest (every RIVET_* does): scripts there find the guest
+# kernel's modules in the kit (scripts/vm-package.sh loads overlayfs from it).
+export RIVET_VM_KIT=$kit
 # shellcheck source=vm/lib.sh
 source "$here/lib.sh"
 
