@@ -202,9 +202,10 @@ pub enum Completed {
     /// Complete; the request is freed and its id is no longer valid.
     Done {
         /// Number of valid sizes (1 for a send).
-        n: usize,
-        /// Bytes per buffer (for a send, `sizes[0]` is the bytes sent).
-        sizes: [u64; MAX_RECVS],
+        n: u8,
+        /// Bytes per buffer (for a send, `sizes[0]` is the bytes sent). A work request carries
+        /// at most [`MAX_WR_BYTES`](crate::nic::MAX_WR_BYTES) and a record's sizes are `u32`.
+        sizes: [u32; MAX_RECVS],
     },
 }
 

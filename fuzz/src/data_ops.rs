@@ -247,7 +247,7 @@ impl Harness {
             Ok(Completed::Pending) => return false,
             Ok(Completed::Done { n, sizes }) => {
                 assert_eq!(n, 1);
-                assert_eq!(sizes[0], s.len);
+                assert_eq!(u64::from(sizes[0]), s.len);
                 assert!(!s.refused, "an oversized send completed");
                 let recv_complete = self
                     .recvs
@@ -286,7 +286,7 @@ impl Harness {
         match result {
             Ok(Completed::Pending) => return false,
             Ok(Completed::Done { n, sizes }) => {
-                assert_eq!(n, r.bufs.len());
+                assert_eq!(usize::from(n), r.bufs.len());
                 assert!(
                     r.complete(),
                     "receive completed before all its sends matched"
@@ -294,7 +294,7 @@ impl Harness {
                 for (k, matched) in r.matched.iter().enumerate() {
                     let (msg, len) = matched.expect("complete");
                     assert!(len <= r.bufs[k].len);
-                    assert_eq!(sizes[k], len, "size of buffer {k}");
+                    assert_eq!(u64::from(sizes[k]), len, "size of buffer {k}");
                     if len > 0 {
                         let got = self.p.received(&r.bufs[k], len as usize);
                         assert_eq!(got, pattern(msg, len as usize), "bytes of buffer {k}");

@@ -171,7 +171,7 @@ impl Harness {
             Ok(Completed::Pending) => return false,
             Ok(Completed::Done { sizes, .. }) => {
                 assert!(!send.refused, "a refused send completed");
-                assert_eq!(sizes[0], send.len);
+                assert_eq!(u64::from(sizes[0]), send.len);
             }
             Err(DataError::SizeMismatch { .. }) => assert!(send.refused),
             Err(err) => assert!(self.faulted, "send failed without a fault: {err}"),
@@ -194,7 +194,7 @@ impl Harness {
             Ok(Completed::Pending) => return false,
             Ok(Completed::Done { n, sizes }) => {
                 let (msg, len) = recv.matched.expect("a receive completed with no send");
-                assert_eq!((n, sizes[0]), (1, len));
+                assert_eq!((n, u64::from(sizes[0])), (1, len));
                 assert!(len <= recv.buf.len);
                 let got = self.p.received(&recv.buf, len as usize);
                 assert!(got == pattern(msg, len as usize), "received bytes differ");

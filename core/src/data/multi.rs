@@ -327,7 +327,7 @@ impl<A: Copy + PartialEq> Parts<A> {
         conns: &mut [C],
         nics: &mut [N],
         index: u8,
-    ) -> Result<Completed, DataError> {
+    ) -> Result<Option<PartSums>, DataError> {
         let base = usize::from(index) * self.qps;
         // A second round only after a part failed the connection: the parts tested before it
         // in the first round now report the failure instead of waiting for ever.
@@ -344,9 +344,9 @@ impl<A: Copy + PartialEq> Parts<A> {
                 match outcome {
                     Ok(Completed::Pending) => continue,
                     Ok(Completed::Done { n, sizes }) => {
-                        req.n = n;
+                        req.n = usize::from(n);
                         for (total, part) in req.sizes.iter_mut().zip(sizes) {
-                            *total = total.saturating_add(part);
+                            *total = total.saturating_add(u64::from(part));
                         }
                     }
                     Err(err) => {
@@ -377,15 +377,39 @@ impl<A: Copy + PartialEq> Parts<A> {
         }
         let req = self.reqs[usize::from(index)];
         if !req.posted || req.pending != 0 {
-            return Ok(Completed::Pending);
+            return Ok(None);
         }
         self.release(index);
         match req.error {
             Some(err) => Err(err),
-            None => Ok(Completed::Done {
+            None => Ok(Some(PartSums {
                 n: req.n.max(1),
                 sizes: req.sizes,
-            }),
+            })),
+        }
+    }
+}
+
+/// A finished multi-QP request: per buffer, the sum of its parts' sizes (wide, so that a peer's
+/// overlapping parts cannot wrap it before the receiver checks it against the buffer).
+#[derive(Clone, Copy, Debug)]
+struct PartSums {
+    n: usize,
+    sizes: [u64; MAX_RECVS],
+}
+
+impl PartSums {
+    /// `test`'s answer: the sums as reported sizes (each at most the buffer's capacity, checked
+    /// on the receiving side; a sender's parts sum to its message, at most
+    /// [`MAX_WR_BYTES`](crate::nic::MAX_WR_BYTES)).
+    fn completed(&self) -> Completed {
+        let mut sizes = [0u32; MAX_RECVS];
+        for (out, &sum) in sizes.iter_mut().zip(&self.sizes) {
+            *out = u32::try_from(sum).unwrap_or(u32::MAX);
+        }
+        Completed::Done {
+            n: self.n as u8,
+            sizes,
         }
     }
 }
@@ -543,7 +567,10 @@ impl MultiSend {
     /// Test `req`: done once every part is.
     pub fn test<N: Nic>(&mut self, nics: &mut [N], req: RequestId) -> Result<Completed, DataError> {
         let index = self.parts.lookup(req)?;
-        self.parts.test(&mut self.conns, nics, index)
+        Ok(self
+            .parts
+            .test(&mut self.conns, nics, index)?
+            .map_or(Completed::Pending, |done| done.completed()))
     }
 
     /// Fail every queue pair with `err`.
@@ -695,24 +722,25 @@ impl MultiRecv {
     /// Test `req`: done once every part is, with each buffer's size the sum of its parts.
     pub fn test<N: Nic>(&mut self, nics: &mut [N], req: RequestId) -> Result<Completed, DataError> {
         let index = self.parts.lookup(req)?;
-        let done = self.parts.test(&mut self.conns, nics, index)?;
-        if let Completed::Done { n, sizes } = done {
-            let capacity = &self.capacity[usize::from(index)];
-            // Each queue pair checked its part against the buffer; the sum is checked here (a
-            // peer sending overlapping parts could otherwise report more than fits).
-            if let Some(i) = (0..n.min(MAX_RECVS)).find(|&i| sizes[i] > capacity[i]) {
-                let err = DataError::from(ProtocolError::Overflow {
-                    index: i,
-                    size: sizes[i],
-                    capacity: capacity[i],
-                });
-                for conn in &mut self.conns {
-                    conn.handle_fatal(err);
-                }
-                return Err(err);
+        let Some(done) = self.parts.test(&mut self.conns, nics, index)? else {
+            return Ok(Completed::Pending);
+        };
+        let PartSums { n, sizes } = done;
+        let capacity = &self.capacity[usize::from(index)];
+        // Each queue pair checked its part against the buffer; the sum is checked here (a peer
+        // sending overlapping parts could otherwise report more than fits).
+        if let Some(i) = (0..n.min(MAX_RECVS)).find(|&i| sizes[i] > capacity[i]) {
+            let err = DataError::from(ProtocolError::Overflow {
+                index: i,
+                size: sizes[i],
+                capacity: capacity[i],
+            });
+            for conn in &mut self.conns {
+                conn.handle_fatal(err);
             }
+            return Err(err);
         }
-        Ok(done)
+        Ok(done.completed())
     }
 
     /// Fail every queue pair with `err`.

@@ -18,9 +18,6 @@ pub(super) trait RequestState: Copy {
     fn is_free(&self) -> bool;
     /// Still waiting for its completion (`test` polls the NIC only then).
     fn pending(&self) -> bool;
-    /// What `test` reports for a slot in use: [`Completed::Pending`], [`Completed::Done`] or the
-    /// request's error. Anything but pending ends the request.
-    fn report(&self) -> Result<Completed, DataError>;
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -110,8 +107,8 @@ impl<S: RequestState, const FREE_LIST: bool> RequestPool<S, FREE_LIST> {
 
     /// The state of slot `index`.
     #[inline(always)]
-    pub(super) fn state(&self, index: usize) -> S {
-        self.slots[index].state
+    pub(super) fn state(&self, index: usize) -> &S {
+        &self.slots[index].state
     }
 
     /// The state of slot `index`, to change.
@@ -136,18 +133,20 @@ impl<S: RequestState, const FREE_LIST: bool> RequestPool<S, FREE_LIST> {
     }
 
     /// `test`'s answer for the request in slot `index` (found in use by [`lookup`](Self::lookup))
-    /// after the direction's `progress` (polling the NIC): a failed progress or an
-    /// ended request frees the slot.
+    /// after the direction's `progress` (polling the NIC): a failed progress, or else what
+    /// `report` makes of the slot's state ([`Completed::Pending`], [`Completed::Done`] or the
+    /// request's error). Anything but pending frees the slot.
     #[inline(always)]
     pub(super) fn settle(
         &mut self,
         index: usize,
         progress: Result<(), DataError>,
+        report: impl FnOnce(&S) -> Result<Completed, DataError>,
     ) -> Result<Completed, DataError> {
         // `lookup` found the slot in use and progress never frees one: no stale check again.
         let report = match progress {
             Err(err) => Err(err),
-            Ok(()) => self.slots[index].state.report(),
+            Ok(()) => report(&self.slots[index].state),
         };
         if !matches!(report, Ok(Completed::Pending)) {
             self.release(index);
@@ -182,6 +181,9 @@ mod tests {
         fn pending(&self) -> bool {
             *self == Self::Waiting
         }
+    }
+
+    impl Toy {
         fn report(&self) -> Result<Completed, DataError> {
             match self {
                 Self::Waiting => Ok(Completed::Pending),
@@ -202,10 +204,10 @@ mod tests {
         let id = sends.occupy(first, Toy::Waiting);
         assert_eq!(sends.outstanding(), 1);
         let i = sends.lookup(id).unwrap();
-        assert_eq!(sends.settle(i, Ok(())), Ok(Completed::Pending));
+        assert_eq!(sends.settle(i, Ok(()), Toy::report), Ok(Completed::Pending));
         *sends.state_mut(i) = Toy::Done;
         assert!(matches!(
-            sends.settle(i, Ok(())),
+            sends.settle(i, Ok(()), Toy::report),
             Ok(Completed::Done { n: 1, .. })
         ));
         assert_eq!(sends.outstanding(), 0);
@@ -229,14 +231,14 @@ mod tests {
         // A failed progress ends the request with its error.
         let i = recvs.lookup(r).unwrap();
         assert_eq!(
-            recvs.settle(i, Err(DataError::InvalidArgument("poll"))),
+            recvs.settle(i, Err(DataError::InvalidArgument("poll")), Toy::report),
             Err(DataError::InvalidArgument("poll"))
         );
         assert!(recvs.is_free(5) && recvs.outstanding() == 0);
         // A refused request reports its error once, then is gone.
         let r = recvs.occupy(6, Toy::Failed);
         let i = recvs.lookup(r).unwrap();
-        assert!(recvs.settle(i, Ok(())).is_err());
+        assert!(recvs.settle(i, Ok(()), Toy::report).is_err());
         assert!(recvs.lookup(r).is_err());
     }
 

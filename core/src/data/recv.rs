@@ -27,26 +27,28 @@ pub const CTS_LOW_WATER: u32 = 2;
 /// Deferred CTS entries that are written at once even while the sender holds enough grants.
 pub const CTS_BATCH: u32 = 6;
 
+/// What a receive request of the pool is doing: at most 12 bytes, so posting and completing one
+/// writes a few words (a grouped receive's capacities, then sizes, are in
+/// [`RecvConn::groups`]). Capacities are `u32`, saturated: a send is at most
+/// [`MAX_WR_BYTES`](crate::nic::MAX_WR_BYTES), so a larger buffer behaves as `u32::MAX` would.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum RecvState {
     /// Not in use.
     Free,
-    /// A one-buffer receive (NCCL's point-to-point) posted: `Posted` without the group's arrays,
-    /// so posting and completing it write a few words, not a whole slot.
-    PostedOne { seq: u32, capacity: u64 },
-    /// Receive and clear-to-send posted; waiting for the slot's write-with-immediate.
-    Posted {
-        seq: u32,
-        n: u8,
-        capacity: [u64; MAX_RECVS],
-    },
+    /// A one-buffer receive (NCCL's point-to-point) posted: receive and clear-to-send posted,
+    /// waiting for the slot's write-with-immediate.
+    PostedOne { seq: u32, capacity: u32 },
+    /// A receive of `n` buffers posted; their capacities are the slot's group row.
+    Posted { seq: u32, n: u8 },
     /// A one-buffer receive's data arrived.
-    DoneOne { size: u64 },
-    /// Data arrived.
-    Done { n: u8, sizes: [u64; MAX_RECVS] },
-    /// The sender refused a send that did not fit.
-    Refused(DataError),
+    DoneOne { size: u32 },
+    /// Data arrived; the sizes are the slot's group row.
+    Done { n: u8 },
+    /// The sender refused a send that did not fit (the fields of [`DataError::SizeMismatch`]).
+    Refused { index: u8, sent: u32, capacity: u32 },
 }
+
+const _: () = assert!(size_of::<RecvState>() <= 16);
 
 impl RequestState for RecvState {
     const FREE: Self = Self::Free;
@@ -60,9 +62,12 @@ impl RequestState for RecvState {
     fn pending(&self) -> bool {
         matches!(self, Self::PostedOne { .. } | Self::Posted { .. })
     }
+}
 
+impl RecvState {
+    /// What `test` reports for it, `group` being its slot's row (see [`RequestPool::settle`]).
     #[inline(always)]
-    fn report(&self) -> Result<Completed, DataError> {
+    fn report(&self, group: &[u32; MAX_RECVS]) -> Result<Completed, DataError> {
         match *self {
             Self::PostedOne { .. } | Self::Posted { .. } | Self::Free => Ok(Completed::Pending),
             Self::DoneOne { size } => {
@@ -70,13 +75,24 @@ impl RequestState for RecvState {
                 sizes[0] = size;
                 Ok(Completed::Done { n: 1, sizes })
             }
-            Self::Done { n, sizes } => Ok(Completed::Done {
-                n: usize::from(n),
-                sizes,
+            Self::Done { n } => Ok(Completed::Done { n, sizes: *group }),
+            Self::Refused {
+                index,
+                sent,
+                capacity,
+            } => Err(DataError::SizeMismatch {
+                index: usize::from(index),
+                sent: u64::from(sent),
+                capacity: u64::from(capacity),
             }),
-            Self::Refused(err) => Err(err),
         }
     }
+}
+
+/// A buffer's capacity as a receive request keeps it (see [`RecvState`]).
+#[inline(always)]
+fn capacity32(len: u64) -> u32 {
+    u32::try_from(len).unwrap_or(u32::MAX)
 }
 
 /// The receiving side of one connection: posts receives and clear-to-send entries, and turns
@@ -92,6 +108,9 @@ pub struct RecvConn {
     oldest: u32,
     /// A receive request is named by its FIFO slot.
     requests: RequestPool<RecvState, false>,
+    /// Per slot, a grouped receive's capacities while it is posted, then the sizes that arrived
+    /// (a one-buffer receive keeps its one number in its state). Unused entries are zero.
+    groups: [[u32; MAX_RECVS]; SLOTS],
     /// Receive work requests posted and not completed.
     recvs_posted: usize,
     /// The newest receives whose CTS entries are staged but not yet written to the sender
@@ -127,6 +146,7 @@ impl RecvConn {
             next_seq: 0,
             oldest: 0,
             requests: RequestPool::new(Side::Recv),
+            groups: [[0; MAX_RECVS]; SLOTS],
             recvs_posted: 0,
             deferred: 0,
             polled: false,
@@ -190,21 +210,18 @@ impl RecvConn {
             let bytes = entry(bufs, tags, 0, stamp).encode();
             let state = RecvState::PostedOne {
                 seq,
-                capacity: bufs[0].len,
+                capacity: capacity32(bufs[0].len),
             };
             return self.post_receive(nic, seq, state, &bytes).map(Some);
         }
-        let mut capacity = [0u64; MAX_RECVS];
+        let mut capacity = [0u32; MAX_RECVS];
         let mut bytes = [0u8; CTS_SLOT_LEN];
         for (i, out) in bytes.chunks_exact_mut(CTS_ENTRY_LEN).take(n).enumerate() {
-            capacity[i] = bufs[i].len;
+            capacity[i] = capacity32(bufs[i].len);
             out.copy_from_slice(&entry(bufs, tags, i, stamp).encode());
         }
-        let state = RecvState::Posted {
-            seq,
-            n: n as u8,
-            capacity,
-        };
+        self.groups[usize::from(slot)] = capacity;
+        let state = RecvState::Posted { seq, n: n as u8 };
         self.post_receive(nic, seq, state, &bytes[..n * CTS_ENTRY_LEN])
             .map(Some)
     }
@@ -351,7 +368,7 @@ impl RecvConn {
     #[inline(always)]
     fn cts_write(&mut self, start: usize, slots: usize) -> Result<SendWr<'static>, DataError> {
         let last = (start + slots).saturating_sub(1);
-        let n = match self.requests.state(last) {
+        let n = match *self.requests.state(last) {
             RecvState::PostedOne { .. } => 1,
             RecvState::Posted { n, .. } => n,
             _ => {
@@ -431,13 +448,9 @@ impl RecvConn {
     ) -> Result<(), DataError> {
         let seq = self.oldest;
         let slot = seq as u8;
-        let (posted_seq, n, capacity) = match self.requests.state(usize::from(slot)) {
-            RecvState::PostedOne { seq, capacity } => {
-                let mut capacities = [0; MAX_RECVS];
-                capacities[0] = capacity;
-                (seq, 1, capacities)
-            }
-            RecvState::Posted { seq, n, capacity } => (seq, n, capacity),
+        let (posted_seq, n, one_capacity) = match *self.requests.state(usize::from(slot)) {
+            RecvState::PostedOne { seq, capacity } => (seq, 1, capacity),
+            RecvState::Posted { seq, n } => (seq, n, 0),
             _ => return Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }.into()),
         };
         // `granted() == 0`: the oldest receive's CTS entry was never written, so no data for it
@@ -465,7 +478,6 @@ impl RecvConn {
             }
             .into());
         }
-        let mut sizes = [0u64; MAX_RECVS];
         let state = if imm.record {
             let len = 4 * usize::from(n);
             if byte_len as usize != len {
@@ -474,39 +486,43 @@ impl RecvConn {
             let mut raw = [0u8; RECORD_LEN];
             nic.read_inbound(usize::from(slot) * RECORD_LEN, &mut raw[..len]);
             let record = SizeRecord::decode(&raw[..len], n).map_err(ProtocolError::Record)?;
-            for (size, &got) in sizes.iter_mut().zip(&record.sizes) {
-                *size = u64::from(got);
+            let mut capacity = self.groups[usize::from(slot)];
+            if n == 1 {
+                capacity[0] = one_capacity;
             }
+            let sizes = record.sizes;
             let oversize = (0..usize::from(n)).find(|&i| sizes[i] > capacity[i]);
             match (imm.mismatch, oversize) {
-                (true, Some(index)) => RecvState::Refused(DataError::SizeMismatch {
-                    index,
+                (true, Some(index)) => RecvState::Refused {
+                    index: index as u8,
                     sent: sizes[index],
                     capacity: capacity[index],
-                }),
+                },
                 (true, None) => return Err(ProtocolError::BogusMismatch.into()),
                 (false, Some(index)) => {
                     return Err(ProtocolError::Overflow {
                         index,
-                        size: sizes[index],
-                        capacity: capacity[index],
+                        size: u64::from(sizes[index]),
+                        capacity: u64::from(capacity[index]),
                     }
                     .into());
                 }
-                (false, None) => RecvState::Done { n, sizes },
+                (false, None) => {
+                    self.groups[usize::from(slot)] = sizes;
+                    RecvState::Done { n }
+                }
             }
         } else {
             // Without a record the group has one buffer (`Imm::decode` checked).
-            let size = u64::from(byte_len);
-            if size > capacity[0] {
+            if byte_len > one_capacity {
                 return Err(ProtocolError::Overflow {
                     index: 0,
-                    size,
-                    capacity: capacity[0],
+                    size: u64::from(byte_len),
+                    capacity: u64::from(one_capacity),
                 }
                 .into());
             }
-            RecvState::DoneOne { size }
+            RecvState::DoneOne { size: byte_len }
         };
         *self.requests.state_mut(usize::from(slot)) = state;
         self.oldest = seq.wrapping_add(1);
@@ -527,7 +543,10 @@ impl Connection for RecvConn {
         if progress.is_ok() && self.requests.state(index).pending() {
             progress = self.health.check().and_then(|()| self.poll_cq(nic));
         }
-        self.requests.settle(index, progress)
+        let Self {
+            requests, groups, ..
+        } = self;
+        requests.settle(index, progress, |state| state.report(&groups[index]))
     }
 
     /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it

@@ -15,18 +15,21 @@ use crate::nic::{
     Completion, CompletionKind, MAX_WR_BYTES, Nic, Payload, RemoteRegion, SendOp, SendWr, Sge,
 };
 
-/// What a send request of the pool is doing.
+/// What a send request of the pool is doing. Sizes are `u32`: a send is at most
+/// [`MAX_WR_BYTES`] and a part's end too (checked when matching).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SendState {
     /// In the free list.
     Free,
     /// Posted (or waiting for the rest of its group); done when its slot's end completes.
-    InFlight { size: u64 },
+    InFlight { size: u32 },
     /// The slot's end completed.
-    Done { size: u64 },
-    /// Refused: it did not fit its buffer.
-    Refused(DataError),
+    Done { size: u32 },
+    /// Refused: it did not fit its buffer (the fields of [`DataError::SizeMismatch`]).
+    Refused { index: u8, sent: u32, capacity: u64 },
 }
+
+const _: () = assert!(size_of::<SendState>() <= 16);
 
 impl RequestState for SendState {
     const FREE: Self = Self::Free;
@@ -40,7 +43,10 @@ impl RequestState for SendState {
     fn pending(&self) -> bool {
         matches!(self, Self::InFlight { .. })
     }
+}
 
+impl SendState {
+    /// What `test` reports for it (see [`RequestPool::settle`]).
     #[inline(always)]
     fn report(&self) -> Result<Completed, DataError> {
         match *self {
@@ -50,7 +56,15 @@ impl RequestState for SendState {
                 sizes[0] = size;
                 Ok(Completed::Done { n: 1, sizes })
             }
-            Self::Refused(err) => Err(err),
+            Self::Refused {
+                index,
+                sent,
+                capacity,
+            } => Err(DataError::SizeMismatch {
+                index: usize::from(index),
+                sent: u64::from(sent),
+                capacity,
+            }),
         }
     }
 }
@@ -439,9 +453,12 @@ impl SendConn {
         };
         nic.post_send(&[wr])
             .map_err(|err| self.health.fail(err.into()))?;
-        let id = self
-            .requests
-            .occupy(m.req_index, SendState::InFlight { size: buf.len });
+        let id = self.requests.occupy(
+            m.req_index,
+            SendState::InFlight {
+                size: buf.len as u32,
+            },
+        );
         let mut reqs = [0; MAX_RECVS];
         reqs[0] = m.req_index;
         self.ends[usize::from(m.slot)] = EndState::Ending {
@@ -593,13 +610,15 @@ impl SendConn {
         let state = if m.mismatch {
             // A part of a striped message reports where it would have ended, as its record
             // does: the last part's end is the message's size, which is what did not fit.
-            SendState::Refused(DataError::SizeMismatch {
-                index: usize::from(m.pos),
-                sent: m.end,
+            SendState::Refused {
+                index: m.pos,
+                sent: m.end as u32,
                 capacity: m.entry.size,
-            })
+            }
         } else {
-            SendState::InFlight { size: buf.len }
+            SendState::InFlight {
+                size: buf.len as u32,
+            }
         };
         let id = self.requests.occupy(m.req_index, state);
         let head = &mut self.head.m;
@@ -823,7 +842,7 @@ impl Connection for SendConn {
         } else {
             Ok(())
         };
-        self.requests.settle(index, progress)
+        self.requests.settle(index, progress, SendState::report)
     }
 
     /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it

@@ -166,7 +166,10 @@ pub fn isend_bytes<H: PairHarness>(p: &mut H, bytes: &[u8], tag: u32) -> Request
 /// The per-buffer sizes of a completed request.
 pub fn done_sizes(c: Completed) -> Vec<u64> {
     match c {
-        Completed::Done { n, sizes } => sizes[..n].to_vec(),
+        Completed::Done { n, sizes } => sizes[..usize::from(n)]
+            .iter()
+            .map(|&s| u64::from(s))
+            .collect(),
         Completed::Pending => panic!("still pending"),
     }
 }
@@ -1007,7 +1010,7 @@ pub fn torn_clear_to_send_is_try_later_not_an_error<H: PairHarness>() {
         }
         match finish_recv(&mut p, recv_req).expect("receive completes") {
             Completed::Done { n: got, sizes } => {
-                assert_eq!(got, n);
+                assert_eq!(usize::from(got), n);
                 for (i, buf) in bufs.iter().enumerate() {
                     assert_eq!(sizes[i], 40);
                     assert_eq!(p.received(buf, 40), data, "n = {n}, buffer {i}");

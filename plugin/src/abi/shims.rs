@@ -15,6 +15,7 @@ use crate::log;
 use crate::net;
 use crate::sys::*;
 use core::ffi::{c_int, c_void};
+use rivet_core::data::Completed;
 
 type Ptr = *mut c_void;
 
@@ -798,9 +799,9 @@ pub(super) unsafe extern "C" fn test(
         }
         // SAFETY: non-null; NCCL passes a valid `int*`.
         unsafe { done.write(0) };
-        if let Some(reported) = comm::test(request)? {
+        if let Completed::Done { n, sizes: reported } = comm::test(request)? {
             if !sizes.is_null() {
-                for (i, size) in reported.sizes[..reported.n].iter().enumerate() {
+                for (i, size) in reported[..usize::from(n)].iter().enumerate() {
                     // SAFETY: NCCL passes an array with one entry per buffer of the request.
                     unsafe {
                         sizes

@@ -23,6 +23,7 @@ use rivet_core::collnet::reduce::Reduction;
 use rivet_core::collnet::schedule::{
     Dest, Kind, LocalStep, Plan, RecvStep, Schedule, SendStep, Slot, Source,
 };
+use rivet_core::data::Completed;
 use std::sync::{Arc, Mutex};
 
 /// Messages in flight per connection and direction (and scratch slot rows).
@@ -542,7 +543,7 @@ impl Engine {
         let p = peer as usize;
         let mut moved = false;
         while let Some(done) = self.sends[p].front() {
-            if comm::test(done.request)?.is_none() {
+            if comm::test(done.request)? == Completed::Pending {
                 break;
             }
             self.sends[p].pop();
@@ -550,14 +551,14 @@ impl Engine {
             moved = true;
         }
         while let Some(done) = self.recvs[p].front() {
-            let Some(finished) = comm::test(done.request)? else {
+            let Completed::Done { n, sizes } = comm::test(done.request)? else {
                 break;
             };
-            if finished.n != 1 || finished.sizes[0] != done.len {
+            if n != 1 || u64::from(sizes[0]) != done.len {
                 return Err(NetError::remote(format!(
                     "rank {peer} sent {} bytes where this rank expected {} (the ranks disagree on \
                      the operation: were they posted in the same order with the same arguments?)",
-                    finished.sizes[0], done.len
+                    sizes[0], done.len
                 )));
             }
             if let Some((slot, offset)) = done.unstage {

@@ -25,6 +25,7 @@ use crate::net;
 use core::ffi::c_int;
 use rivet_core::collnet::hello::{HELLO_LEN, Hello};
 use rivet_core::collnet::layout::group_id;
+use rivet_core::data::Completed;
 use rivet_core::wire::HANDLE_LEN;
 
 /// Connections from strangers (not members, or duplicates) accepted and dropped per setup,
@@ -117,7 +118,7 @@ impl Setup<'_> {
                 self.hello_sends[i] = (!request.is_null()).then_some(request);
             }
             if let Some(request) = self.hello_sends[i] {
-                if comm::test(request)?.is_some() {
+                if comm::test(request)? != Completed::Pending {
                     self.hello_sends[i] = None;
                     self.hello_sent[i] = true;
                 }
@@ -185,10 +186,10 @@ impl Setup<'_> {
             incoming.request = (!request.is_null()).then_some(request);
             return Ok(None);
         };
-        let Some(finished) = comm::test(request)? else {
+        let Completed::Done { sizes, .. } = comm::test(request)? else {
             return Ok(None);
         };
-        let len = (finished.sizes[0] as usize).min(HELLO_LEN);
+        let len = (sizes[0] as usize).min(HELLO_LEN);
         // SAFETY: the receive into this hello buffer completed and nothing else uses it.
         let bytes = unsafe { self.scratch.bytes(buffer, len) };
         Hello::decode(bytes)

@@ -48,15 +48,6 @@ pub(crate) struct RecvArgs {
     pub(crate) mhandles: [Ptr; 8],
 }
 
-/// What `test` reports for a finished request.
-#[derive(Debug)]
-pub(crate) struct Finished {
-    /// Number of buffers.
-    pub(crate) n: usize,
-    /// Bytes per buffer.
-    pub(crate) sizes: [u64; 8],
-}
-
 /// A send or receive comm. Each lives in its own heap box inside the registry, so the size
 /// difference between the variants costs nothing.
 #[derive(Debug)]
@@ -340,7 +331,7 @@ impl<Conn: Path> Side<Conn> {
     }
 
     #[inline(always)]
-    fn test(&self, req: RequestId) -> NetResult<Option<Finished>> {
+    fn test(&self, req: RequestId) -> NetResult<Completed> {
         let mut state = self.lock("test")?;
         let State {
             conn,
@@ -349,13 +340,13 @@ impl<Conn: Path> Side<Conn> {
         } = &mut *state;
         match conn.test(endpoint, req) {
             Ok(Completed::Pending) => match watch.check(&self.port) {
-                None => Ok(None),
+                None => Ok(Completed::Pending),
                 Some(err) => {
                     conn.handle_fatal(err);
                     Err(self.fail("test", endpoint.qp_num(), &err))
                 }
             },
-            Ok(done) => Ok(finished(done)),
+            Ok(done) => Ok(done),
             Err(e) => Err(self.fail("test", endpoint.qp_num(), &e)),
         }
     }
@@ -494,7 +485,7 @@ fn irecv_lanes<Conn: RecvPath>(
 }
 
 #[inline(never)]
-fn test_lanes<Conn: Path>(side: &Side<Conn>, req: RequestId) -> NetResult<Option<Finished>> {
+fn test_lanes<Conn: Path>(side: &Side<Conn>, req: RequestId) -> NetResult<Completed> {
     side.test(req)
 }
 
@@ -611,14 +602,18 @@ impl<Conn: RecvPath> Side<Conn> {
     }
 
     /// `test` of a flush request of this receive comm.
-    fn test_flush(&self, request: Ptr, flush_id: FlushId) -> NetResult<Option<Finished>> {
+    fn test_flush(&self, request: Ptr, flush_id: FlushId) -> NetResult<Completed> {
         let mut flush = self
             .flush("test")?
             .ok_or_else(|| unknown("test", "request", request))?;
-        Ok(flush.test(flush_id)?.then_some(Finished {
-            n: 0,
-            sizes: [0; 8],
-        }))
+        Ok(if flush.test(flush_id)? {
+            Completed::Done {
+                n: 0,
+                sizes: [0; 8],
+            }
+        } else {
+            Completed::Pending
+        })
     }
 }
 
@@ -669,17 +664,9 @@ fn device_keys(
     Ok(keys)
 }
 
-#[inline(always)]
-fn finished(done: Completed) -> Option<Finished> {
-    match done {
-        Completed::Pending => None,
-        Completed::Done { n, sizes } => Some(Finished { n, sizes }),
-    }
-}
-
-/// `test`: `None` while the request is pending; when it finished, its sizes (the request is gone).
+/// `test`: pending, or finished with its sizes (the request is gone; a flush reports none).
 #[inline]
-pub(crate) fn test(request: Ptr) -> NetResult<Option<Finished>> {
+pub(crate) fn test(request: Ptr) -> NetResult<Completed> {
     let (entry, id) = COMMS.lookup_request("test", "request", request)?;
     if let Some(flush_id) = FlushId::from_bits(id) {
         return match entry {

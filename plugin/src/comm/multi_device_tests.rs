@@ -119,7 +119,7 @@ impl Rig {
         let start = Instant::now();
         loop {
             if let Completed::Done { n, sizes } = self.recv.test(&mut self.recv_nics, id).unwrap() {
-                return (n, sizes);
+                return (usize::from(n), sizes.map(u64::from));
             }
             assert!(start.elapsed() < STALL, "receive pending for {STALL:?}");
         }
@@ -130,7 +130,7 @@ impl Rig {
         loop {
             if let Completed::Done { sizes, .. } = self.send.test(&mut self.send_nics, id).unwrap()
             {
-                return sizes[0];
+                return u64::from(sizes[0]);
             }
             assert!(start.elapsed() < STALL, "send pending for {STALL:?}");
         }

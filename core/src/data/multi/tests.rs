@@ -18,7 +18,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 fn done_size(c: Completed) -> Option<u64> {
     match c {
-        Completed::Done { sizes, .. } => Some(sizes[0]),
+        Completed::Done { sizes, .. } => Some(u64::from(sizes[0])),
         Completed::Pending => None,
     }
 }
@@ -422,9 +422,9 @@ fn width_stripes_each_receive_over_rotating_queue_pairs() {
     for (k, (bufs, n, rid)) in recvs.iter().enumerate() {
         match p.recv.test(&mut p.recv_nics, *rid).unwrap() {
             Completed::Done { n: got, sizes } => {
-                assert_eq!(got, *n);
+                assert_eq!(usize::from(got), *n);
                 for (b, size) in sizes.iter().enumerate().take(*n) {
-                    assert_eq!(*size, (700 + 300 * b + k) as u64);
+                    assert_eq!(*size, (700 + 300 * b + k) as u32);
                 }
             }
             Completed::Pending => panic!("receive {k} not done"),
