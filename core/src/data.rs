@@ -236,42 +236,53 @@ enum Side {
 
 /// Handle of an outstanding request: pool index and generation, so a stale id is detected.
 ///
-/// Bits of [`to_bits`](Self::to_bits): 0–8 index + 1, 9–10 direction (1 send, 2 receive),
-/// 11–15 zero, 16–31 generation. Never 0, so it can travel as a non-NULL pointer.
+/// Kept packed, as it travels: bits 0–8 index + 1, 9–10 direction (1 send, 2 receive), 11–15
+/// zero, 16–31 generation. Never 0, so it can travel as a non-NULL pointer. A pool keeps each
+/// slot's current id the same way, so checking one is a single compare.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct RequestId {
-    index: u8,
-    side: Side,
-    generation: u16,
-}
+pub struct RequestId(u32);
 
 impl RequestId {
-    /// The id packed into a non-zero `u32`.
-    pub fn to_bits(self) -> u32 {
-        let side = match self.side {
+    /// The id of request slot `index` of direction `side` in its `generation`.
+    #[inline(always)]
+    const fn new(index: u8, side: Side, generation: u16) -> Self {
+        let side = match side {
             Side::Send => 1,
             Side::Recv => 2,
         };
-        (u32::from(self.index) + 1) | side << 9 | u32::from(self.generation) << 16
+        Self((index as u32 + 1) | side << 9 | (generation as u32) << 16)
+    }
+
+    /// The pool slot it names.
+    #[inline(always)]
+    fn index(self) -> u8 {
+        // `from_bits` and `new` keep bits 0–8 within 1..=MAX_REQUESTS.
+        ((self.0 & 0x1ff) - 1) as u8
+    }
+
+    /// The id the same slot's next request gets (the generation wraps).
+    #[inline(always)]
+    fn next_generation(self) -> Self {
+        Self(self.0.wrapping_add(1 << 16))
+    }
+
+    /// The id packed into a non-zero `u32`.
+    #[inline(always)]
+    pub fn to_bits(self) -> u32 {
+        self.0
     }
 
     /// Unpack an id; `None` when the bits cannot be an id. An id that unpacks may still be stale:
     /// `test` checks it against the pool.
+    #[inline(always)]
     pub fn from_bits(bits: u32) -> Option<Self> {
         let index = bits & 0x1ff;
-        if index == 0 || index as usize > MAX_REQUESTS || bits & 0xf800 != 0 {
-            return None;
-        }
-        let side = match (bits >> 9) & 0x3 {
-            1 => Side::Send,
-            2 => Side::Recv,
-            _ => return None,
-        };
-        Some(Self {
-            index: (index - 1) as u8,
-            side,
-            generation: (bits >> 16) as u16,
-        })
+        let side = (bits >> 9) & 0x3;
+        let bad = (index.wrapping_sub(1) >= MAX_REQUESTS as u32)
+            | (bits & 0xf800 != 0)
+            | (side == 0)
+            | (side == 3);
+        (!bad).then_some(Self(bits))
     }
 }
 
@@ -431,13 +442,10 @@ mod tests {
         for index in [0u8, 1, 255] {
             for side in [Side::Send, Side::Recv] {
                 for generation in [0u16, 1, u16::MAX] {
-                    let id = RequestId {
-                        index,
-                        side,
-                        generation,
-                    };
+                    let id = RequestId::new(index, side, generation);
                     assert_ne!(id.to_bits(), 0);
                     assert_eq!(RequestId::from_bits(id.to_bits()), Some(id));
+                    assert_eq!(id.index(), index);
                 }
             }
         }

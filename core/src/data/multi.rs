@@ -292,21 +292,17 @@ impl<A: Copy + PartialEq> Parts<A> {
     }
 
     fn id(&self, index: u8) -> RequestId {
-        RequestId {
-            index,
-            side: self.side,
-            generation: self.reqs[usize::from(index)].generation,
-        }
+        RequestId::new(index, self.side, self.reqs[usize::from(index)].generation)
     }
 
     fn lookup(&self, req: RequestId) -> Result<u8, DataError> {
-        let entry = &self.reqs[usize::from(req.index)];
-        if req.side != self.side || !entry.in_use || entry.generation != req.generation {
+        let index = req.index();
+        if !self.reqs[usize::from(index)].in_use || self.id(index) != req {
             return Err(DataError::InvalidRequest {
                 bits: req.to_bits(),
             });
         }
-        Ok(req.index)
+        Ok(index)
     }
 
     fn release(&mut self, index: u8) {

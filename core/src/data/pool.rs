@@ -22,14 +22,14 @@ pub(super) trait RequestState: Copy {
 
 #[derive(Clone, Copy, Debug)]
 struct Slot<S> {
-    generation: u16,
+    /// The id the slot's request has (or its next one will have): its generation is in it.
+    id: RequestId,
     state: S,
 }
 
 /// [`MAX_REQUESTS`] generation-checked slots; with `FREE_LIST`, a stack of the free ones.
 #[derive(Clone, Debug)]
 pub(super) struct RequestPool<S, const FREE_LIST: bool> {
-    side: Side,
     slots: [Slot<S>; MAX_REQUESTS],
     /// Free slots, popped from the end (only with `FREE_LIST`).
     free: [u8; MAX_REQUESTS],
@@ -44,12 +44,15 @@ impl<S: RequestState, const FREE_LIST: bool> RequestPool<S, FREE_LIST> {
         for (i, slot) in free.iter_mut().enumerate() {
             *slot = (MAX_REQUESTS - 1 - i) as u8;
         }
+        let mut slots = [Slot {
+            id: RequestId::new(0, side, 0),
+            state: S::FREE,
+        }; MAX_REQUESTS];
+        for (index, slot) in slots.iter_mut().enumerate() {
+            slot.id = RequestId::new(index as u8, side, 0);
+        }
         Self {
-            side,
-            slots: [Slot {
-                generation: 0,
-                state: S::FREE,
-            }; MAX_REQUESTS],
+            slots,
             free,
             free_len: if FREE_LIST { MAX_REQUESTS } else { 0 },
             in_use: 0,
@@ -85,19 +88,17 @@ impl<S: RequestState, const FREE_LIST: bool> RequestPool<S, FREE_LIST> {
         self.in_use += 1;
         let slot = &mut self.slots[usize::from(index)];
         slot.state = state;
-        RequestId {
-            index,
-            side: self.side,
-            generation: slot.generation,
-        }
+        slot.id
     }
 
     /// The slot of `req`, if it names a request in use of this pool.
     #[inline(always)]
     pub(super) fn lookup(&self, req: RequestId) -> Result<usize, DataError> {
-        let index = usize::from(req.index);
+        let index = usize::from(req.index());
         let slot = &self.slots[index];
-        if req.side != self.side || slot.generation != req.generation || slot.state.is_free() {
+        // The id carries the direction and the generation: one compare refuses both an id of
+        // the other direction and a stale one.
+        if slot.id != req || slot.state.is_free() {
             return Err(DataError::InvalidRequest {
                 bits: req.to_bits(),
             });
@@ -124,7 +125,7 @@ impl<S: RequestState, const FREE_LIST: bool> RequestPool<S, FREE_LIST> {
             return;
         }
         slot.state = S::FREE;
-        slot.generation = slot.generation.wrapping_add(1);
+        slot.id = slot.id.next_generation();
         self.in_use -= 1;
         if FREE_LIST && self.free_len < MAX_REQUESTS {
             self.free[self.free_len] = index as u8;
@@ -214,7 +215,7 @@ mod tests {
         assert!(sends.lookup(id).is_err(), "a reported id is stale");
         // The slot comes back with a new generation: the old id does not name the new request.
         let again = sends.occupy(sends.next_free().unwrap(), Toy::Waiting);
-        assert_eq!(again.index, id.index);
+        assert_eq!(again.index(), id.index());
         assert!(sends.lookup(id).is_err() && sends.lookup(again).is_ok());
 
         let mut recvs: RequestPool<Toy, false> = RequestPool::new(Side::Recv);

@@ -533,6 +533,7 @@ impl RecvConn {
 
 impl Connection for RecvConn {
     /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
+    #[inline(always)]
     fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
         let index = self.requests.lookup(req)?;
         self.polled = true;

@@ -835,6 +835,7 @@ fn record_payload<'a>(
 
 impl Connection for SendConn {
     /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
+    #[inline(always)]
     fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
         let index = self.requests.lookup(req)?;
         let progress = if self.requests.state(index).pending() {

@@ -665,7 +665,7 @@ fn device_keys(
 }
 
 /// `test`: pending, or finished with its sizes (the request is gone; a flush reports none).
-#[inline]
+#[inline(always)]
 pub(crate) fn test(request: Ptr) -> NetResult<Completed> {
     let (entry, id) = COMMS.lookup_request("test", "request", request)?;
     if let Some(flush_id) = FlushId::from_bits(id) {
