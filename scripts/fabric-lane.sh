@@ -4,7 +4,9 @@
 # unchanged, over it with the fabric's folder first on LD_LIBRARY_PATH and nothing else:
 # tests/fabric_lane.rs (discovery, the conformance suite between two processes, the 64 MiB /
 # grouped / small transfers, `rivet bench`, all-to-all connect of 8 and 32 ranks, the faults that
-# make sense on one host), and the CPU half of the GPU script (scripts/gpu-nccl.sh --cpu).
+# make sense on one host, the relocatable tarballs unpacked: RIVET_PACKAGE_DIR, default
+# target/package, built with scripts/package.sh when missing), and the CPU half of the GPU script
+# (scripts/gpu-nccl.sh --cpu).
 # Prints the time of each part and of the lane.
 #
 #   scripts/fabric-lane.sh             the lane (scripts/test.sh runs it unless RIVET_SKIP_FABRIC=1)
@@ -45,7 +47,16 @@ part "build Rivet"
 RIVET_FABRIC_DIR="$(mktemp -d "${TMPDIR:-/tmp}/rivet-fabric-lane.XXXXXX")"
 export RIVET_FABRIC_DIR
 trap 'rm -rf "$RIVET_FABRIC_DIR"' EXIT
-RIVET_FABRIC_LIB_DIR="$lib_dir" cargo test --locked --test fabric_lane -- --ignored --test-threads=1 --nocapture
+# The relocatable tarballs the lane unpacks (scripts/test.sh made them; built here if not).
+package_dir="${RIVET_PACKAGE_DIR:-$repo/target/package}"
+for flavour in "" --minimal; do
+  if ! ls "$package_dir"/rivet-*"${flavour:+-minimal}".tar.gz >/dev/null 2>&1; then
+    scripts/package.sh $flavour --out "$package_dir"
+  fi
+done
+part "the packages (built if missing)"
+RIVET_FABRIC_LIB_DIR="$lib_dir" RIVET_PACKAGE_DIR="$package_dir" \
+  cargo test --locked --test fabric_lane -- --ignored --test-threads=1 --nocapture
 part "Rivet over the fabric (tests/fabric_lane.rs)"
 
 # The GPU script's fabric half: the kit it would carry, then its CPU mode.

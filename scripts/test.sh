@@ -65,8 +65,9 @@ scripts/footprint.sh
 stage "reproducible: the shipped library built again in another directory is byte-identical"
 scripts/reproducible.sh
 
-stage "packages: the Debian package and the relocatable tarball"
+stage "packages: the Debian package and the relocatable tarball (default and minimal)"
 scripts/package.sh --out target/package
+scripts/package.sh --minimal --out target/package
 
 stage "tests"
 cargo test --workspace --locked

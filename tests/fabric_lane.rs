@@ -5,9 +5,10 @@
 //! helper through the same discovery), the conformance suite between two processes (the same checks
 //! as the Soft-RoCE lane, `common::check_conformance`), the 64 MiB / grouped / many-small
 //! transfers, `rivet bench` (its figures printed), an all-to-all connect of 8 and of 32 ranks,
-//! and the faults that make sense on one host: a peer killed in either role, hostile handshake
+//! the faults that make sense on one host: a peer killed in either role, hostile handshake
 //! clients, a handshake that times out, bad memory, fork after init, connect/close cycles and
-//! closes with receives in flight.
+//! closes with receives in flight; and the relocatable tarballs (`scripts/package.sh`, default and
+//! minimal) unpacked in a scratch folder: their `rivet version` and their library moving data.
 //!
 //! What the fabric does not model (timing, congestion, link state, device removal) is not tested
 //! here: port flaps, link loss and device removal stay in the VM lane.
@@ -231,6 +232,97 @@ fn rivet_bench_moves_every_size_and_prints_its_figures() {
         eprintln!("fabric lane: rivet bench {size} B: {mib:.1} MiB/s");
     }
     assert!(stdout.contains("\"p50_us\":"), "no latency: {stdout}");
+}
+
+/// The folder holding the packages (`scripts/package.sh`, default and `--minimal`), set by
+/// `scripts/fabric-lane.sh`.
+fn package_dir() -> PathBuf {
+    std::env::var_os("RIVET_PACKAGE_DIR")
+        .map(PathBuf::from)
+        .expect("RIVET_PACKAGE_DIR: the packages' folder (run scripts/fabric-lane.sh)")
+}
+
+/// Unpack the tarball whose name is `rivet-<version>-<arch>.tar.gz` (`minimal`: with `-minimal`
+/// after the version) into a fresh scratch folder; return the unpacked top folder.
+fn unpack_tarball(minimal: bool) -> PathBuf {
+    let dir = package_dir();
+    let tarball = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .find(|path| {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name.starts_with("rivet-")
+                && name.ends_with(".tar.gz")
+                && name.contains("-minimal") == minimal
+        })
+        .unwrap_or_else(|| panic!("no tarball (minimal: {minimal}) in {}", dir.display()));
+    let scratch = std::env::temp_dir().join(format!(
+        "rivet-tarball-{}-{}",
+        std::process::id(),
+        if minimal { "minimal" } else { "default" }
+    ));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).expect("scratch folder");
+    let status = Command::new("tar")
+        .arg("-xzf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&scratch)
+        .status()
+        .expect("run tar");
+    assert!(status.success(), "tar -xzf {}", tarball.display());
+    let top: Vec<PathBuf> = std::fs::read_dir(&scratch)
+        .expect("scratch folder")
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .collect();
+    assert_eq!(top.len(), 1, "the tarball has one top folder: {top:?}");
+    top.into_iter().next().unwrap_or_default()
+}
+
+/// A tarball unpacked where nothing else of Rivet is: its `rivet version` names this build's
+/// features, and its library (not the build tree's) passes the transfer test over the fabric.
+fn unpacked_tarball_works(minimal: bool) {
+    let top = unpack_tarball(minimal);
+    let library = top.join("lib/libnccl-net-rivet.so");
+    assert!(library.is_file(), "{} is missing", library.display());
+    let (out, stdout, _) = run(
+        "unpacked rivet version",
+        &mut Command::new(top.join("bin/rivet")).arg("version"),
+    );
+    assert!(out.status.success(), "rivet version exit status");
+    assert!(
+        stdout.starts_with("Rivet ")
+            && stdout.contains(" commit ")
+            && stdout.contains("net ABI v6-v12"),
+        "rivet version: {stdout}"
+    );
+    // The minimal build has no CollNet: its version line must not claim it.
+    assert_eq!(
+        stdout.contains("CollNet ABI v6-v12"),
+        !minimal,
+        "CollNet in the version line of the {} build: {stdout}",
+        if minimal { "minimal" } else { "default" }
+    );
+    let library = library.display().to_string();
+    let (out, _, stderr) = run(
+        "transfer v12 with the unpacked library",
+        &mut over_fabric(env!("RIVET_C_TRANSFER"), &[&library, "--version", "12"]),
+    );
+    assert!(out.status.success(), "transfer v12 exit status ({library})");
+    common::check_transfer(&stderr);
+    let _ = std::fs::remove_dir_all(top.parent().unwrap_or(&top));
+}
+
+#[test]
+#[ignore = "needs the fabric and the packages (scripts/fabric-lane.sh)"]
+fn the_default_tarball_unpacked_moves_data_over_the_fabric() {
+    unpacked_tarball_works(false);
+}
+
+#[test]
+#[ignore = "needs the fabric and the packages (scripts/fabric-lane.sh)"]
+fn the_minimal_tarball_unpacked_moves_data_over_the_fabric() {
+    unpacked_tarball_works(true);
 }
 
 /// `all_connect` with `ranks` ranks on this host; every rank must connect to every other.
