@@ -287,7 +287,7 @@ fn unpacked_tarball_works(minimal: bool) {
     assert!(library.is_file(), "{} is missing", library.display());
     let (out, stdout, _) = run(
         "unpacked rivet version",
-        &mut Command::new(top.join("bin/rivet")).arg("version"),
+        Command::new(top.join("bin/rivet")).arg("version"),
     );
     assert!(out.status.success(), "rivet version exit status");
     assert!(
