@@ -6,13 +6,16 @@
 # with an RDMA device set RIVET_IN_VM=1. Prints, per round trip and per side (one isend, one irecv,
 # two tests that find their request done): the whole loop (driver + plugin + verbs + libc), the
 # plugin object's share (callgrind's per-object exclusive totals) and the top functions.
-# Goal (issue #14): plugin <= 585, whole loop <= 1,850.
+# The bar (issue #30): at or below NCCL's IB transport, plugin <= 1,170 and whole loop <= 2,463 on
+# Soft-RoCE (stretch 585 and 1,850).
 #
 # usage: benches/callgrind_pingpong.sh
 #   PLUGIN=target/release/libnccl_net_rivet.so   (build it: cargo build --release -p rivet-plugin)
 #   ROUNDS=300 WARMUP=30 SETTLE_US=1000          TOP=25 (functions listed)
 #   OUT=/tmp/rivet-callgrind                       callgrind.out and the driver land here
 #   PROFILER=1                                     attach a profiler callback (init) and pass pHandles
+#   FABRIC=1                                       no VM: over the user-space verbs fabric (fabric/);
+#                                                  the plugin's count is the same, the provider's not
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -21,7 +24,20 @@ out=${OUT:-/tmp/rivet-callgrind}
 plugin=${PLUGIN:-$repo/target/release/libnccl_net_rivet.so}
 plugin=$(realpath "$plugin")
 
-if [[ ${RIVET_IN_VM:-0} != 1 ]]; then
+if [[ ${FABRIC:-0} == 1 && ${RIVET_IN_VM:-0} != 1 ]]; then
+    # Over the user-space verbs fabric (fabric/), no VM: the plugin's own count is the same code
+    # path as on Soft-RoCE; the provider's share (and so the whole loop) is the fabric's, not
+    # librxe's. Seconds instead of a boot: the loop to iterate with.
+    bash "$repo/fabric/build.sh" >/dev/null
+    export LD_LIBRARY_PATH="$repo/target/fabric${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    RIVET_FABRIC_DIR=$(mktemp -d /tmp/rivet-callgrind-fabric.XXXXXX)
+    export RIVET_FABRIC_DIR
+    trap 'rm -rf "$RIVET_FABRIC_DIR"' EXIT
+    mkdir -p "$out"
+    cc -std=c11 -O2 -g -Wall -Wextra -Werror -o "$out/pingpong" "$here/callgrind_pingpong.c" -ldl
+fi
+
+if [[ ${RIVET_IN_VM:-0} != 1 && ${FABRIC:-0} != 1 ]]; then
     [[ -f $plugin ]] || { echo "callgrind_pingpong: $plugin is missing: cargo build --release -p rivet-plugin" >&2; exit 1; }
     mkdir -p "$out"
     cc -std=c11 -O2 -g -Wall -Wextra -Werror -o "$out/pingpong" "$here/callgrind_pingpong.c" -ldl
