@@ -61,6 +61,11 @@ impl PortDevice for VerbsDevice {
         self
     }
 
+    /// Register with `ibv_reg_mr` (process memory) or `ibv_reg_dmabuf_mr`.
+    ///
+    /// # Safety
+    /// As [`PortDevice::register`]: without `dmabuf`, the memory stays mapped while the
+    /// registration lives.
     unsafe fn register(
         &self,
         start: u64,

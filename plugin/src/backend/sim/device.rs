@@ -48,6 +48,11 @@ impl PortDevice for TestDevice {
         }
     }
 
+    /// Register with the device (a mirror in the fabric on the simulated port).
+    ///
+    /// # Safety
+    /// As [`PortDevice::register`]: without `dmabuf`, the memory stays mapped while the
+    /// registration lives.
     unsafe fn register(
         &self,
         start: u64,
@@ -56,9 +61,10 @@ impl PortDevice for TestDevice {
         access: u32,
     ) -> Result<TestRegistration, VerbsError> {
         match self {
-            // SAFETY: the caller's promise, passed on.
             Self::Verbs(device) => {
-                unsafe { device.register(start, size, dmabuf, access) }.map(TestRegistration::Verbs)
+                // SAFETY: the caller's promise (the memory stays mapped), passed on.
+                let mr = unsafe { device.register(start, size, dmabuf, access) }?;
+                Ok(TestRegistration::Verbs(mr))
             }
             Self::Simulated => Ok(TestRegistration::Simulated(fabric::register(
                 start,
