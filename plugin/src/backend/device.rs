@@ -1,4 +1,5 @@
-//! An opened RDMA port: its verbs context and protection domain, shared by every comm on it.
+//! An opened RDMA port: its device (verbs context and protection domain, or in the unit tests
+//! the simulated port's), shared by every comm on it.
 
 use super::mr_cache::MrCache;
 use super::port_device::{PortDevice, VerbsDevice};
