@@ -6,7 +6,8 @@
 
 #![allow(unsafe_code)]
 
-use crate::backend::device::{GpuSetup, OpenPort};
+use crate::backend::OpenPort;
+use crate::backend::device::GpuSetup;
 use crate::config::GdrSettings;
 use crate::sys::NCCL_NET_ID_UNDEF;
 use core::ffi::{c_char, c_int};
@@ -146,7 +147,7 @@ impl Port {
         }
         #[cfg(test)]
         if crate::backend::sim::installed() {
-            let port = OpenPort::simulated(&self.info);
+            let port = crate::backend::sim::open_port(&self.info);
             *opened = Some(Arc::clone(&port));
             return Ok(port);
         }

@@ -6,7 +6,8 @@
 
 #![allow(unsafe_code)]
 
-use crate::backend::device::{self, OpenPort};
+use crate::backend::OpenPort;
+use crate::backend::device;
 use crate::config::Config;
 use crate::devices::{self, DeviceProps, FusedDevice, NoDevice, Port};
 use crate::error::{NetError, NetResult};

@@ -1,7 +1,8 @@
-//! An opened RDMA port: its verbs context and protection domain, shared by every comm on it.
+//! An opened RDMA port: its device (verbs context and protection domain, or in the unit tests
+//! the simulated port's), shared by every comm on it.
 
 use super::mr_cache::MrCache;
-use super::port_object::PortObject;
+use super::port_device::{PortDevice, VerbsDevice};
 use crate::log::{INIT_NET, info, warn};
 use rivet_core::data::DataError;
 use rivet_core::event::{DeviceEvent, EventBook, WatchId, rc_retry_budget};
@@ -118,25 +119,25 @@ pub(crate) struct GpuSetup {
 }
 
 /// A port opened for use: created on the first comm that needs it, dropped with the last one.
+/// `D` is its device: a verbs device in the library (the rest of the plugin names this type
+/// through the backend's seam, `backend::OpenPort`).
 #[derive(Debug)]
-pub(crate) struct OpenPort {
+pub(crate) struct OpenPort<D: PortDevice = VerbsDevice> {
     /// What discovery found (name, port number, GID choice, MTU, link layer, …).
     pub(crate) info: PortInfo,
-    /// Protection domain all of this port's QPs and memory registrations share.
-    pub(crate) pd: PortObject<ProtectionDomain>,
-    /// The device context.
-    pub(crate) context: PortObject<Context>,
+    /// The device: verbs objects, registrations, asynchronous events.
+    pub(crate) device: D,
     /// GPU memory handling.
     pub(crate) gpu: GpuSetup,
-    /// User-buffer registrations in `pd`, shared by every comm on the port (`regIsGlobal`).
-    pub(crate) mrs: MrCache,
+    /// User-buffer registrations on `device`, shared by every comm on the port (`regIsGlobal`).
+    pub(crate) mrs: MrCache<D>,
     events: Mutex<AsyncState>,
     /// Whether new connections use the mlx5 direct data path (mlx5 device, opted in with
     /// `RIVET_MLX5_DIRECT=1`, and no set-up failure so far).
     direct: AtomicBool,
 }
 
-impl OpenPort {
+impl<D: PortDevice> OpenPort<D> {
     /// Open the device named in `info` and allocate a protection domain on it.
     pub(crate) fn open(info: &PortInfo, gpu: GpuSetup) -> Result<Arc<Self>, VerbsError> {
         let list = DeviceList::new()?;
@@ -148,39 +149,26 @@ impl OpenPort {
                 })?;
         let context = device.open()?;
         let pd = ProtectionDomain::new(&context)?;
-        let (context, pd) = (PortObject::Verbs(context), PortObject::Verbs(pd));
         let direct = direct_path_wanted(&context, info);
-        Ok(Arc::new(Self {
-            info: info.clone(),
+        Ok(Self::on_device(
+            info,
+            D::from(VerbsDevice { context, pd }),
             gpu,
-            mrs: MrCache::new(pd.clone()),
-            pd,
-            context,
-            events: Mutex::new(AsyncState::default()),
-            direct: AtomicBool::new(direct),
-        }))
+            direct,
+        ))
     }
 
-    /// A port of the test-only simulated fabric (`backend::sim`), which drives its connections
-    /// and registrations itself: the port has no verbs objects. Host memory only: no GPU
-    /// memory, no flush queue pair (it would need a verbs context).
-    #[cfg(test)]
-    pub(crate) fn simulated(info: &PortInfo) -> Arc<Self> {
+    /// The port `info` on an opened `device`; `direct`: whether connections start on the mlx5
+    /// direct path.
+    pub(crate) fn on_device(info: &PortInfo, device: D, gpu: GpuSetup, direct: bool) -> Arc<Self> {
         Arc::new(Self {
             info: info.clone(),
-            pd: PortObject::Simulated,
-            context: PortObject::Simulated,
-            gpu: GpuSetup::default(),
-            mrs: MrCache::new(PortObject::Simulated),
+            gpu,
+            mrs: MrCache::new(device.clone()),
+            device,
             events: Mutex::new(AsyncState::default()),
-            direct: AtomicBool::new(false),
+            direct: AtomicBool::new(direct),
         })
-    }
-
-    /// Whether this is a port of the simulated fabric (tests).
-    #[cfg(test)]
-    pub(crate) fn is_simulated(&self) -> bool {
-        matches!(self.context, PortObject::Simulated)
     }
 
     /// Whether new connections on this port use the mlx5 direct data path.
@@ -219,12 +207,8 @@ impl OpenPort {
     /// connection `id`: the error to fail it with, or `None`.
     pub(crate) fn fatal_event_for(&self, id: WatchId) -> Option<DataError> {
         let mut state = self.events.lock().unwrap_or_else(|e| e.into_inner());
-        #[cfg(test)]
-        if self.is_simulated() {
-            return state.book.fatal_error(id);
-        }
         loop {
-            let event = match self.context.get_async_event() {
+            let event = match self.device.next_async_event() {
                 Ok(Some(event)) => event,
                 Ok(None) => break,
                 Err(e) => {

@@ -7,6 +7,7 @@
 #![allow(unsafe_code)]
 
 use super::device::OpenPort;
+use super::port_device::{PortDevice, VerbsDevice};
 use super::qp_params;
 use super::region::Region;
 use crate::config::QpSettings;
@@ -40,22 +41,22 @@ const MAX_POLL: usize = 16;
 /// Inline sizes tried when creating the QP, largest first (providers refuse what they cannot do).
 const INLINE_CHOICES: [u32; 3] = [256, 64, 0];
 
-/// A connection's queue pair and regions.
+/// A connection's queue pair and regions, on a port of device `D`.
 #[derive(Debug)]
-pub(crate) struct Endpoint {
+pub(crate) struct Endpoint<D: PortDevice = VerbsDevice> {
     // Field order is drop order: the QP goes before its CQ and the regions it may still address.
     qp: QueuePair,
     cq: Arc<CompletionQueue>,
     inbound: Region,
     staging: Region,
     max_inline: usize,
-    port: Arc<OpenPort>,
+    port: Arc<OpenPort<D>>,
     psn: u32,
 }
 
-impl Endpoint {
+impl<D: PortDevice> Endpoint<D> {
     /// Create the queue pair (at INIT) and register the control regions for `role`.
-    pub(crate) fn new(port: &Arc<OpenPort>, role: Role) -> Result<Self, VerbsError> {
+    pub(crate) fn new(port: &Arc<OpenPort<D>>, role: Role) -> Result<Self, VerbsError> {
         use rivet_core::data::{
             CQ_DEPTH, RECV_INBOUND_LEN, RECV_QUEUE_DEPTH, RECV_STAGING_LEN, SEND_INBOUND_LEN,
             SEND_QUEUE_DEPTH, SEND_STAGING_LEN,
@@ -64,13 +65,14 @@ impl Endpoint {
             Role::Sender => (SEND_INBOUND_LEN, SEND_STAGING_LEN, 1),
             Role::Receiver => (RECV_INBOUND_LEN, RECV_STAGING_LEN, RECV_QUEUE_DEPTH as u32),
         };
+        let verbs = port.device.verbs();
         let inbound = Region::new(
-            &port.pd,
+            &verbs.pd,
             inbound_len,
             access::LOCAL_WRITE | access::REMOTE_WRITE,
         )?;
-        let staging = Region::new(&port.pd, staging_len, access::LOCAL_WRITE)?;
-        let cq = CompletionQueue::new(&port.context, CQ_DEPTH as u32)?;
+        let staging = Region::new(&verbs.pd, staging_len, access::LOCAL_WRITE)?;
+        let cq = CompletionQueue::new(&verbs.context, CQ_DEPTH as u32)?;
         let mut last_err = None;
         for inline in INLINE_CHOICES {
             let caps = QpCaps {
@@ -80,7 +82,7 @@ impl Endpoint {
                 max_recv_sge: 1,
                 max_inline_data: inline,
             };
-            match QueuePair::new_rc(&port.pd, &cq, &cq, caps) {
+            match QueuePair::new_rc(&verbs.pd, &cq, &cq, caps) {
                 Ok(qp) => {
                     qp.modify_to_init(
                         port.info.port,
@@ -129,7 +131,7 @@ impl Endpoint {
     }
 
     /// The port this endpoint lives on.
-    pub(crate) fn port(&self) -> &Arc<OpenPort> {
+    pub(crate) fn port(&self) -> &Arc<OpenPort<D>> {
         &self.port
     }
 
@@ -144,7 +146,7 @@ impl Endpoint {
     }
 }
 
-impl Endpoint {
+impl<D: PortDevice> Endpoint<D> {
     /// The verbs work request for `wr`, its scatter entry (if any) written to `sge`, which must
     /// stay in place until the post. Inline bytes must fit `max_inline`, staged bytes the staging
     /// region.
@@ -220,7 +222,7 @@ impl Endpoint {
     }
 }
 
-impl Endpoint {
+impl<D: PortDevice> Endpoint<D> {
     /// Post a chain of several work requests, in pieces of [`MAX_CHAIN`]. Out of line: the
     /// chain arrays would otherwise widen the frame of every one-request post.
     #[inline(never)]
@@ -252,7 +254,7 @@ fn post_errno(err: &VerbsError) -> i32 {
     err.errno().unwrap_or(libc::EINVAL)
 }
 
-impl Nic for Endpoint {
+impl<D: PortDevice> Nic for Endpoint<D> {
     fn max_inline(&self) -> usize {
         self.max_inline
     }

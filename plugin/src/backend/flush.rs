@@ -12,6 +12,7 @@
 #![allow(unsafe_code)]
 
 use super::device::OpenPort;
+use super::port_device::PortDevice;
 use super::qp_params;
 use super::region::Region;
 use crate::config::QpSettings;
@@ -35,11 +36,15 @@ pub(crate) struct FlushQp {
 
 impl FlushQp {
     /// Create the queue pair on `port` and connect it to itself.
-    pub(crate) fn new(port: &Arc<OpenPort>, settings: &QpSettings) -> Result<Self, VerbsError> {
+    pub(crate) fn new<D: PortDevice>(
+        port: &Arc<OpenPort<D>>,
+        settings: &QpSettings,
+    ) -> Result<Self, VerbsError> {
+        let verbs = port.device.verbs();
         // The READ's 1 byte lands here (NCCL reads into a 4-byte host buffer); nothing reads it.
-        let landing = Region::new(&port.pd, 4, access::LOCAL_WRITE)?;
+        let landing = Region::new(&verbs.pd, 4, access::LOCAL_WRITE)?;
         let depth = MAX_FLUSHES as u32;
-        let cq = CompletionQueue::new(&port.context, depth)?;
+        let cq = CompletionQueue::new(&verbs.context, depth)?;
         let caps = QpCaps {
             max_send_wr: depth,
             max_recv_wr: 1,
@@ -47,7 +52,7 @@ impl FlushQp {
             max_recv_sge: 1,
             max_inline_data: 0,
         };
-        let qp = QueuePair::new_rc(&port.pd, &cq, &cq, caps)?;
+        let qp = QueuePair::new_rc(&verbs.pd, &cq, &cq, caps)?;
         // The READ targets the receive buffers through this same queue pair as responder.
         qp.modify_to_init(port.info.port, 0, access::LOCAL_WRITE | access::REMOTE_READ)?;
         let psn = qp_params::random_psn();

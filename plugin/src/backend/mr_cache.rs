@@ -1,14 +1,14 @@
 //! The registrations of one opened port, shared by every comm on it: `rivet_core::regcache`'s
-//! policy over verbs memory regions.
+//! policy over the port device's memory registrations.
 //!
 //! Unsafe (opted in): a miss registers the caller's memory with the NIC; the caller (`regMr`)
 //! promises NCCL keeps it mapped until the matching `deregMr`.
 
 #![allow(unsafe_code)]
 
-use super::port_object::PortObject;
+use super::port_device::{PortDevice, VerbsDevice};
 use rivet_core::regcache::{Acquired, PageRange, RegCache, RegCacheError};
-use rivet_verbs_ffi::{MemoryRegion, ProtectionDomain, VerbsError};
+use rivet_verbs_ffi::VerbsError;
 use std::os::fd::RawFd;
 use std::sync::Mutex;
 
@@ -71,37 +71,18 @@ impl std::fmt::Display for CacheError {
     }
 }
 
-/// A registration the cache holds: a verbs memory region, or on the test-only simulated port
-/// (`backend::sim`) a mirror of the memory in the simulated fabric.
+/// The cache of one port (one protection domain), registering with the port's device.
 #[derive(Debug)]
-enum Registration {
-    Verbs(MemoryRegion),
-    #[cfg(test)]
-    Simulated(super::sim::fabric::SimMr),
+pub(crate) struct MrCache<D: PortDevice = VerbsDevice> {
+    device: D,
+    regions: Mutex<RegCache<D::Registration>>,
 }
 
-impl Registration {
-    fn keys(&self) -> (u32, u32) {
-        match self {
-            Self::Verbs(mr) => (mr.lkey(), mr.rkey()),
-            #[cfg(test)]
-            Self::Simulated(mr) => mr.keys(),
-        }
-    }
-}
-
-/// The cache of one port (one protection domain).
-#[derive(Debug)]
-pub(crate) struct MrCache {
-    pd: PortObject<ProtectionDomain>,
-    regions: Mutex<RegCache<Registration>>,
-}
-
-impl MrCache {
-    /// An empty cache for registrations in `pd`.
-    pub(crate) fn new(pd: PortObject<ProtectionDomain>) -> Self {
+impl<D: PortDevice> MrCache<D> {
+    /// An empty cache for registrations with `device`.
+    pub(crate) fn new(device: D) -> Self {
         Self {
-            pd,
+            device,
             regions: Mutex::new(RegCache::new(PAGE)),
         }
     }
@@ -121,10 +102,11 @@ impl MrCache {
         let mut cache = self.regions.lock().unwrap_or_else(|e| e.into_inner());
         let range = match cache.acquire(addr, len).map_err(CacheError::Cache)? {
             Acquired::Hit(range) => {
-                let (lkey, rkey) = cache
-                    .get(range)
-                    .ok_or(CacheError::Cache(RegCacheError::NotCached(range)))?
-                    .keys();
+                let (lkey, rkey) = D::keys(
+                    cache
+                        .get(range)
+                        .ok_or(CacheError::Cache(RegCacheError::NotCached(range)))?,
+                );
                 return Ok(CachedMr { range, lkey, rkey });
             }
             Acquired::Miss(range) => range,
@@ -134,29 +116,22 @@ impl MrCache {
                 what: "registration larger than the address space",
             })
         })?;
-        #[cfg(test)]
-        if matches!(self.pd, PortObject::Simulated) {
-            let mr =
-                Registration::Simulated(super::sim::fabric::register(range.start, range.len()));
-            return insert(&mut cache, range, mr);
-        }
-        let mr = match memory {
-            Memory::Mapped => {
-                // SAFETY: the pages of `addr..addr+len` are the caller's mapped memory (the
-                // function's contract); registering the whole pages they lie on pins nothing else
-                // (the kernel pins per page anyway).
-                unsafe { MemoryRegion::register(&self.pd, range.start as *mut u8, size, access) }
-            }
+        let dmabuf = match memory {
+            Memory::Mapped => None,
             Memory::DmaBuf { fd, offset } => {
                 let lead = addr - range.start;
                 let start = offset
                     .checked_sub(lead)
                     .ok_or(CacheError::UnalignedDmaBuf { offset, lead })?;
-                MemoryRegion::register_dmabuf(&self.pd, start, size, range.start, fd, access)
+                Some((fd, start))
             }
-        }
-        .map_err(CacheError::Verbs)?;
-        insert(&mut cache, range, Registration::Verbs(mr))
+        };
+        // SAFETY: the pages of `addr..addr+len` are the caller's mapped memory (the function's
+        // contract); registering the whole pages they lie on pins nothing else (the kernel pins
+        // per page anyway). A dma-buf is the kernel's to keep.
+        let mr = unsafe { self.device.register(range.start, size, dmabuf, access) }
+            .map_err(CacheError::Verbs)?;
+        insert::<D>(&mut cache, range, mr)
     }
 
     /// Give back one share of `range`; the last share deregisters the memory.
@@ -169,12 +144,12 @@ impl MrCache {
 }
 
 /// Cache a new registration of `range`; the caller's share of it.
-fn insert(
-    cache: &mut RegCache<Registration>,
+fn insert<D: PortDevice>(
+    cache: &mut RegCache<D::Registration>,
     range: PageRange,
-    mr: Registration,
+    mr: D::Registration,
 ) -> Result<CachedMr, CacheError> {
-    let (lkey, rkey) = mr.keys();
+    let (lkey, rkey) = D::keys(&mr);
     cache.insert(range, mr).map_err(CacheError::Cache)?;
     Ok(CachedMr { range, lkey, rkey })
 }

@@ -14,7 +14,7 @@
 #![allow(unsafe_code)]
 
 use super::scratch::Scratch;
-use crate::backend::device::OpenPort;
+use crate::backend::OpenPort;
 use crate::comm::{self, RecvArgs};
 use crate::error::{ErrorClass, NetError, NetResult};
 use crate::handle::Ptr;

@@ -13,8 +13,9 @@
 
 use super::data::{self, DataComm, Side};
 use super::path::{Lanes, connect_lane};
-use crate::backend::any::AnyEndpoint as Endpoint;
-use crate::backend::device::OpenPort;
+use crate::backend::DataEndpoint as Endpoint;
+use crate::backend::OpenPort;
+use crate::backend::conn_endpoint::ConnEndpoint;
 use crate::backend::endpoint::Role;
 use crate::clock;
 use crate::config::QpSettings;

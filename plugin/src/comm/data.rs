@@ -17,7 +17,7 @@ use super::exclusive::{Busy, Exclusive, Guard};
 use super::flush::{FlushArgs, GpuFlush};
 use super::mr;
 use super::path::{Nics, Path, RecvPath, SendPath};
-use crate::backend::device::OpenPort;
+use crate::backend::OpenPort;
 use crate::clock;
 use crate::error::{NetError, NetResult};
 use crate::handle::{Handle, Ptr, Registry, unknown};

@@ -15,8 +15,9 @@
 use super::data::{self, DataComm, Side};
 use super::flush::GpuFlush;
 use super::path::{Lanes, connect_lane};
-use crate::backend::any::AnyEndpoint as Endpoint;
-use crate::backend::device::OpenPort;
+use crate::backend::DataEndpoint as Endpoint;
+use crate::backend::OpenPort;
+use crate::backend::conn_endpoint::ConnEndpoint;
 use crate::backend::endpoint::Role;
 use crate::backend::flush::FlushQp;
 use crate::clock;

@@ -23,7 +23,7 @@ mod mr;
 mod multi_device_tests;
 mod path;
 
-use crate::backend::device::OpenPort;
+use crate::backend::OpenPort;
 use crate::error::NetResult;
 use crate::handle::Ptr;
 use core::ffi::c_int;

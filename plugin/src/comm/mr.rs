@@ -6,7 +6,7 @@
 
 #![allow(unsafe_code)]
 
-use crate::backend::device::OpenPort;
+use crate::backend::OpenPort;
 use crate::backend::mr_cache::{CacheError, CachedMr, Memory};
 use crate::error::{NetError, NetResult};
 use crate::handle::{Handle, Ptr, Registry, unknown};

@@ -6,8 +6,10 @@
 //! (The plugin's own connections still use one queue pair: the handshake does not carry a list
 //! of queue pairs yet.)
 
-use crate::backend::any::AnyEndpoint;
+use crate::backend::DataEndpoint;
+use crate::backend::conn_endpoint::ConnEndpoint;
 use crate::backend::endpoint::Role;
+use crate::backend::port_device::PortDevice;
 use crate::backend::region::Region;
 use crate::config::QpSettings;
 use crate::devices;
@@ -25,8 +27,8 @@ const STALL: Duration = Duration::from_secs(20);
 struct Rig {
     send: MultiSend,
     recv: MultiRecv,
-    send_nics: Vec<AnyEndpoint>,
-    recv_nics: Vec<AnyEndpoint>,
+    send_nics: Vec<DataEndpoint>,
+    recv_nics: Vec<DataEndpoint>,
     src: Region,
     dst: Region,
 }
@@ -49,8 +51,8 @@ impl Rig {
         let (mut sends, mut recvs) = (Vec::new(), Vec::new());
         let (mut send_nics, mut recv_nics) = (Vec::new(), Vec::new());
         for _ in 0..policy.qps() {
-            let s = AnyEndpoint::new(&port, Role::Sender).expect("sender endpoint");
-            let r = AnyEndpoint::new(&port, Role::Receiver).expect("receiver endpoint");
+            let s = DataEndpoint::new(&port, Role::Sender).expect("sender endpoint");
+            let r = DataEndpoint::new(&port, Role::Receiver).expect("receiver endpoint");
             let (s_info, r_info) = (s.local_info(&settings), r.local_info(&settings));
             // Each queue pair its own flow label (UDP source port on RoCE v2), both directions.
             let label = |local: u32, remote: u32| QpSettings {
@@ -66,9 +68,14 @@ impl Rig {
             send_nics.push(s);
             recv_nics.push(r);
         }
-        let src = Region::new(&port.pd, len, access::LOCAL_WRITE).expect("source buffer");
-        let dst = Region::new(&port.pd, len, access::LOCAL_WRITE | access::REMOTE_WRITE)
-            .expect("destination buffer");
+        let src =
+            Region::new(&port.device.verbs().pd, len, access::LOCAL_WRITE).expect("source buffer");
+        let dst = Region::new(
+            &port.device.verbs().pd,
+            len,
+            access::LOCAL_WRITE | access::REMOTE_WRITE,
+        )
+        .expect("destination buffer");
         Self {
             send: MultiSend::new(sends, policy),
             recv: MultiRecv::new(recvs, policy),

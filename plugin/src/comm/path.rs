@@ -4,8 +4,10 @@
 //! path ([`super::data`]) is written once over [`SendPath`]/[`RecvPath`] and monomorphised per
 //! shape, so the single-QP path pays nothing for the other.
 
-use crate::backend::any::AnyEndpoint as Endpoint;
-use crate::backend::device::OpenPort;
+use crate::backend::DataEndpoint as Endpoint;
+// Only the module: `ConnEndpoint`'s methods share names with `Nics`'s, which this file calls.
+use crate::backend::OpenPort;
+use crate::backend::conn_endpoint;
 use crate::config::QpSettings;
 use rivet_core::data::multi::flow_label;
 use rivet_core::data::multi::{MultiRecv, MultiSend};
@@ -37,13 +39,13 @@ pub(crate) trait Nics: Debug + Send {
 
 impl Nics for Endpoint {
     fn port(&self) -> &Arc<OpenPort> {
-        Self::port(self)
+        conn_endpoint::ConnEndpoint::port(self)
     }
     fn qp_num(&self) -> u32 {
-        Self::qp_num(self)
+        conn_endpoint::ConnEndpoint::qp_num(self)
     }
     fn cq_addr(&self) -> usize {
-        Self::cq_addr(self)
+        conn_endpoint::ConnEndpoint::cq_addr(self)
     }
 }
 
@@ -104,8 +106,7 @@ pub(crate) fn connect_lane(
     } else {
         *settings
     };
-    endpoint
-        .connect(remote, &lane_settings)
+    conn_endpoint::ConnEndpoint::connect(endpoint, remote, &lane_settings)
         .map_err(|e| e.to_string())
 }
 

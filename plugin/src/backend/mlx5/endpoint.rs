@@ -3,7 +3,8 @@
 //! anything but an mlx5 device, or when any setup step fails, so the caller falls back to
 //! verbs), `local_info`, `connect`, `qp_num`, `port`, and [`Nic`].
 //!
-//! [`Mlx5Endpoint::on_model`] builds the same endpoint on the software mlx5 model.
+//! The unit tests build the same endpoint on the software mlx5 model (`super::pair`'s
+//! `OnModel` attachment).
 //!
 //! Unsafe: taking the queues over from libmlx5 (`mlx5dv_init_obj`) hands their raw memory to the
 //! direct path, which must outlive neither the QP nor the CQ.
@@ -14,18 +15,15 @@ use std::sync::Arc;
 
 use rivet_core::nic::{Completion, Nic, NicError, SendWr};
 use rivet_core::wire::EndpointInfo;
-#[cfg(test)]
-use rivet_verbs_ffi::mlx5::model::{Model, ModelDoorbell, ModelPd, ModelQp, ModelQpConfig};
 use rivet_verbs_ffi::mlx5::setup::{DirectQueuePair, device_supported};
 use rivet_verbs_ffi::mlx5::{BlueFlame, DirectQp, DoorbellRegister};
 use rivet_verbs_ffi::sys::access;
 use rivet_verbs_ffi::{CompletionQueue, QpCaps, RcTransitions, VerbsError};
 
-#[cfg(test)]
-use super::model::{ModelRegions, model_nic};
 use super::nic::{ControlRegions, DirectNic};
 use crate::backend::device::OpenPort;
 use crate::backend::endpoint::Role;
+use crate::backend::port_device::{PortDevice, VerbsDevice};
 use crate::backend::qp_params;
 use crate::backend::region::Region;
 use crate::config::QpSettings;
@@ -44,32 +42,19 @@ pub(crate) trait Attachment {
     type Regions: ControlRegions;
 }
 
-/// A real mlx5 device: the verbs objects behind the direct path.
+/// A real mlx5 device (a port of device `D`): the verbs objects behind the direct path.
 #[derive(Debug)]
-pub(crate) struct Device {
+pub(crate) struct Device<D: PortDevice = VerbsDevice> {
     // Field order is drop order: the QP goes before its CQ.
     qp: DirectQueuePair,
     cq: Arc<CompletionQueue>,
-    port: Arc<OpenPort>,
+    port: Arc<OpenPort<D>>,
     psn: u32,
 }
 
-impl Attachment for Device {
+impl<D: PortDevice> Attachment for Device<D> {
     type Doorbell = BlueFlame;
     type Regions = HostRegions;
-}
-
-/// The software model (tests).
-#[cfg(test)]
-#[derive(Debug)]
-pub(crate) struct OnModel {
-    qp: ModelQp,
-}
-
-#[cfg(test)]
-impl Attachment for OnModel {
-    type Doorbell = ModelDoorbell;
-    type Regions = ModelRegions;
 }
 
 /// Registered host memory regions.
@@ -98,8 +83,8 @@ impl ControlRegions for HostRegions {
 pub(crate) struct Mlx5Endpoint<A: Attachment = Device> {
     // Field order is drop order: the device QP is destroyed before the regions it may address
     // are deregistered (the direct path itself owns no resources).
-    attachment: A,
-    nic: DirectNic<A::Doorbell, A::Regions>,
+    pub(super) attachment: A,
+    pub(super) nic: DirectNic<A::Doorbell, A::Regions>,
 }
 
 /// Inbound and staging region lengths and receive-queue depth for `role`.
@@ -113,13 +98,14 @@ pub(crate) fn region_lens(role: Role) -> (usize, usize, u32) {
     }
 }
 
-impl Mlx5Endpoint<Device> {
+impl<D: PortDevice> Mlx5Endpoint<Device<D>> {
     /// Create the queue pair (at INIT) on the direct path, and register the control regions for
     /// `role`. Fails with [`VerbsError::Unsupported`] on a device libmlx5 does not drive, and with
     /// the failing call's error on any other setup problem.
-    pub(crate) fn new(port: &Arc<OpenPort>, role: Role) -> Result<Self, VerbsError> {
+    pub(crate) fn new(port: &Arc<OpenPort<D>>, role: Role) -> Result<Self, VerbsError> {
         use rivet_core::data::{CQ_DEPTH, SEND_QUEUE_DEPTH};
-        if !device_supported(&port.context)? {
+        let verbs = port.device.verbs();
+        if !device_supported(&verbs.context)? {
             return Err(VerbsError::Unsupported {
                 what: "mlx5 direct path (not an mlx5 device)",
             });
@@ -127,13 +113,13 @@ impl Mlx5Endpoint<Device> {
         let (inbound_len, staging_len, recv_depth) = region_lens(role);
         let regions = HostRegions {
             inbound: Region::new(
-                &port.pd,
+                &verbs.pd,
                 inbound_len,
                 access::LOCAL_WRITE | access::REMOTE_WRITE,
             )?,
-            staging: Region::new(&port.pd, staging_len, access::LOCAL_WRITE)?,
+            staging: Region::new(&verbs.pd, staging_len, access::LOCAL_WRITE)?,
         };
-        let cq = CompletionQueue::new(&port.context, CQ_DEPTH as u32)?;
+        let cq = CompletionQueue::new(&verbs.context, CQ_DEPTH as u32)?;
         let mut last_err = None;
         let mut created = None;
         for inline in INLINE_CHOICES {
@@ -144,7 +130,7 @@ impl Mlx5Endpoint<Device> {
                 max_recv_sge: 1,
                 max_inline_data: inline,
             };
-            match DirectQueuePair::new(&port.pd, &cq, caps) {
+            match DirectQueuePair::new(&verbs.pd, &cq, caps) {
                 Ok(qp) => {
                     created = Some(qp);
                     break;
@@ -214,7 +200,7 @@ impl Mlx5Endpoint<Device> {
     }
 
     /// The port this endpoint lives on.
-    pub(crate) fn port(&self) -> &Arc<OpenPort> {
+    pub(crate) fn port(&self) -> &Arc<OpenPort<D>> {
         &self.attachment.port
     }
 
@@ -226,61 +212,6 @@ impl Mlx5Endpoint<Device> {
     /// The CQ's address, as `CQ_ERR` events name it.
     pub(crate) fn cq_addr(&self) -> usize {
         self.attachment.cq.as_ptr() as usize
-    }
-}
-
-#[cfg(test)]
-impl Mlx5Endpoint<OnModel> {
-    /// The same endpoint on the software model: a model QP in `pd` with `config` geometry, the
-    /// control regions for `role` in model memory, `max_inline` inline bytes. Connect two with
-    /// [`Self::connect_on_model`].
-    pub(crate) fn on_model(
-        model: &Model,
-        pd: ModelPd,
-        role: Role,
-        max_inline: usize,
-        config: ModelQpConfig,
-    ) -> Result<Self, VerbsError> {
-        let (inbound_len, staging_len, _) = region_lens(role);
-        let (qp, nic) = model_nic(model, pd, inbound_len, staging_len, max_inline, config)
-            .map_err(|_| VerbsError::InvalidArgument {
-                what: "model queue layout unusable by the direct path",
-            })?;
-        Ok(Self {
-            attachment: OnModel { qp },
-            nic,
-        })
-    }
-
-    /// Connect to `peer` on the same model.
-    pub(crate) fn connect_on_model(&self, peer: &Self) {
-        self.attachment
-            .qp
-            .model()
-            .connect(&self.attachment.qp, &peer.attachment.qp);
-    }
-
-    /// The model QP (for fault injection).
-    pub(crate) fn model_qp(&self) -> &ModelQp {
-        &self.attachment.qp
-    }
-
-    /// The inbound region as the peer addresses it.
-    pub(crate) fn inbound_region(&self) -> rivet_core::nic::RemoteRegion {
-        self.nic.regions.inbound_region()
-    }
-
-    /// The QP number.
-    pub(crate) fn qp_num(&self) -> u32 {
-        self.attachment.qp.qpn()
-    }
-}
-
-#[cfg(test)]
-impl<A: Attachment> Mlx5Endpoint<A> {
-    /// Send WQEs posted and not yet known complete.
-    pub(crate) fn sq_outstanding_wqes(&self) -> u32 {
-        self.nic.qp.sq_outstanding_wqes()
     }
 }
 
@@ -319,27 +250,6 @@ mod tests {
     #[test]
     fn device_endpoint_can_move_between_threads() {
         assert_send::<Mlx5Endpoint<Device>>();
-    }
-
-    #[test]
-    fn model_endpoint_has_the_protocol_regions() {
-        let model = Model::new();
-        let pd = model.pd();
-        let sender =
-            Mlx5Endpoint::on_model(&model, pd, Role::Sender, 64, ModelQpConfig::default()).unwrap();
-        let receiver =
-            Mlx5Endpoint::on_model(&model, pd, Role::Receiver, 64, ModelQpConfig::default())
-                .unwrap();
-        assert_eq!(
-            sender.inbound_region().len as usize,
-            rivet_core::data::SEND_INBOUND_LEN
-        );
-        assert_eq!(
-            receiver.inbound_region().len as usize,
-            rivet_core::data::RECV_INBOUND_LEN
-        );
-        assert_ne!(sender.qp_num(), receiver.qp_num());
-        assert_eq!(sender.max_inline(), 64);
     }
 
     #[test]

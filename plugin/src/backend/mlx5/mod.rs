@@ -6,10 +6,12 @@
 //!
 //! - `nic`: the translation between core work requests/completions and direct ones.
 //! - `model`: control regions in model memory and a direct NIC on a model QP.
-//! - `endpoint`: the endpoint on a device (`new`) or, in tests, on the model (`on_model`).
+//! - `endpoint`: the endpoint, generic over what keeps its queues alive (`Attachment`): a
+//!   device (`new`).
+//! - `pair`: the endpoint on the model (its `OnModel` attachment) and a connected pair of them.
 //!
-//! `model` and the model side of `endpoint` are test support (also included by the
-//! `mlx5_model` bench); the plugin itself never builds them.
+//! `model` (also included by the `mlx5_model` bench), `pair` and `pair_tests` are test support;
+//! the plugin itself never builds them.
 
 pub(crate) mod endpoint;
 #[cfg(test)]

@@ -1,12 +1,79 @@
 //! A sender and a receiver on the software mlx5 model, driven by rivet-core's data-path machines:
-//! the mlx5 twin of `rivet_core::sim::DataPair`.
+//! the mlx5 twin of `rivet_core::sim::DataPair`. Their endpoints are the plugin's
+//! [`Mlx5Endpoint`] with the model as its attachment ([`OnModel`], defined here: test support,
+//! the library never builds it).
 
 use rivet_core::data::{RecvBuf, RecvConn, SendBuf, SendConn};
-use rivet_verbs_ffi::mlx5::model::{Model, ModelPd, ModelQpConfig};
+use rivet_core::nic::RemoteRegion;
+use rivet_verbs_ffi::VerbsError;
+use rivet_verbs_ffi::mlx5::model::{Model, ModelDoorbell, ModelPd, ModelQp, ModelQpConfig};
 use rivet_verbs_ffi::sys::access;
 
-use super::endpoint::{Mlx5Endpoint, OnModel};
+use super::endpoint::{Attachment, Mlx5Endpoint, region_lens};
+use super::model::{ModelRegions, model_nic};
 use crate::backend::endpoint::Role;
+
+/// The software model as an endpoint's attachment.
+#[derive(Debug)]
+pub(super) struct OnModel {
+    qp: ModelQp,
+}
+
+impl Attachment for OnModel {
+    type Doorbell = ModelDoorbell;
+    type Regions = ModelRegions;
+}
+
+impl Mlx5Endpoint<OnModel> {
+    /// The endpoint on the software model: a model QP in `pd` with `config` geometry, the
+    /// control regions for `role` in model memory, `max_inline` inline bytes. Connect two with
+    /// [`Self::connect_on_model`].
+    pub(super) fn on_model(
+        model: &Model,
+        pd: ModelPd,
+        role: Role,
+        max_inline: usize,
+        config: ModelQpConfig,
+    ) -> Result<Self, VerbsError> {
+        let (inbound_len, staging_len, _) = region_lens(role);
+        let (qp, nic) = model_nic(model, pd, inbound_len, staging_len, max_inline, config)
+            .map_err(|_| VerbsError::InvalidArgument {
+                what: "model queue layout unusable by the direct path",
+            })?;
+        Ok(Self {
+            attachment: OnModel { qp },
+            nic,
+        })
+    }
+
+    /// Connect to `peer` on the same model.
+    pub(super) fn connect_on_model(&self, peer: &Self) {
+        self.attachment
+            .qp
+            .model()
+            .connect(&self.attachment.qp, &peer.attachment.qp);
+    }
+
+    /// The model QP (for fault injection).
+    pub(super) fn model_qp(&self) -> &ModelQp {
+        &self.attachment.qp
+    }
+
+    /// The inbound region as the peer addresses it.
+    pub(super) fn inbound_region(&self) -> RemoteRegion {
+        self.nic.regions.inbound_region()
+    }
+
+    /// The QP number.
+    pub(super) fn qp_num(&self) -> u32 {
+        self.attachment.qp.qpn()
+    }
+
+    /// Send WQEs posted and not yet known complete.
+    pub(super) fn sq_outstanding_wqes(&self) -> u32 {
+        self.nic.qp.sq_outstanding_wqes()
+    }
+}
 
 /// Access rights of user buffers.
 const USER: u32 = access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ;

@@ -11,8 +11,8 @@ use rivet_core::sim::suite::{
 };
 use rivet_verbs_ffi::mlx5::model::ModelQpConfig;
 
-use super::endpoint::{Mlx5Endpoint, OnModel};
-use super::pair::ModelPair;
+use super::endpoint::Mlx5Endpoint;
+use super::pair::{ModelPair, OnModel};
 
 impl PairHarness for ModelPair {
     type Nic = Mlx5Endpoint<OnModel>;
@@ -140,4 +140,27 @@ fn sixty_four_kib_and_zero_bytes_byte_for_byte() {
             );
         }
     }
+}
+
+#[test]
+fn model_endpoint_has_the_protocol_regions() {
+    use crate::backend::endpoint::Role;
+    use rivet_core::nic::Nic;
+    use rivet_verbs_ffi::mlx5::model::Model;
+    let model = Model::new();
+    let pd = model.pd();
+    let sender =
+        Mlx5Endpoint::on_model(&model, pd, Role::Sender, 64, ModelQpConfig::default()).unwrap();
+    let receiver =
+        Mlx5Endpoint::on_model(&model, pd, Role::Receiver, 64, ModelQpConfig::default()).unwrap();
+    assert_eq!(
+        sender.inbound_region().len as usize,
+        rivet_core::data::SEND_INBOUND_LEN
+    );
+    assert_eq!(
+        receiver.inbound_region().len as usize,
+        rivet_core::data::RECV_INBOUND_LEN
+    );
+    assert_ne!(sender.qp_num(), receiver.qp_num());
+    assert_eq!(sender.max_inline(), 64);
 }

@@ -1,7 +1,9 @@
-//! One connection's queue pair on the simulated fabric, behind the same calls as the verbs and
-//! mlx5 endpoints (`backend::any`).
+//! One connection's queue pair on the simulated fabric, behind the same trait as the verbs and
+//! mlx5 endpoints ([`ConnEndpoint`]).
 
+use super::device::TestDevice;
 use super::fabric::{ADVERTISED_ADDR, ADVERTISED_RKEY, World, world};
+use crate::backend::conn_endpoint::ConnEndpoint;
 use crate::backend::device::OpenPort;
 use crate::backend::endpoint::Role;
 use crate::backend::mlx5::endpoint::region_lens;
@@ -20,13 +22,15 @@ const MAX_INLINE: usize = 64;
 #[derive(Debug)]
 pub(crate) struct SimEndpoint {
     id: usize,
-    port: Arc<OpenPort>,
+    port: Arc<OpenPort<TestDevice>>,
     psn: u32,
 }
 
-impl SimEndpoint {
+impl ConnEndpoint for SimEndpoint {
+    type Device = TestDevice;
+
     /// An endpoint for `role` on the simulated port (connected to its peer by [`Self::connect`]).
-    pub(crate) fn new(port: &Arc<OpenPort>, role: Role) -> Result<Self, VerbsError> {
+    fn new(port: &Arc<OpenPort<TestDevice>>, role: Role) -> Result<Self, VerbsError> {
         use rivet_core::data::{CQ_DEPTH, SEND_QUEUE_DEPTH};
         let (inbound_len, staging_len, rq_depth) = region_lens(role);
         let mut guard = world();
@@ -60,7 +64,7 @@ impl SimEndpoint {
     }
 
     /// What the peer needs to reach this endpoint.
-    pub(crate) fn local_info(&self, settings: &QpSettings) -> EndpointInfo {
+    fn local_info(&self, settings: &QpSettings) -> EndpointInfo {
         let advertised = world()
             .as_ref()
             .map(|w| w.endpoints[self.id].advertised)
@@ -76,11 +80,7 @@ impl SimEndpoint {
 
     /// Pair this endpoint with the one `remote` describes (the first of the two to connect
     /// creates the fabric pair for both).
-    pub(crate) fn connect(
-        &self,
-        remote: &EndpointInfo,
-        _settings: &QpSettings,
-    ) -> Result<(), VerbsError> {
+    fn connect(&self, remote: &EndpointInfo, _settings: &QpSettings) -> Result<(), VerbsError> {
         let unknown = || VerbsError::InvalidArgument {
             what: "the remote endpoint is not on the simulated fabric",
         };
@@ -118,20 +118,22 @@ impl SimEndpoint {
     }
 
     /// The port this endpoint lives on.
-    pub(crate) fn port(&self) -> &Arc<OpenPort> {
+    fn port(&self) -> &Arc<OpenPort<TestDevice>> {
         &self.port
     }
 
     /// The QP number the peer is told (never 0).
-    pub(crate) fn qp_num(&self) -> u32 {
+    fn qp_num(&self) -> u32 {
         self.id as u32 + 1
     }
 
     /// A completion-queue address for event bookkeeping (simulated ports have no events).
-    pub(crate) fn cq_addr(&self) -> usize {
+    fn cq_addr(&self) -> usize {
         0xc0de_0000 + self.id
     }
+}
 
+impl SimEndpoint {
     /// Run `f` on this endpoint's fabric end (an error before it is connected).
     fn with_nic<R>(
         &self,

@@ -1,7 +1,7 @@
 //! The simulated fabric's shared state: one `rivet_core::sim::Fabric`, the mirrors of the
 //! simulated port's registrations, the endpoints' slots, and the translation of work requests
 //! from process addresses to the fabric's (see the parent module). It imports nothing of the
-//! plugin, so the registration cache below the rest of `backend` can register here.
+//! plugin: the simulated port's device (`super::device`) registers here.
 //!
 //! Unsafe (opted in): copying between a registered buffer and its mirror reads and writes process
 //! memory by address (inside a registration, which NCCL keeps mapped until `deregMr`), and the
@@ -28,7 +28,7 @@ pub(super) fn create() {
 
 /// Register `len` bytes at `addr` (a page range the registration cache missed on): give them a
 /// mirror in the fabric. Dropping the result deregisters the mirror.
-pub(crate) fn register(addr: u64, len: u64) -> SimMr {
+pub(super) fn register(addr: u64, len: u64) -> SimMr {
     let mut guard = world();
     let w = guard.get_or_insert_with(World::new);
     let sim_addr = w.fabric.alloc(w.device, len as usize);

@@ -3,9 +3,13 @@
 //! RDMA (`abi::export_tests`). Compiled for the plugin's unit tests only; the shipped library has
 //! none of it.
 //!
+//! It plugs in at the backend's one seam: in the unit tests `backend::DataEndpoint` is
+//! [`TestEndpoint`], whose ports' device is a [`TestDevice`]; the library's code is generic over
+//! both (`ConnEndpoint`, `PortDevice`) and names nothing of this module.
+//!
 //! Once [`install`]ed (for the rest of the test process), discovery reports one port,
-//! [`PORT_NAME`], opening it gives an `OpenPort::simulated` port, connections on it are
-//! [`SimEndpoint`]s, a registration cache miss on it (`backend::mr_cache`) registers a mirror
+//! [`PORT_NAME`], opening it gives a port on [`TestDevice::Simulated`] ([`open_port`]),
+//! connections on it are [`endpoint::SimEndpoint`]s, a registration cache miss on it registers a mirror
 //! here ([`fabric::register`]) and the handshake listens on loopback. Everything else (handles,
 //! handshake, the registration cache's policy, core state machines, the C shims) is the plugin's
 //! own code.
@@ -27,16 +31,23 @@
 //! poll, reading the inbound region) first runs all queued work requests (`run_until_idle`).
 //!
 //! Bottom to top: [`fabric`] (the fabric's shared state, registrations' mirrors and the address
-//! translation; below the rest of `backend`, so the registration cache can call it), then
-//! [`endpoint`] (a connection's queue pair, which lives on an `OpenPort`).
+//! translation), [`device`] (a port's device: verbs or simulated), [`endpoint`] (a connection's
+//! queue pair on the fabric, which lives on an `OpenPort`), then [`either`] (the endpoint type
+//! connections drive in the tests).
 
+mod device;
+mod either;
 mod endpoint;
-pub(crate) mod fabric;
+mod fabric;
 
-pub(crate) use endpoint::SimEndpoint;
+pub(crate) use either::TestEndpoint;
 
+use crate::backend::device::{GpuSetup, OpenPort};
 use crate::config::Config;
+use device::TestDevice;
+use rivet_verbs_ffi::discover::PortInfo;
 use rivet_verbs_ffi::name_list::NameList;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// The simulated port's device name.
@@ -70,6 +81,12 @@ pub(crate) fn set_ports(n: usize) {
 /// How many simulated ports discovery reports.
 pub(crate) fn ports() -> usize {
     PORTS.load(Ordering::SeqCst)
+}
+
+/// Open the simulated port `info` describes: host memory only (no GPU memory, no flush queue
+/// pair: it would need a verbs context), the simulated endpoint rather than the mlx5 direct path.
+pub(crate) fn open_port(info: &PortInfo) -> Arc<OpenPort<TestDevice>> {
+    OpenPort::on_device(info, TestDevice::Simulated, GpuSetup::default(), false)
 }
 
 /// Use the simulated port from now on (for the rest of the process).
