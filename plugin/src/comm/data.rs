@@ -668,19 +668,29 @@ fn device_keys(
 #[inline(always)]
 pub(crate) fn test(request: Ptr) -> NetResult<Completed> {
     let (entry, id) = COMMS.lookup_request("test", "request", request)?;
-    if let Some(flush_id) = FlushId::from_bits(id) {
-        return match entry {
-            DataComm::Recv(side) => side.test_flush(request, flush_id),
-            DataComm::RecvMulti(side) => side.test_flush(request, flush_id),
-            DataComm::Send(_) | DataComm::SendMulti(_) => Err(unknown("test", "request", request)),
-        };
-    }
-    let req = RequestId::from_bits(id).ok_or_else(|| unknown("test", "request", request))?;
+    // A data request first (the common case); a flush id never unpacks as one (its mark is a
+    // bit a request id keeps zero).
+    let Some(req) = RequestId::from_bits(id) else {
+        return test_other(entry, request, id);
+    };
     match entry {
         DataComm::Send(side) => side.test(req),
         DataComm::Recv(side) => side.test(req),
         DataComm::SendMulti(side) => test_lanes(side, req),
         DataComm::RecvMulti(side) => test_lanes(side, req),
+    }
+}
+
+/// `test` of a request that is not a data request: a flush, or an unknown request.
+#[inline(never)]
+fn test_other(entry: &DataComm, request: Ptr, id: u32) -> NetResult<Completed> {
+    let Some(flush_id) = FlushId::from_bits(id) else {
+        return Err(unknown("test", "request", request));
+    };
+    match entry {
+        DataComm::Recv(side) => side.test_flush(request, flush_id),
+        DataComm::RecvMulti(side) => side.test_flush(request, flush_id),
+        DataComm::Send(_) | DataComm::SendMulti(_) => Err(unknown("test", "request", request)),
     }
 }
 
