@@ -543,7 +543,7 @@ impl Engine {
         let p = peer as usize;
         let mut moved = false;
         while let Some(done) = self.sends[p].front() {
-            if comm::test(done.request)? == Completed::Pending {
+            if comm::internal::test(done.request)? == Completed::Pending {
                 break;
             }
             self.sends[p].pop();
@@ -551,7 +551,7 @@ impl Engine {
             moved = true;
         }
         while let Some(done) = self.recvs[p].front() {
-            let Completed::Done { n, sizes } = comm::test(done.request)? else {
+            let Completed::Done { n, sizes } = comm::internal::test(done.request)? else {
                 break;
             };
             if n != 1 || u64::from(sizes[0]) != done.len {
@@ -615,7 +615,7 @@ impl Engine {
                 (comm.scratch.addr(at), comm.scratch_mh)
             }
         };
-        let request = comm::isend(
+        let request = comm::internal::isend(
             comm.links.sends[step.peer as usize],
             addr as Ptr,
             step.len as usize,
@@ -659,7 +659,7 @@ impl Engine {
         args.data[0] = addr as Ptr;
         args.sizes[0] = step.len as usize;
         args.mhandles[0] = mh;
-        let request = comm::irecv(comm.links.recvs[step.peer as usize], &args)?;
+        let request = comm::internal::irecv(comm.links.recvs[step.peer as usize], &args)?;
         if request.is_null() {
             return Ok(false);
         }

@@ -114,11 +114,11 @@ impl Setup<'_> {
             };
             if self.hello_sends[i].is_none() && !self.hello_sent[i] {
                 let addr = self.scratch.addr(self.hello_at);
-                let request = comm::isend(comm, addr as Ptr, HELLO_LEN, 0, self.mh)?;
+                let request = comm::internal::isend(comm, addr as Ptr, HELLO_LEN, 0, self.mh)?;
                 self.hello_sends[i] = (!request.is_null()).then_some(request);
             }
             if let Some(request) = self.hello_sends[i] {
-                if comm::test(request)? != Completed::Pending {
+                if comm::internal::test(request)? != Completed::Pending {
                     self.hello_sends[i] = None;
                     self.hello_sent[i] = true;
                 }
@@ -182,11 +182,11 @@ impl Setup<'_> {
             args.data[0] = self.scratch.addr(buffer) as Ptr;
             args.sizes[0] = HELLO_LEN;
             args.mhandles[0] = self.mh;
-            let request = comm::irecv(incoming.comm, &args)?;
+            let request = comm::internal::irecv(incoming.comm, &args)?;
             incoming.request = (!request.is_null()).then_some(request);
             return Ok(None);
         };
-        let Completed::Done { sizes, .. } = comm::test(request)? else {
+        let Completed::Done { sizes, .. } = comm::internal::test(request)? else {
             return Ok(None);
         };
         let len = (sizes[0] as usize).min(HELLO_LEN);

@@ -30,6 +30,8 @@ use core::ffi::c_int;
 use std::sync::Arc;
 
 pub(crate) use connect::connect;
+#[cfg(feature = "collnet")]
+pub(crate) use data::internal;
 pub(crate) use data::{RecvArgs, local_qp};
 pub(crate) use data::{close_recv, close_send, iflush, irecv, isend, test};
 pub(crate) use flush::FlushArgs;
