@@ -57,6 +57,15 @@ pub enum DataError {
 }
 
 impl DataError {
+    /// [`SizeMismatch`](Self::SizeMismatch) from the compact fields a request state keeps.
+    pub(super) fn size_mismatch(index: u8, sent: u32, capacity: u64) -> Self {
+        Self::SizeMismatch {
+            index: usize::from(index),
+            sent: u64::from(sent),
+            capacity,
+        }
+    }
+
     /// True when the error fails the whole connection (and is returned by every later call).
     pub fn is_fatal(&self) -> bool {
         matches!(

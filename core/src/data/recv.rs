@@ -80,11 +80,7 @@ impl RecvState {
                 index,
                 sent,
                 capacity,
-            } => Err(DataError::SizeMismatch {
-                index: usize::from(index),
-                sent: u64::from(sent),
-                capacity: u64::from(capacity),
-            }),
+            } => Err(DataError::size_mismatch(index, sent, u64::from(capacity))),
         }
     }
 }

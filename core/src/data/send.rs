@@ -60,11 +60,7 @@ impl SendState {
                 index,
                 sent,
                 capacity,
-            } => Err(DataError::SizeMismatch {
-                index: usize::from(index),
-                sent: u64::from(sent),
-                capacity,
-            }),
+            } => Err(DataError::size_mismatch(index, sent, capacity)),
         }
     }
 }
