@@ -681,32 +681,6 @@ pub(crate) fn test(request: Ptr) -> NetResult<Completed> {
     }
 }
 
-/// `isend`, `irecv` and `test` for Rivet's own users of comms (CollNet), out of line: the C entry
-/// points inline the three, and an inlined copy at every internal call site would only grow the
-/// library (by ~10 KB when CollNet's five call sites each had one).
-#[cfg(feature = "collnet")]
-pub(crate) mod internal {
-    use super::{Completed, NetResult, Ptr, RecvArgs, c_int};
-
-    /// [`isend`](super::isend).
-    #[inline(never)]
-    pub(crate) fn isend(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> NetResult<Ptr> {
-        super::isend(comm, data, size, tag, mh)
-    }
-
-    /// [`irecv`](super::irecv).
-    #[inline(never)]
-    pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Ptr> {
-        super::irecv(comm, args)
-    }
-
-    /// [`test`](super::test).
-    #[inline(never)]
-    pub(crate) fn test(request: Ptr) -> NetResult<Completed> {
-        super::test(request)
-    }
-}
-
 /// `test` of a request that is not a data request: a flush, or an unknown request.
 #[inline(never)]
 fn test_other(entry: &DataComm, request: Ptr, id: u32) -> NetResult<Completed> {
