@@ -212,6 +212,17 @@ down:
 
 /* ------------------------------------------------------------- helpers -- */
 
+/* What a read that moved no bytes (r <= 0) means to a stream reader: -1 the peer closed or the
+ * socket failed, 0 nothing more for now (it would block), 1 interrupted: read again. */
+static int recv_nothing(ssize_t r)
+{
+	if (r == 0)
+		return -1;
+	if (errno == EAGAIN || errno == EWOULDBLOCK)
+		return 0;
+	return errno == EINTR ? 1 : -1;
+}
+
 /* make `need` bytes available in the stage: 1 yes, 0 would block, -1 EOF or error */
 static int stage_fill(struct fab_sock *s, uint32_t need)
 {
@@ -228,12 +239,10 @@ static int stage_fill(struct fab_sock *s, uint32_t need)
 		if (r > 0) {
 			s->se += (uint32_t)r;
 			s->last_ns = fab_now_ns();
-		} else if (r == 0) {
-			return -1;
-		} else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-			return 0;
-		} else if (errno != EINTR) {
-			return -1;
+		} else {
+			int why = recv_nothing(r);
+			if (why <= 0)
+				return why;
 		}
 	}
 	return 1;
@@ -341,12 +350,10 @@ static int place(struct fab_sock *s)
 		if (r > 0) {
 			s->last_ns = fab_now_ns();
 			dst_advance(s, (uint32_t)r);
-		} else if (r == 0) {
-			return -1;
-		} else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-			return 0;
-		} else if (errno != EINTR) {
-			return -1;
+		} else {
+			int why = recv_nothing(r);
+			if (why <= 0)
+				return why;
 		}
 	}
 	return 1;
