@@ -504,9 +504,10 @@ impl<Conn: RecvPath> Side<Conn> {
     #[inline(always)]
     fn irecv(&self, handle: Handle, args: &RecvArgs) -> NetResult<Ptr> {
         if args.n == 1 {
-            return self.irecv_one(handle, args);
+            // NCCL's point-to-point: one-entry arrays, not eight.
+            let (buf, mr) = recv_buf(args, 0)?;
+            return self.post_recv(handle, &[buf], &[mr], &[args.tags[0] as u32]);
         }
-        let side = self;
         let mut bufs = [RecvBuf {
             addr: 0,
             len: 0,
@@ -515,18 +516,24 @@ impl<Conn: RecvPath> Side<Conn> {
         let mut tags = [0u32; 8];
         let mut mrs = [None; 8];
         for i in 0..args.n {
-            let (addr, len) = (args.data[i] as u64, args.sizes[i] as u64);
-            let rkey = if len == 0 && args.mhandles[i].is_null() {
-                0
-            } else {
-                let mr = mr::lookup("irecv", args.mhandles[i])?;
-                mrs[i] = Some(mr);
-                mr.rkey_for(addr, len)?
-            };
-            bufs[i] = RecvBuf { addr, len, rkey };
+            (bufs[i], mrs[i]) = recv_buf(args, i)?;
             tags[i] = args.tags[i] as u32;
         }
-        let mut state = side.lock("irecv")?;
+        let n = args.n;
+        self.post_recv(handle, &bufs[..n], &mrs[..n], &tags[..n])
+    }
+
+    /// Post the receive of `bufs` (registered as `mrs`, tagged `tags`): on a fused device with
+    /// each buffer's key on every port.
+    #[inline(always)]
+    fn post_recv(
+        &self,
+        handle: Handle,
+        bufs: &[RecvBuf],
+        mrs: &[Option<&mr::UserMr>],
+        tags: &[u32],
+    ) -> NetResult<Ptr> {
+        let mut state = self.lock("irecv")?;
         let State {
             conn,
             endpoint,
@@ -536,57 +543,15 @@ impl<Conn: RecvPath> Side<Conn> {
             let devices = endpoint.devices();
             // rkeys[d][b]: buffer b's key on port d.
             let mut rkeys = [[0u32; 8]; 8];
-            for (b, buf) in bufs[..args.n].iter().enumerate() {
-                let keys = device_keys("irecv", mrs[b], buf.addr, buf.len, true, devices)?;
+            for (b, (buf, mr)) in bufs.iter().zip(mrs).enumerate() {
+                let keys = device_keys("irecv", *mr, buf.addr, buf.len, true, devices)?;
                 for (d, key) in keys[..devices].iter().enumerate() {
                     rkeys[d][b] = *key;
                 }
             }
-            conn.irecv_keyed(
-                endpoint,
-                &bufs[..args.n],
-                &rkeys[..devices],
-                &tags[..args.n],
-            )
+            conn.irecv_keyed(endpoint, bufs, &rkeys[..devices], tags)
         } else {
-            conn.irecv(endpoint, &bufs[..args.n], &tags[..args.n])
-        };
-        state.answer(side, "irecv", handle, posted)
-    }
-
-    /// `irecv` of one buffer (NCCL's point-to-point): the same as the general path without its
-    /// eight-entry arrays.
-    #[inline(always)]
-    fn irecv_one(&self, handle: Handle, args: &RecvArgs) -> NetResult<Ptr> {
-        let (addr, len) = (args.data[0] as u64, args.sizes[0] as u64);
-        let mr = if len == 0 && args.mhandles[0].is_null() {
-            None
-        } else {
-            Some(mr::lookup("irecv", args.mhandles[0])?)
-        };
-        let rkey = match mr {
-            Some(mr) => mr.rkey_for(addr, len)?,
-            None => 0,
-        };
-        let bufs = [RecvBuf { addr, len, rkey }];
-        let tags = [args.tags[0] as u32];
-        let mut state = self.lock("irecv")?;
-        let State {
-            conn,
-            endpoint,
-            watch: _,
-        } = &mut *state;
-        let posted = if endpoint.devices() > 1 {
-            let devices = endpoint.devices();
-            let keys = device_keys("irecv", mr, addr, len, true, devices)?;
-            // rkeys[d][0]: the buffer's key on port d.
-            let mut rkeys = [[0u32; 8]; 8];
-            for (d, key) in keys[..devices].iter().enumerate() {
-                rkeys[d][0] = *key;
-            }
-            conn.irecv_keyed(endpoint, &bufs, &rkeys[..devices], &tags)
-        } else {
-            conn.irecv(endpoint, &bufs, &tags)
+            conn.irecv(endpoint, bufs, tags)
         };
         state.answer(self, "irecv", handle, posted)
     }
@@ -638,6 +603,19 @@ pub(crate) fn iflush(comm: Ptr, args: &FlushArgs) -> NetResult<Option<Ptr>> {
             Err(NetError::misuse("iflush on a send comm"))
         }
     }
+}
+
+/// Buffer `i` of `args` with its remote key, and its registration (none for an empty buffer
+/// passed without one).
+#[inline(always)]
+fn recv_buf(args: &RecvArgs, i: usize) -> NetResult<(RecvBuf, Option<&'static mr::UserMr>)> {
+    let (addr, len) = (args.data[i] as u64, args.sizes[i] as u64);
+    if len == 0 && args.mhandles[i].is_null() {
+        return Ok((RecvBuf { addr, len, rkey: 0 }, None));
+    }
+    let mr = mr::lookup("irecv", args.mhandles[i])?;
+    let rkey = mr.rkey_for(addr, len)?;
+    Ok((RecvBuf { addr, len, rkey }, Some(mr)))
 }
 
 /// A buffer's keys on every port of a fused device (member order); the registration must have
