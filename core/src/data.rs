@@ -97,7 +97,7 @@ mod send;
 pub use codec::WrKind;
 pub use error::{DataError, ProtocolError};
 pub use recv::{CTS_BATCH, CTS_LOW_WATER, RecvConn};
-pub use send::SendConn;
+pub use send::{OneSend, SendConn};
 
 use core::fmt;
 

@@ -19,12 +19,14 @@ use std::collections::VecDeque;
 
 use arbitrary::Arbitrary;
 use rivet_core::data::Connection;
+use rivet_core::data::codec::CTS_ENTRY_LEN;
 use rivet_core::data::{
-    CQ_DEPTH, Completed, DataError, MAX_RECVS, MAX_REQUESTS, RecvBuf, RequestId, SEND_QUEUE_DEPTH,
-    SLOTS, SendBuf,
+    CQ_DEPTH, Completed, DataError, MAX_RECVS, MAX_REQUESTS, OneSend, RecvBuf, RequestId,
+    SEND_QUEUE_DEPTH, SLOTS, SendBuf, SendConn,
 };
-use rivet_core::sim::DataPair;
+use rivet_core::nic::Nic;
 use rivet_core::sim::suite::pattern;
+use rivet_core::sim::{DataPair, SimNic};
 
 #[derive(Arbitrary, Debug)]
 enum Fault {
@@ -103,6 +105,33 @@ struct Harness {
     idle: bool,
 }
 
+/// The plugin's send driver (`plugin/src/comm/path.rs`): read the head entry's stamp, then the
+/// entry; post what `isend_one` decides; the general `isend` when it leaves the send to it.
+fn isend_direct(
+    send: &mut SendConn,
+    nic: &mut SimNic,
+    buf: SendBuf,
+    tag: u32,
+) -> Result<Option<RequestId>, DataError> {
+    if let Some(offset) = send.head_entry() {
+        let mut stamp = [0u8; 4];
+        nic.read_inbound(offset + CTS_ENTRY_LEN - 4, &mut stamp);
+        let mut entry = [0u8; CTS_ENTRY_LEN];
+        nic.read_inbound(offset, &mut entry);
+        match send.isend_one(u32::from_le_bytes(stamp), &entry, buf, tag)? {
+            OneSend::Post { req, wr } => {
+                return match nic.post_send(&[wr]) {
+                    Ok(()) => Ok(Some(req)),
+                    Err(err) => Err(send.post_failed(err)),
+                };
+            }
+            OneSend::NotYet => return Ok(None),
+            OneSend::General => {}
+        }
+    }
+    send.isend(nic, buf, tag)
+}
+
 impl Harness {
     fn check_bounds(&self) {
         assert!(self.p.send.outstanding() <= MAX_REQUESTS);
@@ -124,6 +153,9 @@ impl Harness {
     }
 
     fn isend(&mut self, tag: u8, len: u16) {
+        // The top bit picks the driver: the plugin's (the core decides a one-buffer send from the
+        // entry the driver read, `isend_one`, the general `isend` for the rest) or `isend` alone.
+        let direct = tag & 0x80 != 0;
         let tag = u32::from(tag % 4);
         let len = usize::from(len % 1024);
         let msg = self.next_msg;
@@ -136,7 +168,12 @@ impl Harness {
         } else {
             self.p.send_buf(&pattern(msg, len))
         };
-        match self.p.send.isend(&mut self.p.send_nic, buf, tag) {
+        let sent = if direct {
+            isend_direct(&mut self.p.send, &mut self.p.send_nic, buf, tag)
+        } else {
+            self.p.send.isend(&mut self.p.send_nic, buf, tag)
+        };
+        match sent {
             Ok(Some(id)) => {
                 assert!(!self.faulted || self.p.send.failure().is_none());
                 // The model's choice: oldest receive with unmatched entries, first entry with tag.

@@ -200,6 +200,27 @@ impl SendPlan {
     }
 }
 
+/// What [`SendConn::isend_one`] decided for a send, given the head receive's first
+/// clear-to-send entry as the driver read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum OneSend {
+    /// The send is taken: post `wr` (one signaled write with immediate). A post that fails must
+    /// be reported with [`SendConn::post_failed`]: the connection fails.
+    Post {
+        /// The request NCCL gets.
+        req: RequestId,
+        /// The work request to post.
+        wr: SendWr<'static>,
+    },
+    /// The head receive's entry has not landed yet: try later.
+    NotYet,
+    /// Not the one-buffer case (a grouped receive, another tag, a send that does not fit or is
+    /// empty, adaptive routing's split, a full pool or queue, an entry still landing): the general
+    /// [`SendConn::isend`] decides.
+    General,
+}
+
 /// The sending side of one connection: matches sends against the receiver's clear-to-send
 /// entries and writes the data.
 #[derive(Debug)]
@@ -299,6 +320,103 @@ impl SendConn {
         tag: u32,
     ) -> Result<Option<RequestId>, DataError> {
         self.isend_at(nic, buf, tag, 0)
+    }
+
+    /// Where the head receive's first clear-to-send entry lies in the inbound FIFO, when
+    /// [`isend_one`](Self::isend_one) may decide the next send: no receive is half matched and
+    /// the slot's previous lap has completed here.
+    #[inline(always)]
+    pub fn head_entry(&self) -> Option<usize> {
+        let slot = self.seq as u8;
+        (self.head.state == HeadState::Unread && self.ends[usize::from(slot)] == EndState::Idle)
+            .then_some(usize::from(slot) * CTS_SLOT_LEN)
+    }
+
+    /// The send of `buf` tagged `tag`, decided from the entry at [`head_entry`](Self::head_entry)
+    /// as the driver read it: `stamp` (its last four bytes, read first) and then `entry` (all 32).
+    /// The common case, a whole send into a one-buffer receive (NCCL's point-to-point), is taken
+    /// here and returned as the one work request to post: the core does not call the NIC, the
+    /// driver posts. Every other case is left to [`isend`](Self::isend) ([`OneSend::General`]),
+    /// which reads the entries again.
+    #[inline(always)]
+    pub fn isend_one(
+        &mut self,
+        stamp: u32,
+        entry: &[u8; CTS_ENTRY_LEN],
+        buf: SendBuf,
+        tag: u32,
+    ) -> Result<OneSend, DataError> {
+        self.health.check()?;
+        if stamp != stamp_for(self.seq) {
+            return Ok(OneSend::NotYet);
+        }
+        let Ok(cts) = CtsEntry::decode(entry) else {
+            // Still landing, or malformed: the general path counts or reports it.
+            return Ok(OneSend::General);
+        };
+        self.torn_reads = 0;
+        if cts.n != 1
+            || cts.tag != tag
+            || cts.stamp != stamp
+            || buf.len == 0
+            || buf.len > cts.size
+            || buf.len > self.ar_threshold
+            || buf.addr.checked_add(buf.len).is_none()
+            || !self.sq.has_room(1, 0)
+        {
+            // `buf.len <= cts.size`, a checked size, also bounds it by the work request limit
+            // below (checked there again for a send the general path takes).
+            return Ok(OneSend::General);
+        }
+        if buf.len > u64::from(MAX_WR_BYTES) {
+            return Err(DataError::InvalidArgument("send larger than 1 GiB"));
+        }
+        let Some(req_index) = self.requests.next_free() else {
+            return Ok(OneSend::General);
+        };
+        let slot = self.seq as u8;
+        let imm = Imm {
+            seq16: self.seq as u16,
+            n: 1,
+            record: false,
+            mismatch: false,
+        }
+        .encode();
+        let posted = self.sq.next(WrKind::SlotEnd, u16::from(slot), true);
+        let wr = SendWr {
+            wr_id: posted.wr_id,
+            op: SendOp::WriteImm(imm),
+            payload: Payload::Local(Sge {
+                addr: buf.addr,
+                len: buf.len as u32,
+                lkey: buf.lkey,
+            }),
+            remote_addr: cts.addr,
+            rkey: cts.rkey,
+            signaled: true,
+        };
+        let req = self.requests.occupy(
+            req_index,
+            SendState::InFlight {
+                size: buf.len as u32,
+            },
+        );
+        let mut reqs = [0; MAX_RECVS];
+        reqs[0] = req_index;
+        self.ends[usize::from(slot)] = EndState::Ending {
+            post: self.sq.posted() as u32,
+            reqs,
+            count: 1,
+        };
+        self.seq = self.seq.wrapping_add(1);
+        Ok(OneSend::Post { req, wr })
+    }
+
+    /// The driver could not post what [`isend_one`](Self::isend_one) returned: the connection
+    /// fails with `err` (the request it named is never reported).
+    #[cold]
+    pub fn post_failed(&mut self, err: crate::nic::NicError) -> DataError {
+        self.health.fail(err.into())
     }
 
     /// [`isend`](Self::isend) of one part of a larger message: `buf` goes to byte `offset` of

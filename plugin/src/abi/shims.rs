@@ -628,6 +628,15 @@ unsafe fn irecv_common<S: Copy>(
     size_of: impl Fn(S) -> NetResult<usize>,
 ) -> NcclResult {
     ffi_call("irecv", || {
+        if n == 1 && !(data.is_null() || sizes.is_null() || tags.is_null() || mhs.is_null()) {
+            // NCCL's point-to-point receive: its one buffer straight through, no arrays of eight.
+            // SAFETY: NCCL's arrays hold `n` = 1 element each (non-NULL, checked).
+            let (ptr, size, tag, mh) = unsafe { (*data, *sizes, *tags, *mhs) };
+            let size = size_checked(size_of(size)?, "irecv")?;
+            let req = comm::irecv_one(comm, ptr, size, tag, mh)?;
+            // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
+            return unsafe { put(request, req, "irecv: request") };
+        }
         let mut args = comm::RecvArgs {
             n: 0,
             data: [core::ptr::null_mut(); 8],

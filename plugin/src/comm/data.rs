@@ -500,12 +500,35 @@ pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Ptr> {
     }
 }
 
+/// `irecv` of one buffer (NCCL's point-to-point receive): the request, or NULL ("try later").
+#[inline(always)]
+pub(crate) fn irecv_one(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> NetResult<Ptr> {
+    let (handle, entry) = COMMS.lookup("irecv", "recvComm", comm)?;
+    let (buf, mr) = recv_buf(data, size, mh)?;
+    match entry {
+        DataComm::Recv(side) => side.post_recv(handle, &[buf], &[mr], &[tag as u32]),
+        DataComm::RecvMulti(side) => irecv_one_lanes(side, handle, buf, mr, tag as u32),
+        DataComm::Send(_) | DataComm::SendMulti(_) => Err(NetError::misuse("irecv on a send comm")),
+    }
+}
+
+#[inline(never)]
+fn irecv_one_lanes<Conn: RecvPath>(
+    side: &Side<Conn>,
+    handle: Handle,
+    buf: RecvBuf,
+    mr: Option<&mr::UserMr>,
+    tag: u32,
+) -> NetResult<Ptr> {
+    side.post_recv(handle, &[buf], &[mr], &[tag])
+}
+
 impl<Conn: RecvPath> Side<Conn> {
     #[inline(always)]
     fn irecv(&self, handle: Handle, args: &RecvArgs) -> NetResult<Ptr> {
         if args.n == 1 {
-            // NCCL's point-to-point: one-entry arrays, not eight.
-            let (buf, mr) = recv_buf(args, 0)?;
+            // One-entry arrays, not eight.
+            let (buf, mr) = recv_buf(args.data[0], args.sizes[0], args.mhandles[0])?;
             return self.post_recv(handle, &[buf], &[mr], &[args.tags[0] as u32]);
         }
         let mut bufs = [RecvBuf {
@@ -516,7 +539,7 @@ impl<Conn: RecvPath> Side<Conn> {
         let mut tags = [0u32; 8];
         let mut mrs = [None; 8];
         for i in 0..args.n {
-            (bufs[i], mrs[i]) = recv_buf(args, i)?;
+            (bufs[i], mrs[i]) = recv_buf(args.data[i], args.sizes[i], args.mhandles[i])?;
             tags[i] = args.tags[i] as u32;
         }
         let n = args.n;
@@ -605,15 +628,15 @@ pub(crate) fn iflush(comm: Ptr, args: &FlushArgs) -> NetResult<Option<Ptr>> {
     }
 }
 
-/// Buffer `i` of `args` with its remote key, and its registration (none for an empty buffer
-/// passed without one).
+/// Receive buffer `data` of `size` bytes with its remote key, and its registration `mh` (none
+/// for an empty buffer passed without one).
 #[inline(always)]
-fn recv_buf(args: &RecvArgs, i: usize) -> NetResult<(RecvBuf, Option<&'static mr::UserMr>)> {
-    let (addr, len) = (args.data[i] as u64, args.sizes[i] as u64);
-    if len == 0 && args.mhandles[i].is_null() {
+fn recv_buf(data: Ptr, size: usize, mh: Ptr) -> NetResult<(RecvBuf, Option<&'static mr::UserMr>)> {
+    let (addr, len) = (data as u64, size as u64);
+    if len == 0 && mh.is_null() {
         return Ok((RecvBuf { addr, len, rkey: 0 }, None));
     }
-    let mr = mr::lookup("irecv", args.mhandles[i])?;
+    let mr = mr::lookup("irecv", mh)?;
     let rkey = mr.rkey_for(addr, len)?;
     Ok((RecvBuf { addr, len, rkey }, Some(mr)))
 }

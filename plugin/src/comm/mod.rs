@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 pub(crate) use connect::connect;
 pub(crate) use data::{RecvArgs, local_qp};
-pub(crate) use data::{close_recv, close_send, iflush, irecv, isend, test};
+pub(crate) use data::{close_recv, close_send, iflush, irecv, irecv_one, isend, test};
 pub(crate) use flush::FlushArgs;
 pub(crate) use listen::{accept, close_listen, listen};
 

@@ -9,11 +9,13 @@ use crate::backend::DataEndpoint as Endpoint;
 use crate::backend::OpenPort;
 use crate::backend::conn_endpoint;
 use crate::config::QpSettings;
+use rivet_core::data::codec::CTS_ENTRY_LEN;
 use rivet_core::data::multi::flow_label;
 use rivet_core::data::multi::{MultiRecv, MultiSend};
 use rivet_core::data::{
-    Completed, Connection, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn,
+    Completed, Connection, DataError, OneSend, RecvBuf, RecvConn, RequestId, SendBuf, SendConn,
 };
+use rivet_core::nic::Nic;
 use rivet_core::wire::EndpointInfo;
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -198,6 +200,8 @@ single_path!(SendConn);
 single_path!(RecvConn);
 
 impl SendPath for SendConn {
+    /// The one-buffer send decided by the core from the entry this side reads, and posted here
+    /// (`SendConn::isend_one`); the core's general `isend` for everything else.
     #[inline(always)]
     fn isend(
         &mut self,
@@ -205,6 +209,24 @@ impl SendPath for SendConn {
         buf: SendBuf,
         tag: u32,
     ) -> Result<Option<RequestId>, DataError> {
+        if let Some(offset) = self.head_entry() {
+            // The stamp first, then the entry (`read_inbound` orders the reads): a stamp seen
+            // fresh is never paired with fields older than it.
+            let mut stamp = [0u8; 4];
+            nic.read_inbound(offset + CTS_ENTRY_LEN - 4, &mut stamp);
+            let mut entry = [0u8; CTS_ENTRY_LEN];
+            nic.read_inbound(offset, &mut entry);
+            match self.isend_one(u32::from_le_bytes(stamp), &entry, buf, tag)? {
+                OneSend::Post { req, wr } => {
+                    return match nic.post_send(&[wr]) {
+                        Ok(()) => Ok(Some(req)),
+                        Err(err) => Err(self.post_failed(err)),
+                    };
+                }
+                OneSend::NotYet => return Ok(None),
+                OneSend::General => {}
+            }
+        }
         Self::isend(self, nic, buf, tag)
     }
 }

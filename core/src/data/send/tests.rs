@@ -438,3 +438,140 @@ fn unread_peer_region_too_small_fails_at_once() {
         Err(DataError::PeerRegion { .. })
     ));
 }
+
+/// What the plugin's driver does with [`SendConn::isend_one`]: read the head entry's stamp, then
+/// the entry, let the core decide, post what it returns.
+fn isend_one(
+    s: &mut SendConn,
+    nic: &mut MockNic,
+    len: u64,
+    tag: u32,
+) -> Result<OneSend, DataError> {
+    let offset = s.head_entry().expect("the one-buffer path may decide");
+    let mut stamp = [0u8; 4];
+    nic.read_inbound(offset + CTS_ENTRY_LEN - 4, &mut stamp);
+    let mut entry = [0u8; CTS_ENTRY_LEN];
+    nic.read_inbound(offset, &mut entry);
+    let decided = s.isend_one(u32::from_le_bytes(stamp), &entry, buf(len), tag)?;
+    if let OneSend::Post { wr, .. } = decided {
+        nic.post_send(&[wr]).expect("mock posts");
+    }
+    Ok(decided)
+}
+
+#[test]
+fn unread_isend_one_posts_and_completes_as_isend_does() {
+    // Two senders fed the same clear-to-send entries over more than a FIFO's laps: the one-buffer
+    // path returns the work request the general path posts, and the same request ids.
+    let (mut general, mut nic_g) = sender(64);
+    let (mut direct, mut nic_d) = sender(64);
+    for seq in 0..(SLOTS as u32 + 20) {
+        let (len, tag) = (u64::from(seq % 97) + 1, seq % 5);
+        write_cts(&mut nic_g, seq, &[(100, tag)]);
+        write_cts(&mut nic_d, seq, &[(100, tag)]);
+        let id_g = general.isend(&mut nic_g, buf(len), tag).unwrap().unwrap();
+        let OneSend::Post { req: id_d, wr } = isend_one(&mut direct, &mut nic_d, len, tag).unwrap()
+        else {
+            panic!("seq {seq}: a fitting one-buffer send is posted directly");
+        };
+        assert_eq!(id_d, id_g, "seq {seq}");
+        assert_eq!(nic_d.last(), nic_g.last(), "seq {seq}: {wr:?}");
+        for (s, nic, id) in [
+            (&mut general, &mut nic_g, id_g),
+            (&mut direct, &mut nic_d, id_d),
+        ] {
+            let wr_id = nic.last().wr_id;
+            nic.complete_send(wr_id);
+            let mut sizes = [0; MAX_RECVS];
+            sizes[0] = len as u32;
+            assert_eq!(s.test(nic, id), Ok(Completed::Done { n: 1, sizes }));
+        }
+    }
+    assert_eq!(direct.outstanding(), 0);
+}
+
+#[test]
+fn unread_isend_one_without_a_landed_entry_is_not_yet() {
+    let (mut s, mut nic) = sender(64);
+    assert_eq!(isend_one(&mut s, &mut nic, 8, 0), Ok(OneSend::NotYet));
+    // The previous lap's stamp in the slot is not this receive's either.
+    write_cts(&mut nic, SLOTS as u32, &[(100, 0)]);
+    assert_eq!(isend_one(&mut s, &mut nic, 8, 0), Ok(OneSend::NotYet));
+    assert!(nic.sent.is_empty());
+    assert_eq!(s.outstanding(), 0);
+}
+
+#[test]
+fn unread_isend_one_leaves_every_other_case_to_isend() {
+    // Each case: the entries written, the send's length and tag. Nothing is posted or taken, and
+    // the general path then does what it does for that case.
+    type Case = (&'static [(u64, u32)], u64, u32);
+    let cases: [Case; 4] = [
+        (&[(100, 0), (100, 1)], 8, 0), // a grouped receive
+        (&[(100, 7)], 8, 6),           // another tag
+        (&[(100, 7)], 101, 7),         // larger than the buffer: refused by isend
+        (&[(100, 7)], 0, 7),           // empty: a write into the record
+    ];
+    for (bufs, len, tag) in cases {
+        let (mut s, mut nic) = sender(64);
+        write_cts(&mut nic, 0, bufs);
+        assert_eq!(
+            isend_one(&mut s, &mut nic, len, tag),
+            Ok(OneSend::General),
+            "{bufs:?}"
+        );
+        assert!(nic.sent.is_empty());
+        assert_eq!(s.outstanding(), 0);
+        let taken = s.isend(&mut nic, buf(len), tag).unwrap();
+        assert_eq!(taken.is_some(), tag != 6, "{bufs:?} {len} {tag}");
+    }
+    // An entry still landing (it does not check) is counted by the general path, not here.
+    let (mut s, mut nic) = sender(64);
+    write_cts(&mut nic, 0, &[(100, 5)]);
+    nic.inbound[0] ^= 0xff;
+    assert_eq!(isend_one(&mut s, &mut nic, 1, 5), Ok(OneSend::General));
+    assert_eq!(s.isend(&mut nic, buf(1), 5), Ok(None));
+    // Adaptive routing's split above its threshold.
+    let (mut s, mut nic) = sender(64);
+    s.set_adaptive_routing(Some(16));
+    write_cts(&mut nic, 0, &[(100, 5)]);
+    assert_eq!(isend_one(&mut s, &mut nic, 17, 5), Ok(OneSend::General));
+    assert!(matches!(
+        isend_one(&mut s, &mut nic, 16, 5),
+        Ok(OneSend::Post { .. })
+    ));
+}
+
+#[test]
+fn unread_isend_one_waits_for_the_slot_and_reports_failures() {
+    let (mut s, mut nic, _id, _wr_id) = ending();
+    // Slot 0's end is in flight: the next lap of slot 0 is not the one-buffer path's to decide.
+    for seq in 1..SLOTS as u32 {
+        write_cts(&mut nic, seq, &[(100, 5)]);
+        let OneSend::Post { req, .. } = isend_one(&mut s, &mut nic, 8, 5).unwrap() else {
+            panic!("seq {seq}");
+        };
+        let wr_id = nic.last().wr_id;
+        nic.complete_send(wr_id);
+        assert!(matches!(s.test(&mut nic, req), Ok(Completed::Done { .. })));
+    }
+    assert_eq!(s.head_entry(), None);
+    // A failed post fails the connection; later calls return that cause.
+    let (mut s, mut nic) = sender(64);
+    write_cts(&mut nic, 0, &[(100, 5)]);
+    let mut stamp = [0u8; 4];
+    nic.read_inbound(CTS_ENTRY_LEN - 4, &mut stamp);
+    let mut entry = [0u8; CTS_ENTRY_LEN];
+    nic.read_inbound(0, &mut entry);
+    let decided = s
+        .isend_one(u32::from_le_bytes(stamp), &entry, buf(8), 5)
+        .unwrap();
+    assert!(matches!(decided, OneSend::Post { .. }));
+    let err = s.post_failed(NicError::Post { errno: 12 });
+    assert_eq!(s.failure(), Some(&err));
+    assert_eq!(
+        s.isend_one(u32::from_le_bytes(stamp), &entry, buf(8), 5),
+        Err(err)
+    );
+    assert_eq!(s.isend(&mut nic, buf(8), 5), Err(err));
+}
