@@ -627,7 +627,7 @@ unsafe fn irecv_common<S: Copy>(
     request: *mut Ptr,
     size_of: impl Fn(S) -> NetResult<usize>,
 ) -> NcclResult {
-    ffi_call("irecv", || {
+    ffi_call("irecv", move || {
         if n == 1 && !(data.is_null() || sizes.is_null() || tags.is_null() || mhs.is_null()) {
             // NCCL's point-to-point receive: its one buffer straight through, no arrays of eight.
             // SAFETY: NCCL's arrays hold `n` = 1 element each (non-NULL, checked).
