@@ -2,7 +2,8 @@
 //! through the [`Nic`] trait.
 //!
 //! Unsafe: posting work requests hands raw addresses (control regions, user buffers, inline
-//! bytes) to the NIC; each is checked against the region it must lie in first.
+//! bytes) to the NIC; each is checked against the region it must lie in first. The endpoint's
+//! send template holds raw pointers, so its `Send`/`Sync` are asserted by hand.
 
 #![allow(unsafe_code)]
 
@@ -50,9 +51,27 @@ pub(crate) struct Endpoint<D: PortDevice = VerbsDevice> {
     inbound: Region,
     staging: Region,
     max_inline: usize,
+    send: Box<SendTemplate>,
     port: Arc<OpenPort<D>>,
     psn: u32,
 }
+
+/// The work request of a one-request post and its scatter entry, kept in the endpoint and
+/// initialised once: a post writes only the fields that change (the rest of the 128-byte
+/// `ibv_send_wr` stays zero), instead of building a whole request on the stack. Boxed: it would
+/// more than double the endpoint (and the enums holding it).
+#[derive(Debug, Default)]
+struct SendTemplate {
+    wr: ibv_send_wr,
+    sge: ibv_sge,
+}
+
+// SAFETY: the raw pointers in the template (`next`, `sg_list`) are written by each post, under
+// `&mut Endpoint`, just before the request is handed to the provider, and are read by nobody
+// else; between posts no one dereferences them.
+unsafe impl Send for SendTemplate {}
+// SAFETY: as above; a shared reference never reads through them.
+unsafe impl Sync for SendTemplate {}
 
 impl<D: PortDevice> Endpoint<D> {
     /// Create the queue pair (at INIT) and register the control regions for `role`.
@@ -96,6 +115,7 @@ impl<D: PortDevice> Endpoint<D> {
                         inbound,
                         staging,
                         max_inline,
+                        send: Box::default(),
                         port: Arc::clone(port),
                         psn: qp_params::random_psn(),
                     });
@@ -147,17 +167,13 @@ impl<D: PortDevice> Endpoint<D> {
 }
 
 impl<D: PortDevice> Endpoint<D> {
-    /// The verbs work request for `wr`, its scatter entry (if any) written to `sge`, which must
-    /// stay in place until the post. Inline bytes must fit `max_inline`, staged bytes the staging
-    /// region.
+    /// The scatter entry of `payload` (zeroes for none), how many entries that is (0 or 1) and
+    /// the `INLINE` flag where it is inline. Inline bytes must fit `max_inline`, staged bytes the
+    /// staging region.
     #[inline(always)]
-    fn ibv_wr(
-        &self,
-        wr: &SendWr<'_>,
-        sge: &mut MaybeUninit<ibv_sge>,
-    ) -> Result<ibv_send_wr, NicError> {
-        let (entry, inline) = match wr.payload {
-            Payload::Empty => (None, 0),
+    fn scatter(&self, payload: &Payload<'_>) -> Result<(ibv_sge, i32, u32), NicError> {
+        Ok(match *payload {
+            Payload::Empty => (ibv_sge::default(), 0, 0),
             Payload::Inline(bytes) => {
                 if bytes.len() > self.max_inline {
                     return Err(NicError::Post {
@@ -169,7 +185,7 @@ impl<D: PortDevice> Endpoint<D> {
                     length: bytes.len() as u32,
                     lkey: 0,
                 };
-                (Some(sge), send_flags::INLINE)
+                (sge, 1, send_flags::INLINE)
             }
             Payload::Local(sge) => {
                 let sge = ibv_sge {
@@ -177,7 +193,7 @@ impl<D: PortDevice> Endpoint<D> {
                     length: sge.len,
                     lkey: sge.lkey,
                 };
-                (Some(sge), 0)
+                (sge, 1, 0)
             }
             Payload::Staged { offset, len } => {
                 let end = u64::from(offset) + u64::from(len);
@@ -191,17 +207,26 @@ impl<D: PortDevice> Endpoint<D> {
                     length: len,
                     lkey: self.staging.lkey(),
                 };
-                (Some(sge), 0)
+                (sge, 1, 0)
             }
+        })
+    }
+
+    /// The verbs work request for `wr`, its scatter entry (if any) written to `sge`, which must
+    /// stay in place until the post.
+    #[inline(always)]
+    fn ibv_wr(
+        &self,
+        wr: &SendWr<'_>,
+        sge: &mut MaybeUninit<ibv_sge>,
+    ) -> Result<ibv_send_wr, NicError> {
+        let (entry, num_sge, inline) = self.scatter(&wr.payload)?;
+        let sg_list = if num_sge == 0 {
+            core::ptr::null_mut()
+        } else {
+            sge.write(entry) as *mut ibv_sge
         };
-        let (sg_list, num_sge) = match entry {
-            Some(entry) => (sge.write(entry) as *mut ibv_sge, 1),
-            None => (core::ptr::null_mut(), 0),
-        };
-        let (opcode, imm_data) = match wr.op {
-            SendOp::Write => (wr_opcode::RDMA_WRITE, 0),
-            SendOp::WriteImm(imm) => (wr_opcode::RDMA_WRITE_WITH_IMM, imm.to_be()),
-        };
+        let (opcode, imm_data) = wr_op(wr.op);
         Ok(ibv_send_wr {
             wr_id: wr.wr_id,
             next: core::ptr::null_mut(),
@@ -219,6 +244,40 @@ impl<D: PortDevice> Endpoint<D> {
             xrc_remote_srqn: 0,
             bind_mw_or_tso: [0; 6],
         })
+    }
+
+    /// Post one work request through the endpoint's template: the fields [`Self::ibv_wr`] sets,
+    /// written in place, after the same checks.
+    #[inline(always)]
+    fn post_one(&mut self, wr: &SendWr<'_>) -> Result<(), NicError> {
+        let (entry, num_sge, inline) = self.scatter(&wr.payload)?;
+        let (opcode, imm_data) = wr_op(wr.op);
+        let t = &mut *self.send;
+        t.sge = entry;
+        // Set at every post, from this borrow of the template (it is not read between posts).
+        // With `num_sge` 0 the provider reads no entry.
+        t.wr.sg_list = &raw mut t.sge;
+        t.wr.num_sge = num_sge;
+        t.wr.wr_id = wr.wr_id;
+        t.wr.opcode = opcode;
+        t.wr.send_flags = inline | if wr.signaled { send_flags::SIGNALED } else { 0 };
+        t.wr.imm_data = imm_data;
+        t.wr.wr.rdma = ibv_rdma_wr {
+            remote_addr: wr.remote_addr,
+            rkey: wr.rkey,
+        };
+        // SAFETY: as for the chain in `post_chain`; the SGE lives in the template, which
+        // `&mut self` keeps in place for the call.
+        unsafe { self.qp.post_send(core::slice::from_mut(&mut t.wr)) }.map_err(post_failed)
+    }
+}
+
+/// The verbs opcode and immediate (network order) of `op`.
+#[inline(always)]
+fn wr_op(op: SendOp) -> (u32, u32) {
+    match op {
+        SendOp::Write => (wr_opcode::RDMA_WRITE, 0),
+        SendOp::WriteImm(imm) => (wr_opcode::RDMA_WRITE_WITH_IMM, imm.to_be()),
     }
 }
 
@@ -250,6 +309,15 @@ impl<D: PortDevice> Endpoint<D> {
     }
 }
 
+/// The core's error for a failed post (out of line: only the failure needs it).
+#[cold]
+#[inline(never)]
+fn post_failed(err: VerbsError) -> NicError {
+    NicError::Post {
+        errno: post_errno(&err),
+    }
+}
+
 fn post_errno(err: &VerbsError) -> i32 {
     err.errno().unwrap_or(libc::EINVAL)
 }
@@ -261,14 +329,9 @@ impl<D: PortDevice> Nic for Endpoint<D> {
 
     fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
         // One work request (every post of a single-buffer send, and most clear-to-send writes):
-        // one WR and one SGE on the stack, no chain arrays.
+        // the endpoint's template, no chain arrays.
         if let [wr] = chain {
-            let mut sge = MaybeUninit::<ibv_sge>::uninit();
-            let mut posted = [self.ibv_wr(wr, &mut sge)?];
-            // SAFETY: as for the chain in `post_chain`.
-            return unsafe { self.qp.post_send(&mut posted) }.map_err(|e| NicError::Post {
-                errno: post_errno(&e),
-            });
+            return self.post_one(wr);
         }
         self.post_chain(chain)
     }
