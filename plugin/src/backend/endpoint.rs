@@ -51,27 +51,30 @@ pub(crate) struct Endpoint<D: PortDevice = VerbsDevice> {
     inbound: Region,
     staging: Region,
     max_inline: usize,
-    send: Box<SendTemplate>,
+    posts: Box<Templates>,
     port: Arc<OpenPort<D>>,
     psn: u32,
 }
 
-/// The work request of a one-request post and its scatter entry, kept in the endpoint and
-/// initialised once: a post writes only the fields that change (the rest of the 128-byte
-/// `ibv_send_wr` stays zero), instead of building a whole request on the stack. Boxed: it would
-/// more than double the endpoint (and the enums holding it).
+/// The work requests of one-request posts, kept in the endpoint and initialised once (zeroed):
+/// a post writes only the fields that change (the rest of the 128-byte `ibv_send_wr` stays zero),
+/// instead of building a whole request on the stack. Boxed: it would more than double the
+/// endpoint (and the enums holding it).
 #[derive(Debug, Default)]
-struct SendTemplate {
-    wr: ibv_send_wr,
+struct Templates {
+    /// A send request and its one scatter entry.
+    send: ibv_send_wr,
     sge: ibv_sge,
+    /// An empty receive (no scatter entry): only `wr_id` changes.
+    recv: ibv_recv_wr,
 }
 
-// SAFETY: the raw pointers in the template (`next`, `sg_list`) are written by each post, under
+// SAFETY: the raw pointers in the templates (`next`, `sg_list`) are written by each post, under
 // `&mut Endpoint`, just before the request is handed to the provider, and are read by nobody
 // else; between posts no one dereferences them.
-unsafe impl Send for SendTemplate {}
+unsafe impl Send for Templates {}
 // SAFETY: as above; a shared reference never reads through them.
-unsafe impl Sync for SendTemplate {}
+unsafe impl Sync for Templates {}
 
 impl<D: PortDevice> Endpoint<D> {
     /// Create the queue pair (at INIT) and register the control regions for `role`.
@@ -115,7 +118,7 @@ impl<D: PortDevice> Endpoint<D> {
                         inbound,
                         staging,
                         max_inline,
-                        send: Box::default(),
+                        posts: Box::default(),
                         port: Arc::clone(port),
                         psn: qp_params::random_psn(),
                     });
@@ -252,23 +255,23 @@ impl<D: PortDevice> Endpoint<D> {
     fn post_one(&mut self, wr: &SendWr<'_>) -> Result<(), NicError> {
         let (entry, num_sge, inline) = self.scatter(&wr.payload)?;
         let (opcode, imm_data) = wr_op(wr.op);
-        let t = &mut *self.send;
+        let t = &mut *self.posts;
         t.sge = entry;
         // Set at every post, from this borrow of the template (it is not read between posts).
         // With `num_sge` 0 the provider reads no entry.
-        t.wr.sg_list = &raw mut t.sge;
-        t.wr.num_sge = num_sge;
-        t.wr.wr_id = wr.wr_id;
-        t.wr.opcode = opcode;
-        t.wr.send_flags = inline | if wr.signaled { send_flags::SIGNALED } else { 0 };
-        t.wr.imm_data = imm_data;
-        t.wr.wr.rdma = ibv_rdma_wr {
+        t.send.sg_list = &raw mut t.sge;
+        t.send.num_sge = num_sge;
+        t.send.wr_id = wr.wr_id;
+        t.send.opcode = opcode;
+        t.send.send_flags = inline | if wr.signaled { send_flags::SIGNALED } else { 0 };
+        t.send.imm_data = imm_data;
+        t.send.wr.rdma = ibv_rdma_wr {
             remote_addr: wr.remote_addr,
             rkey: wr.rkey,
         };
         // SAFETY: as for the chain in `post_chain`; the SGE lives in the template, which
         // `&mut self` keeps in place for the call.
-        unsafe { self.qp.post_send(core::slice::from_mut(&mut t.wr)) }.map_err(post_failed)
+        unsafe { self.qp.post_send_one(&mut t.send) }.map_err(post_failed)
     }
 }
 
@@ -301,9 +304,7 @@ impl<D: PortDevice> Endpoint<D> {
             // under their lkey, inline bytes borrowed for this call, staging bounds-checked in
             // `ibv_wr`); `sges` outlives the post, and inline bytes are copied by the provider
             // during it.
-            unsafe { self.qp.post_send(posted) }.map_err(|e| NicError::Post {
-                errno: post_errno(&e),
-            })?;
+            unsafe { self.qp.post_send(posted) }.map_err(post_failed)?;
         }
         Ok(())
     }
@@ -315,6 +316,15 @@ impl<D: PortDevice> Endpoint<D> {
 fn post_failed(err: VerbsError) -> NicError {
     NicError::Post {
         errno: post_errno(&err),
+    }
+}
+
+/// The core's error for a failed poll (out of line, like [`post_failed`]).
+#[cold]
+#[inline(never)]
+fn poll_failed(err: VerbsError) -> NicError {
+    NicError::Poll {
+        code: post_errno(&err),
     }
 }
 
@@ -337,25 +347,17 @@ impl<D: PortDevice> Nic for Endpoint<D> {
     }
 
     fn post_recv(&mut self, wr_id: u64) -> Result<(), NicError> {
-        let mut wr = [ibv_recv_wr {
-            wr_id,
-            ..ibv_recv_wr::default()
-        }];
-        // SAFETY: an empty receive (no scatter entry): nothing for the NIC to write but the CQE.
-        unsafe { self.qp.post_recv(&mut wr) }.map_err(|e| NicError::Post {
-            errno: post_errno(&e),
-        })
+        let wr = &mut self.posts.recv;
+        wr.wr_id = wr_id;
+        // SAFETY: an empty receive (no scatter entry, `num_sge` 0 since the template was made):
+        // nothing for the NIC to write but the CQE.
+        unsafe { self.qp.post_recv_one(wr) }.map_err(post_failed)
     }
 
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError> {
         let mut wcs = [MaybeUninit::<ibv_wc>::uninit(); MAX_POLL];
         let want = out.len().min(MAX_POLL);
-        let polled = self
-            .cq
-            .poll_into(&mut wcs[..want])
-            .map_err(|e| NicError::Poll {
-                code: post_errno(&e),
-            })?;
+        let polled = self.cq.poll_into(&mut wcs[..want]).map_err(poll_failed)?;
         let got = polled.len();
         for (slot, wc) in out.iter_mut().zip(polled) {
             let status = WcStatus(wc.status);
