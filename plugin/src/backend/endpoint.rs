@@ -385,6 +385,7 @@ impl<D: PortDevice> Nic for Endpoint<D> {
         Ok(got)
     }
 
+    #[inline(always)]
     fn read_inbound(&self, offset: usize, out: &mut [u8]) {
         self.inbound.read_volatile(offset, out);
     }
