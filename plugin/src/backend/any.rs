@@ -98,7 +98,7 @@ impl<D: PortDevice> Nic for AnyEndpoint<D> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn post_recv(&mut self, wr_id: u64) -> Result<(), NicError> {
         match self {
             Self::Verbs(e) => e.post_recv(wr_id),

@@ -337,6 +337,11 @@ impl<D: PortDevice> Nic for Endpoint<D> {
         self.max_inline
     }
 
+    // The data path's three calls (post_send, post_recv, poll) are inlined into the core's
+    // callers through AnyEndpoint: a call, its frame and its saved registers cost more than the
+    // work of a one-request post or a one-completion poll (fabric callgrind loop: -115 per
+    // round trip and side, +3.6 KB of text).
+    #[inline(always)]
     fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
         // One work request (every post of a single-buffer send, and most clear-to-send writes):
         // the endpoint's template, no chain arrays.
@@ -346,6 +351,7 @@ impl<D: PortDevice> Nic for Endpoint<D> {
         self.post_chain(chain)
     }
 
+    #[inline(always)]
     fn post_recv(&mut self, wr_id: u64) -> Result<(), NicError> {
         let wr = &mut self.posts.recv;
         wr.wr_id = wr_id;
@@ -354,6 +360,7 @@ impl<D: PortDevice> Nic for Endpoint<D> {
         unsafe { self.qp.post_recv_one(wr) }.map_err(post_failed)
     }
 
+    #[inline(always)]
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError> {
         let mut wcs = [MaybeUninit::<ibv_wc>::uninit(); MAX_POLL];
         let want = out.len().min(MAX_POLL);
