@@ -458,6 +458,42 @@ impl QueuePair {
     }
 }
 
+impl QueuePair {
+    /// Posts the one work request `wr` (its `next` is set to null): [`Self::post_send`] without
+    /// the chain. A failure reports `bad_index` 0, the only request, which was not posted.
+    ///
+    /// # Safety
+    /// As for [`Self::post_send`].
+    #[inline]
+    pub unsafe fn post_send_one(&self, wr: &mut ibv_send_wr) -> Result<(), VerbsError> {
+        wr.next = ptr::null_mut();
+        let mut bad: *mut ibv_send_wr = ptr::null_mut();
+        // SAFETY: live QP of this provider; a chain of one (caller's contract covers what the WR
+        // points at).
+        let ret = unsafe { (self.post_send_fn)(self.ptr.as_ptr(), wr, &mut bad) };
+        if ret == 0 {
+            return Ok(());
+        }
+        Err(post_error("ibv_post_send", ret, Some(0)))
+    }
+
+    /// Posts the one receive work request `wr`, like [`Self::post_send_one`].
+    ///
+    /// # Safety
+    /// As for [`Self::post_recv`].
+    #[inline]
+    pub unsafe fn post_recv_one(&self, wr: &mut ibv_recv_wr) -> Result<(), VerbsError> {
+        wr.next = ptr::null_mut();
+        let mut bad: *mut ibv_recv_wr = ptr::null_mut();
+        // SAFETY: as for post_send_one.
+        let ret = unsafe { (self.post_recv_fn)(self.ptr.as_ptr(), wr, &mut bad) };
+        if ret == 0 {
+            return Ok(());
+        }
+        Err(post_error("ibv_post_recv", ret, Some(0)))
+    }
+}
+
 impl Drop for QueuePair {
     fn drop(&mut self) {
         // SAFETY: created by us and destroyed exactly once, before the Arcs to the CQs and PD drop.

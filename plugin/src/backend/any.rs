@@ -98,7 +98,7 @@ impl<D: PortDevice> Nic for AnyEndpoint<D> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn post_recv(&mut self, wr_id: u64) -> Result<(), NicError> {
         match self {
             Self::Verbs(e) => e.post_recv(wr_id),
@@ -114,7 +114,9 @@ impl<D: PortDevice> Nic for AnyEndpoint<D> {
         }
     }
 
-    #[inline]
+    // Always: the reads' lengths and offsets are constants at the core's call sites, and
+    // `Region::read_volatile` folds to one or a few word loads with them.
+    #[inline(always)]
     fn read_inbound(&self, offset: usize, out: &mut [u8]) {
         match self {
             Self::Verbs(e) => e.read_inbound(offset, out),
