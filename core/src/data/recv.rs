@@ -249,19 +249,25 @@ impl RecvConn {
 
         let id = self.requests.occupy(slot, state);
         self.next_seq = seq.wrapping_add(1);
-        self.deferred += 1;
         let may_defer = core::mem::replace(&mut self.polled, false);
-        let flush_now = !may_defer || self.flush_due();
-        if flush_now && self.deferred == 1 && bytes.len() <= nic.max_inline() {
-            // The only deferred entries are this receive's and they fit inline: one RDMA WRITE
-            // of them, nothing staged. The room for it was checked with the receive's.
+        // Nothing else deferred, and this receive's entries due at once (`flush_due` with this
+        // one deferred: the sender holds the `seq - oldest` older grants) and fitting inline:
+        // one RDMA WRITE of them, nothing staged, nothing deferred. The room for it was checked
+        // with the receive's.
+        if self.deferred == 0
+            && (!may_defer || seq.wrapping_sub(self.oldest) < CTS_LOW_WATER)
+            && bytes.len() <= nic.max_inline()
+        {
             let written = self.write_cts_inline(nic, slot, bytes);
             if written.is_err() {
-                // Not written: it stays deferred, so it is staged after all.
+                // Not written: it is deferred, so it is staged after all.
+                self.deferred = 1;
                 nic.write_staging(offset, bytes);
             }
             return written.map(|()| id);
         }
+        self.deferred += 1;
+        let flush_now = !may_defer || self.flush_due();
         // Staged: a later flush may carry it with its neighbours.
         nic.write_staging(offset, bytes);
         if flush_now {
@@ -270,9 +276,9 @@ impl RecvConn {
         Ok(id)
     }
 
-    /// Write the entries of the one deferred receive, in `slot`, inline (`bytes`, at most
-    /// `max_inline`) with one RDMA WRITE, taking its send-queue position. The caller checked the
-    /// send queue's room.
+    /// Write the entries of receive `slot`, the only one to announce (none deferred), inline
+    /// (`bytes`, at most `max_inline`) with one RDMA WRITE, taking its send-queue position. The
+    /// caller checked the send queue's room.
     #[inline(always)]
     fn write_cts_inline(
         &mut self,
@@ -298,7 +304,6 @@ impl RecvConn {
         if let Err(err) = nic.post_send(&[write]) {
             return Err(self.health.fail(err.into()));
         }
-        self.deferred = 0;
         Ok(())
     }
 
