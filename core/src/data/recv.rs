@@ -408,8 +408,8 @@ impl RecvConn {
                 .map_err(|e| self.health.fail(e.into()))?
                 .min(POLL_BATCH);
             for i in 0..got {
-                let c = self.batch[i];
-                if !self.arrived_one(&c) {
+                if !self.arrived_one(i) {
+                    let c = self.batch[i];
                     self.handle_completion(nic, &c)
                         .map_err(|e| self.health.fail(e))?;
                 }
@@ -421,7 +421,7 @@ impl RecvConn {
         Ok(())
     }
 
-    /// The common completion, taken without decoding: the write-with-immediate, without a record,
+    /// Completion `i` of the batch if it is the common one, taken without decoding: the write-with-immediate, without a record,
     /// of the oldest receive, a one-buffer one whose CTS entry was written, fitting its buffer.
     /// Every check of [`handle_completion`](Self::handle_completion) and
     /// [`handle_arrival`](Self::handle_arrival) holds for it: the `wr_id` and the immediate are
@@ -429,8 +429,14 @@ impl RecvConn {
     /// compares). Anything else (`false`, nothing changed) goes the long way, which names the
     /// violation.
     #[inline(always)]
-    fn arrived_one(&mut self, c: &Completion) -> bool {
-        let CompletionKind::RecvWriteImm { imm, byte_len } = c.kind else {
+    fn arrived_one(&mut self, i: usize) -> bool {
+        let Completion {
+            wr_id: got_wr_id,
+            status,
+            kind: CompletionKind::RecvWriteImm { imm, byte_len },
+            ..
+        } = self.batch[i]
+        else {
             return false;
         };
         let seq = self.oldest;
@@ -457,8 +463,8 @@ impl RecvConn {
         .encode();
         // `next_seq - oldest > deferred`: the receive is outstanding and granted (see
         // `handle_arrival`).
-        if !c.status.is_success()
-            || c.wr_id != wr_id
+        if !status.is_success()
+            || got_wr_id != wr_id
             || imm != expected_imm
             || posted_seq != seq
             || byte_len > capacity
