@@ -401,7 +401,14 @@ impl RecvConn {
     }
 
     /// Process every completion the queue holds (bounded by its depth).
+    #[inline(never)]
     fn poll_cq(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
+        self.poll_cq_inline(nic)
+    }
+
+    /// [`poll_cq`](Self::poll_cq), inlined into `test`, which polls on every call.
+    #[inline(always)]
+    fn poll_cq_inline(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
         for _ in 0..CQ_DEPTH / POLL_BATCH + 1 {
             let got = nic
                 .poll(&mut self.batch)
@@ -603,7 +610,7 @@ impl Connection for RecvConn {
             progress = self.flush_cts(nic);
         }
         if progress.is_ok() && self.requests.state(index).pending() {
-            progress = self.health.check().and_then(|()| self.poll_cq(nic));
+            progress = self.health.check().and_then(|()| self.poll_cq_inline(nic));
         }
         let Self {
             requests, groups, ..
