@@ -70,6 +70,7 @@ pub fn entry_check(bytes: &[u8; CTS_ENTRY_LEN]) -> u16 {
 const CHECK_MASK: u64 = 0xffff << 16;
 
 /// [`entry_check`] over the entry as words.
+#[inline(always)]
 fn check_words(words: [u64; 4]) -> u16 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for (i, word) in words.into_iter().enumerate() {
@@ -88,6 +89,7 @@ pub const fn stamp_for(seq: u32) -> u32 {
 
 impl CtsEntry {
     /// Encode into the wire layout.
+    #[inline(always)]
     pub fn encode(&self) -> [u8; CTS_ENTRY_LEN] {
         let mut words = [
             self.addr,

@@ -56,9 +56,9 @@ impl SendQueue {
     #[inline(always)]
     pub(crate) fn next(&mut self, kind: WrKind, index: u16, must_signal: bool) -> Slotted {
         self.posted += 1;
-        let left = (SEND_QUEUE_DEPTH as u64).saturating_sub(self.posted - self.retired);
-        let signaled =
-            must_signal || self.unsignaled_run + 1 >= SIGNAL_INTERVAL || left < LOW_WATER;
+        // Fewer than `LOW_WATER` credits left after it (none when past the depth).
+        let low = self.posted - self.retired > SEND_QUEUE_DEPTH as u64 - LOW_WATER;
+        let signaled = must_signal || self.unsignaled_run + 1 >= SIGNAL_INTERVAL || low;
         if signaled {
             self.unsignaled_run = 0;
             self.signaled_in_flight += 1;

@@ -138,6 +138,50 @@ fn posted_arrival_single_reports_the_byte_count() {
 }
 
 #[test]
+fn posted_arrival_single_filling_its_buffer_exactly_is_done() {
+    let (mut r, mut nic, id, recv_wr) = posted(&[100]);
+    nic.arrive(recv_wr, imm(0, 1, false, false), 100);
+    let mut sizes = [0; MAX_RECVS];
+    sizes[0] = 100;
+    assert_eq!(r.test(&mut nic, id), Ok(Completed::Done { n: 1, sizes }));
+}
+
+#[test]
+fn posted_arrival_single_with_a_record_reads_the_record() {
+    // Not the record-less arrival `poll_cq` takes without decoding: the long way, as before.
+    let (mut r, mut nic, id, recv_wr) = posted(&[100]);
+    write_record(&mut nic, 0, &[64]);
+    nic.arrive(recv_wr, imm(0, 1, true, false), 4);
+    let mut sizes = [0; MAX_RECVS];
+    sizes[0] = 64;
+    assert_eq!(r.test(&mut nic, id), Ok(Completed::Done { n: 1, sizes }));
+
+    let (mut r, mut nic, id, recv_wr) = posted(&[100]);
+    write_record(&mut nic, 0, &[101]);
+    nic.arrive(recv_wr, imm(0, 1, true, true), 4);
+    assert_eq!(
+        r.test(&mut nic, id),
+        Err(DataError::SizeMismatch {
+            index: 0,
+            sent: 101,
+            capacity: 100
+        })
+    );
+    assert!(r.failure().is_none());
+}
+
+#[test]
+fn posted_arrival_single_with_a_wr_id_of_another_slot_is_a_protocol_error() {
+    let (mut r, mut nic, id, recv_wr) = posted(&[10]);
+    // Same kind and sequence, index 1: decodes, but is not receive 0's.
+    nic.arrive(recv_wr | 1 << 8, imm(0, 1, false, false), 1);
+    assert_eq!(
+        protocol_error(&mut r, &mut nic, id),
+        ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }
+    );
+}
+
+#[test]
 fn posted_arrival_grouped_reads_the_record() {
     let (mut r, mut nic, id, recv_wr) = posted(&[10, 20, 30]);
     write_record(&mut nic, 0, &[10, 0, 29]);
