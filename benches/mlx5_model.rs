@@ -33,7 +33,7 @@ use rivet_core::data::{
     SEND_STAGING_LEN, SendBuf, SendConn,
 };
 use rivet_core::nic::Nic;
-use rivet_core::sim::{DataPair, SimNic};
+use rivet_core::sim::{DataPair, SimNic, isend_direct};
 use rivet_verbs_ffi::mlx5::model::{Model, ModelPd, ModelQpConfig};
 use rivet_verbs_ffi::sys::access;
 
@@ -220,7 +220,9 @@ fn run<H: Harness>(h: &mut H, bufs: &Bufs, iters: usize) -> usize {
         for (t, slot) in sends.iter_mut().enumerate().take(bufs.tags.len()) {
             let id = loop {
                 let (send, _, send_nic, _) = h.parts();
-                if let Some(id) = send.isend(send_nic, bufs.send, t as u32).expect("isend") {
+                // The plugin's driver: the one-buffer path decided from the entry it read.
+                let sent = isend_direct(send, send_nic, bufs.send, t as u32).expect("isend");
+                if let Some(id) = sent {
                     break id;
                 }
                 h.step();

@@ -33,10 +33,12 @@
 //! region, a send or receive queue posted beyond its depth, a completion queue overrun, an inbound
 //! read outside the region.
 
+mod drive;
 mod multi_pair;
 mod pair;
 pub mod suite;
 
+pub use drive::{isend_direct, read_head};
 pub use multi_pair::MultiPair;
 pub use pair::DataPair;
 

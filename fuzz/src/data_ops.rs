@@ -19,14 +19,12 @@ use std::collections::VecDeque;
 
 use arbitrary::Arbitrary;
 use rivet_core::data::Connection;
-use rivet_core::data::codec::CTS_ENTRY_LEN;
 use rivet_core::data::{
-    CQ_DEPTH, Completed, DataError, MAX_RECVS, MAX_REQUESTS, OneSend, RecvBuf, RequestId,
-    SEND_QUEUE_DEPTH, SLOTS, SendBuf, SendConn,
+    CQ_DEPTH, Completed, DataError, MAX_RECVS, MAX_REQUESTS, RecvBuf, RequestId, SEND_QUEUE_DEPTH,
+    SLOTS, SendBuf,
 };
-use rivet_core::nic::Nic;
 use rivet_core::sim::suite::pattern;
-use rivet_core::sim::{DataPair, SimNic};
+use rivet_core::sim::{DataPair, isend_direct};
 
 #[derive(Arbitrary, Debug)]
 enum Fault {
@@ -103,33 +101,6 @@ struct Harness {
     faulted: bool,
     /// Nothing was posted since the fabric last ran dry: every posted CTS has landed.
     idle: bool,
-}
-
-/// The plugin's send driver (`plugin/src/comm/path.rs`): read the head entry's stamp, then the
-/// entry; post what `isend_one` decides; the general `isend` when it leaves the send to it.
-fn isend_direct(
-    send: &mut SendConn,
-    nic: &mut SimNic,
-    buf: SendBuf,
-    tag: u32,
-) -> Result<Option<RequestId>, DataError> {
-    if let Some(offset) = send.head_entry() {
-        let mut stamp = [0u8; 4];
-        nic.read_inbound(offset + CTS_ENTRY_LEN - 4, &mut stamp);
-        let mut entry = [0u8; CTS_ENTRY_LEN];
-        nic.read_inbound(offset, &mut entry);
-        match send.isend_one(u32::from_le_bytes(stamp), &entry, buf, tag)? {
-            OneSend::Post { req, wr } => {
-                return match nic.post_send(&[wr]) {
-                    Ok(()) => Ok(Some(req)),
-                    Err(err) => Err(send.post_failed(err)),
-                };
-            }
-            OneSend::NotYet => return Ok(None),
-            OneSend::General => {}
-        }
-    }
-    send.isend(nic, buf, tag)
 }
 
 impl Harness {

@@ -559,19 +559,11 @@ fn unread_isend_one_waits_for_the_slot_and_reports_failures() {
     // A failed post fails the connection; later calls return that cause.
     let (mut s, mut nic) = sender(64);
     write_cts(&mut nic, 0, &[(100, 5)]);
-    let mut stamp = [0u8; 4];
-    nic.read_inbound(CTS_ENTRY_LEN - 4, &mut stamp);
-    let mut entry = [0u8; CTS_ENTRY_LEN];
-    nic.read_inbound(0, &mut entry);
-    let decided = s
-        .isend_one(u32::from_le_bytes(stamp), &entry, buf(8), 5)
-        .unwrap();
+    let (stamp, entry) = crate::sim::read_head(&s, &nic).expect("slot 0 is idle");
+    let decided = s.isend_one(stamp, &entry, buf(8), 5).unwrap();
     assert!(matches!(decided, OneSend::Post { .. }));
     let err = s.post_failed(NicError::Post { errno: 12 });
     assert_eq!(s.failure(), Some(&err));
-    assert_eq!(
-        s.isend_one(u32::from_le_bytes(stamp), &entry, buf(8), 5),
-        Err(err)
-    );
+    assert_eq!(s.isend_one(stamp, &entry, buf(8), 5), Err(err));
     assert_eq!(s.isend(&mut nic, buf(8), 5), Err(err));
 }

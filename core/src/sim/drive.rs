@@ -1,0 +1,44 @@
+//! The send driver of the plugin's single-queue-pair path, for simulated NICs: what
+//! `plugin/src/comm/path.rs` does around [`SendConn::isend_one`] (the plugin reads the head
+//! entry, the core decides, the plugin posts), written once for the core's tests, the fuzz
+//! targets and the benches.
+
+use crate::data::codec::CTS_ENTRY_LEN;
+use crate::data::{DataError, OneSend, RequestId, SendBuf, SendConn};
+use crate::nic::Nic;
+
+/// Send `buf` tagged `tag` as the plugin does: when the one-buffer path may decide, read the head
+/// entry's stamp and then the entry, let [`SendConn::isend_one`] decide and post what it returns;
+/// otherwise (and when it leaves the send to it) the general [`SendConn::isend`].
+pub fn isend_direct(
+    send: &mut SendConn,
+    nic: &mut impl Nic,
+    buf: SendBuf,
+    tag: u32,
+) -> Result<Option<RequestId>, DataError> {
+    if let Some((stamp, entry)) = read_head(send, nic) {
+        match send.isend_one(stamp, &entry, buf, tag)? {
+            OneSend::Post { req, wr } => {
+                return match nic.post_send(&[wr]) {
+                    Ok(()) => Ok(Some(req)),
+                    Err(err) => Err(send.post_failed(err)),
+                };
+            }
+            OneSend::NotYet => return Ok(None),
+            OneSend::General => {}
+        }
+    }
+    send.isend(nic, buf, tag)
+}
+
+/// The head entry's stamp and then the entry, read as the plugin reads them (the stamp first:
+/// `read_inbound` orders the reads, so a fresh stamp is never paired with older fields); `None`
+/// when [`SendConn::head_entry`] leaves the send to the general path.
+pub fn read_head(send: &SendConn, nic: &impl Nic) -> Option<(u32, [u8; CTS_ENTRY_LEN])> {
+    let offset = send.head_entry()?;
+    let mut stamp = [0u8; 4];
+    nic.read_inbound(offset + CTS_ENTRY_LEN - 4, &mut stamp);
+    let mut entry = [0u8; CTS_ENTRY_LEN];
+    nic.read_inbound(offset, &mut entry);
+    Some((u32::from_le_bytes(stamp), entry))
+}
