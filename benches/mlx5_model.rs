@@ -33,7 +33,7 @@ use rivet_core::data::{
     SEND_STAGING_LEN, SendBuf, SendConn,
 };
 use rivet_core::nic::Nic;
-use rivet_core::sim::{DataPair, SimNic, isend_direct};
+use rivet_core::sim::{DataPair, SimNic, irecv_direct, isend_direct};
 use rivet_verbs_ffi::mlx5::model::{Model, ModelPd, ModelQpConfig};
 use rivet_verbs_ffi::sys::access;
 
@@ -213,7 +213,7 @@ fn run<H: Harness>(h: &mut H, bufs: &Bufs, iters: usize) -> usize {
     for _ in 0..iters {
         let r = {
             let (_, recv, _, recv_nic) = h.parts();
-            recv.irecv(recv_nic, &bufs.recv, &bufs.tags)
+            irecv_direct(recv, recv_nic, &bufs.recv, &bufs.tags)
                 .expect("irecv")
                 .expect("slot free")
         };

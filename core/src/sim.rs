@@ -38,7 +38,7 @@ mod multi_pair;
 mod pair;
 pub mod suite;
 
-pub use drive::{isend_direct, read_head};
+pub use drive::{irecv_direct, isend_direct, read_head};
 pub use multi_pair::MultiPair;
 pub use pair::DataPair;
 

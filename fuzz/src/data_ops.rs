@@ -24,7 +24,7 @@ use rivet_core::data::{
     SLOTS, SendBuf,
 };
 use rivet_core::sim::suite::pattern;
-use rivet_core::sim::{DataPair, isend_direct};
+use rivet_core::sim::{DataPair, irecv_direct, isend_direct};
 
 #[derive(Arbitrary, Debug)]
 enum Fault {
@@ -194,6 +194,9 @@ impl Harness {
     }
 
     fn irecv(&mut self, n: u8, sizes: [u16; MAX_RECVS], tags: [u8; MAX_RECVS]) {
+        // The top bit picks the driver, as for sends: the plugin's (`irecv_one` for one buffer)
+        // or `irecv` alone.
+        let direct = n & 0x80 != 0;
         let n = 1 + usize::from(n) % MAX_RECVS;
         let bufs: Vec<RecvBuf> = sizes[..n]
             .iter()
@@ -211,7 +214,12 @@ impl Harness {
             })
             .collect();
         let tags: Vec<u32> = tags[..n].iter().map(|&t| u32::from(t % 4)).collect();
-        match self.p.recv.irecv(&mut self.p.recv_nic, &bufs, &tags) {
+        let posted = if direct {
+            irecv_direct(&mut self.p.recv, &mut self.p.recv_nic, &bufs, &tags)
+        } else {
+            self.p.recv.irecv(&mut self.p.recv_nic, &bufs, &tags)
+        };
+        match posted {
             Ok(Some(id)) => {
                 let seq = self.next_recv_seq;
                 self.next_recv_seq += 1;

@@ -91,6 +91,27 @@ fn capacity32(len: u64) -> u32 {
     u32::try_from(len).unwrap_or(u32::MAX)
 }
 
+/// What [`RecvConn::irecv_one`] decided for a one-buffer receive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum OneRecv<'a> {
+    /// The receive is taken: post the empty receive work request `recv`, then the clear-to-send
+    /// write `cts` (its entry inline, borrowed from the connection), in that order. A post that
+    /// fails must be reported with [`RecvConn::post_failed`]: the connection fails.
+    Post {
+        /// The request NCCL gets.
+        req: RequestId,
+        /// The `wr_id` of the empty receive that the sender's write with immediate will consume.
+        recv: u64,
+        /// The RDMA WRITE of the receive's clear-to-send entry.
+        cts: SendWr<'a>,
+    },
+    /// Not the common case (the slot or the send queue busy, entries deferred, a receiver being
+    /// polled that may batch its entries, no inline room): the general [`RecvConn::irecv`]
+    /// decides.
+    General,
+}
+
 /// The receiving side of one connection: posts receives and clear-to-send entries, and turns
 /// write-with-immediate completions into finished receives.
 #[derive(Debug)]
@@ -118,6 +139,9 @@ pub struct RecvConn {
     health: Health,
     /// Poll buffer, kept here so polling does not initialise one per call.
     batch: [Completion; POLL_BATCH],
+    /// The clear-to-send entry [`irecv_one`](Self::irecv_one) hands out inline, kept here so the
+    /// work request it returns can borrow it until the driver posts.
+    cts_out: [u8; CTS_ENTRY_LEN],
 }
 
 impl RecvConn {
@@ -148,7 +172,95 @@ impl RecvConn {
             polled: false,
             health,
             batch: [NO_COMPLETION; POLL_BATCH],
+            cts_out: [0; CTS_ENTRY_LEN],
         }
+    }
+
+    /// A one-buffer receive (NCCL's point-to-point) of `buf` tagged `tag`, decided without the
+    /// NIC: the common case — slot and send queue free, nothing deferred, the entry due at once and
+    /// fitting `max_inline` (the driver's inline limit) — is taken here and returned as the two
+    /// work requests to post; every other case is left to [`irecv`](Self::irecv)
+    /// ([`OneRecv::General`]), which polls, defers or stages as it must.
+    #[inline(always)]
+    pub fn irecv_one(
+        &mut self,
+        buf: RecvBuf,
+        tag: u32,
+        max_inline: usize,
+    ) -> Result<OneRecv<'_>, DataError> {
+        self.health.check()?;
+        if buf.addr.checked_add(buf.len).is_none() {
+            return Err(DataError::InvalidArgument(
+                "receive buffer wraps the address space",
+            ));
+        }
+        let seq = self.next_seq;
+        let slot = seq as u8;
+        // As `post_receive`'s inline case: nothing deferred, and the entry due now (a receiver
+        // not being polled writes at once; one being polled when the sender holds fewer than
+        // `CTS_LOW_WATER` grants).
+        let due = !self.polled || seq.wrapping_sub(self.oldest) < CTS_LOW_WATER;
+        if !self.requests.is_free(slot)
+            || !self.sq.has_room(2, self.recvs_posted + 1)
+            || self.deferred != 0
+            || !due
+            || CTS_ENTRY_LEN > max_inline
+        {
+            return Ok(OneRecv::General);
+        }
+        let offset = usize::from(slot) * CTS_SLOT_LEN;
+        let Some(remote_addr) = region_addr(&self.peer_fifo, offset, CTS_ENTRY_LEN) else {
+            return Err(self.health.fail(DataError::PeerRegion {
+                len: self.peer_fifo.len,
+                need: SEND_INBOUND_LEN,
+            }));
+        };
+        self.polled = false;
+        self.cts_out = CtsEntry {
+            addr: buf.addr,
+            size: buf.len,
+            rkey: buf.rkey,
+            tag,
+            n: 1,
+            index: 0,
+            stamp: stamp_for(seq),
+        }
+        .encode();
+        let recv = WrId {
+            kind: WrKind::Recv,
+            index: slot.into(),
+            seq,
+        }
+        .encode();
+        self.recvs_posted += 1;
+        let req = self.requests.occupy(
+            slot,
+            RecvState::PostedOne {
+                seq,
+                capacity: capacity32(buf.len),
+            },
+        );
+        self.next_seq = seq.wrapping_add(1);
+        let posted = self.sq.next(WrKind::Cts, u16::from(slot), false);
+        Ok(OneRecv::Post {
+            req,
+            recv,
+            cts: SendWr {
+                wr_id: posted.wr_id,
+                op: SendOp::Write,
+                payload: Payload::Inline(&self.cts_out),
+                remote_addr,
+                rkey: self.peer_fifo.rkey,
+                signaled: posted.signaled,
+            },
+        })
+    }
+
+    /// The driver could not post what [`irecv_one`](Self::irecv_one) returned: the connection
+    /// fails with `err` (the request it named is never reported).
+    #[cold]
+    pub fn post_failed(&mut self, err: crate::nic::NicError) -> DataError {
+        self.health.fail(err.into())
     }
 
     /// Post a receive of `bufs.len()` (1..=8) buffers, `tags[i]` choosing the send for `bufs[i]`.

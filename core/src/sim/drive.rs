@@ -1,10 +1,10 @@
-//! The send driver of the plugin's single-queue-pair path, for simulated NICs: what
+//! The drivers of the plugin's single-queue-pair path, for simulated NICs: what
 //! `plugin/src/comm/path.rs` does around [`SendConn::isend_one`] (the plugin reads the head
-//! entry, the core decides, the plugin posts), written once for the core's tests, the fuzz
-//! targets and the benches.
+//! entry, the core decides, the plugin posts) and [`RecvConn::irecv_one`] (the core decides, the
+//! plugin posts), written once for the core's tests, the fuzz targets and the benches.
 
 use crate::data::codec::CTS_ENTRY_LEN;
-use crate::data::{DataError, OneSend, RequestId, SendBuf, SendConn};
+use crate::data::{DataError, OneRecv, OneSend, RecvBuf, RecvConn, RequestId, SendBuf, SendConn};
 use crate::nic::Nic;
 
 /// Send `buf` tagged `tag` as the plugin does: when the one-buffer path may decide, read the head
@@ -41,4 +41,32 @@ pub fn read_head(send: &SendConn, nic: &impl Nic) -> Option<(u32, [u8; CTS_ENTRY
     let mut entry = [0u8; CTS_ENTRY_LEN];
     nic.read_inbound(offset, &mut entry);
     Some((u32::from_le_bytes(stamp), entry))
+}
+
+/// Post a receive of `bufs` tagged `tags` as the plugin does: one buffer through
+/// [`RecvConn::irecv_one`] (post the empty receive, then the clear-to-send write it returns),
+/// anything it leaves to it and every group through the general [`RecvConn::irecv`].
+pub fn irecv_direct(
+    recv: &mut RecvConn,
+    nic: &mut impl Nic,
+    bufs: &[RecvBuf],
+    tags: &[u32],
+) -> Result<Option<RequestId>, DataError> {
+    if let ([buf], [tag]) = (bufs, tags) {
+        match recv.irecv_one(*buf, *tag, nic.max_inline())? {
+            OneRecv::Post {
+                req,
+                recv: wr_id,
+                cts,
+            } => {
+                let posted = nic.post_recv(wr_id).and_then(|()| nic.post_send(&[cts]));
+                return match posted {
+                    Ok(()) => Ok(Some(req)),
+                    Err(err) => Err(recv.post_failed(err)),
+                };
+            }
+            OneRecv::General => {}
+        }
+    }
+    recv.irecv(nic, bufs, tags)
 }

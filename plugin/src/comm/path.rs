@@ -13,7 +13,8 @@ use rivet_core::data::codec::CTS_ENTRY_LEN;
 use rivet_core::data::multi::flow_label;
 use rivet_core::data::multi::{MultiRecv, MultiSend};
 use rivet_core::data::{
-    Completed, Connection, DataError, OneSend, RecvBuf, RecvConn, RequestId, SendBuf, SendConn,
+    Completed, Connection, DataError, OneRecv, OneSend, RecvBuf, RecvConn, RequestId, SendBuf,
+    SendConn,
 };
 use rivet_core::nic::Nic;
 use rivet_core::wire::EndpointInfo;
@@ -232,6 +233,8 @@ impl SendPath for SendConn {
 }
 
 impl RecvPath for RecvConn {
+    /// A one-buffer receive decided by the core and posted here (`RecvConn::irecv_one`: the
+    /// empty receive, then the clear-to-send write); the core's general `irecv` for the rest.
     #[inline(always)]
     fn irecv(
         &mut self,
@@ -239,6 +242,18 @@ impl RecvPath for RecvConn {
         bufs: &[RecvBuf],
         tags: &[u32],
     ) -> Result<Option<RequestId>, DataError> {
+        if let ([buf], [tag]) = (bufs, tags) {
+            match self.irecv_one(*buf, *tag, nic.max_inline())? {
+                OneRecv::Post { req, recv, cts } => {
+                    let posted = nic.post_recv(recv).and_then(|()| nic.post_send(&[cts]));
+                    return match posted {
+                        Ok(()) => Ok(Some(req)),
+                        Err(err) => Err(self.post_failed(err)),
+                    };
+                }
+                OneRecv::General => {}
+            }
+        }
         Self::irecv(self, nic, bufs, tags)
     }
 }

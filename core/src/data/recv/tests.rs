@@ -574,3 +574,153 @@ fn posted_arrival_for_a_receive_whose_cts_is_deferred_is_a_protocol_error() {
         ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }
     );
 }
+
+/// One receiver of a pair driven the general way (`irecv` alone) and one as the plugin drives it
+/// (`irecv_one`, the general `irecv` when it declines); how many the one-buffer path took.
+struct Twins {
+    general: (RecvConn, MockNic),
+    direct: (RecvConn, MockNic),
+    taken_directly: usize,
+}
+
+impl Twins {
+    fn irecv(&mut self, buf: RecvBuf, tag: u32) -> RequestId {
+        let (g, nic_g) = &mut self.general;
+        let id_g = g.irecv(nic_g, &[buf], &[tag]).unwrap().unwrap();
+        let (d, nic_d) = &mut self.direct;
+        let id_d = match d.irecv_one(buf, tag, nic_d.max_inline()).unwrap() {
+            OneRecv::Post { req, recv, cts } => {
+                nic_d.post_recv(recv).unwrap();
+                nic_d.post_send(&[cts]).unwrap();
+                self.taken_directly += 1;
+                req
+            }
+            OneRecv::General => d.irecv(nic_d, &[buf], &[tag]).unwrap().unwrap(),
+        };
+        assert_eq!(id_d, id_g);
+        self.same_posts();
+        id_g
+    }
+
+    fn test(&mut self, id: RequestId) -> Result<Completed, DataError> {
+        let (g, nic_g) = &mut self.general;
+        let (d, nic_d) = &mut self.direct;
+        let result = g.test(nic_g, id);
+        assert_eq!(d.test(nic_d, id), result);
+        self.same_posts();
+        result
+    }
+
+    fn same_posts(&self) {
+        assert_eq!(self.direct.1.recvs, self.general.1.recvs);
+        assert_eq!(self.direct.1.sent, self.general.1.sent);
+        assert_eq!(self.direct.0.unannounced(), self.general.0.unannounced());
+    }
+}
+
+#[test]
+fn free_irecv_one_posts_and_completes_as_irecv_does() {
+    // Rounds of 1 to 4 receives, the oldest tested once between posts (a polled receiver may
+    // then batch its entries, which the one-buffer path leaves to `irecv`), then the announced
+    // ones arrive in order and are tested until done; over more than a FIFO's laps.
+    let mut t = Twins {
+        general: receiver(64),
+        direct: receiver(64),
+        taken_directly: 0,
+    };
+    let mut seq = 0u32;
+    let mut outstanding: Vec<(u32, RequestId, u64)> = Vec::new();
+    for round in 0..200 {
+        for _ in 0..(round % 4 + 1) {
+            if let Some(&(_, oldest, _)) = outstanding.first() {
+                assert_eq!(t.test(oldest), Ok(Completed::Pending));
+            }
+            let len = u64::from(seq % 50) + 8;
+            let id = t.irecv(bufs(&[len])[0], seq % 3);
+            outstanding.push((seq, id, len));
+            seq += 1;
+        }
+        // Arrivals for what the sender was told about; testing may announce the rest.
+        while let Some(&(s, id, len)) = outstanding.first() {
+            let announced = t.general.0.next_seq - t.general.0.unannounced() as u32;
+            if s >= announced {
+                assert_eq!(t.test(id), Ok(Completed::Pending));
+                continue;
+            }
+            let recv_wr = WrId {
+                kind: WrKind::Recv,
+                index: u16::from(s as u8),
+                seq: s,
+            }
+            .encode();
+            t.general
+                .1
+                .arrive(recv_wr, imm(s, 1, false, false), len as u32 - 1);
+            t.direct
+                .1
+                .arrive(recv_wr, imm(s, 1, false, false), len as u32 - 1);
+            let mut sizes = [0; MAX_RECVS];
+            sizes[0] = len as u32 - 1;
+            assert_eq!(t.test(id), Ok(Completed::Done { n: 1, sizes }));
+            outstanding.remove(0);
+        }
+    }
+    assert!(seq > SLOTS as u32);
+    // Both paths ran: most receives one-buffer, the deferred ones the general way.
+    assert!(
+        t.taken_directly > seq as usize / 2,
+        "{} of {seq}",
+        t.taken_directly
+    );
+    assert!(
+        t.taken_directly < seq as usize,
+        "{} of {seq}",
+        t.taken_directly
+    );
+}
+
+#[test]
+fn irecv_one_declines_what_it_does_not_decide() {
+    // No inline room for an entry: the general path stages it.
+    let (mut r, mut nic) = receiver(16);
+    assert_eq!(
+        r.irecv_one(bufs(&[8])[0], 0, nic.max_inline()),
+        Ok(OneRecv::General)
+    );
+    assert_eq!(r.outstanding(), 0);
+    assert!(r.irecv(&mut nic, &bufs(&[8]), &[0]).unwrap().is_some());
+    // The slot is busy: every slot taken, the next receive waits (the general path says so).
+    let (mut r, mut nic) = receiver(64);
+    for _ in 0..SLOTS {
+        let OneRecv::Post { recv, cts, .. } = r.irecv_one(bufs(&[8])[0], 0, 64).unwrap() else {
+            panic!("a free slot");
+        };
+        nic.post_recv(recv).unwrap();
+        nic.post_send(&[cts]).unwrap();
+    }
+    assert_eq!(r.irecv_one(bufs(&[8])[0], 0, 64), Ok(OneRecv::General));
+    assert_eq!(r.irecv(&mut nic, &bufs(&[8]), &[0]), Ok(None));
+    // A buffer that wraps the address space is refused at once.
+    let (mut r, _) = receiver(64);
+    let wraps = RecvBuf {
+        addr: u64::MAX - 3,
+        len: 8,
+        rkey: 1,
+    };
+    assert!(matches!(
+        r.irecv_one(wraps, 0, 64),
+        Err(DataError::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn irecv_one_post_failure_fails_the_connection() {
+    let (mut r, _) = receiver(64);
+    assert!(matches!(
+        r.irecv_one(bufs(&[8])[0], 0, 64),
+        Ok(OneRecv::Post { .. })
+    ));
+    let err = r.post_failed(NicError::Post { errno: 12 });
+    assert_eq!(r.failure(), Some(&err));
+    assert_eq!(r.irecv_one(bufs(&[8])[0], 0, 64), Err(err));
+}
