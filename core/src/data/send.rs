@@ -853,7 +853,14 @@ impl SendConn {
     }
 
     /// Process every completion the queue holds (bounded by its depth).
+    #[inline(never)]
     fn poll_cq(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
+        self.poll_cq_inline(nic)
+    }
+
+    /// [`poll_cq`](Self::poll_cq), inlined into `test`, which polls on every call.
+    #[inline(always)]
+    fn poll_cq_inline(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
         for _ in 0..CQ_DEPTH / POLL_BATCH + 1 {
             let got = nic
                 .poll(&mut self.batch)
@@ -1001,7 +1008,7 @@ impl Connection for SendConn {
     fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
         let index = self.requests.lookup(req)?;
         let progress = if self.requests.state(index).pending() {
-            self.health.check().and_then(|()| self.poll_cq(nic))
+            self.health.check().and_then(|()| self.poll_cq_inline(nic))
         } else {
             Ok(())
         };
