@@ -567,3 +567,158 @@ fn unread_isend_one_waits_for_the_slot_and_reports_failures() {
     assert_eq!(s.isend_one(stamp, &entry, buf(8), 5), Err(err));
     assert_eq!(s.isend(&mut nic, buf(8), 5), Err(err));
 }
+
+// The edges of `poll_cq`'s fast path (the slot end's completion compared whole): what it takes
+// ends the slot and returns the credits as the long way does; everything else goes the long way
+// with the results and errors it had.
+
+#[test]
+fn ending_completion_returns_the_credits_and_frees_the_slot() {
+    let (mut s, mut nic, id, wr_id) = ending();
+    assert_eq!(s.sq.in_flight(), 1);
+    nic.complete_send(wr_id);
+    assert!(matches!(s.test(&mut nic, id), Ok(Completed::Done { .. })));
+    assert_eq!(s.sq.in_flight(), 0);
+    assert_eq!(s.ends[0], EndState::Idle);
+    assert_eq!(s.drain(&mut nic), Ok(0));
+    assert!(s.failure().is_none());
+}
+
+#[test]
+fn ending_completion_naming_another_slot_is_a_protocol_error() {
+    let (mut s, mut nic, id, wr_id) = ending();
+    // Same kind and position, slot 1 (idle): decodes, but is not slot 0's end.
+    nic.complete_send(wr_id | 1 << 8);
+    assert_eq!(
+        s.test(&mut nic, id),
+        Err(DataError::Protocol(ProtocolError::UnexpectedCompletion {
+            wr: WrKind::SlotEnd
+        }))
+    );
+    assert!(s.failure().is_some());
+}
+
+#[test]
+fn ending_completion_with_an_index_past_the_slots_is_a_wr_id_error() {
+    let (mut s, mut nic, id, wr_id) = ending();
+    // Index 256: its low byte names slot 0, which is ending at this position; the decoder
+    // refuses the index.
+    let bogus = wr_id | 1 << 16;
+    nic.complete_send(bogus);
+    assert_eq!(
+        s.test(&mut nic, id),
+        Err(DataError::Protocol(ProtocolError::WrId {
+            wr_id: bogus,
+            err: DecodeError::IndexRange(256)
+        }))
+    );
+}
+
+#[test]
+fn ending_completion_of_another_lap_of_the_slot_is_a_protocol_error() {
+    let (mut s, mut nic, id, wr_id) = ending();
+    // Slot 0's end, at a position 256 posts later: not the one posted.
+    let mut bogus = WrId::decode(wr_id).unwrap();
+    bogus.seq += 256;
+    nic.complete_send(bogus.encode());
+    assert_eq!(
+        s.test(&mut nic, id),
+        Err(DataError::Protocol(ProtocolError::UnexpectedCompletion {
+            wr: WrKind::SlotEnd
+        }))
+    );
+}
+
+#[test]
+fn ending_failed_completion_of_the_end_fails_the_connection() {
+    let (mut s, mut nic, id, wr_id) = ending();
+    nic.fail(wr_id, WcStatus::RETRY_EXC_ERR, CompletionKind::Send);
+    let err = DataError::Completion {
+        status: WcStatus::RETRY_EXC_ERR,
+        vendor_err: 0x42,
+        wr: Some(WrKind::SlotEnd),
+    };
+    assert_eq!(s.test(&mut nic, id), Err(err));
+    assert_eq!(s.failure(), Some(&err));
+    assert!(matches!(s.ends[0], EndState::Ending { .. }));
+}
+
+#[test]
+fn ending_data_completion_at_the_ends_position_does_not_end_the_slot() {
+    let (mut s, mut nic, id, wr_id) = ending();
+    // A data write's `wr_id` whose index (request 0) and position are those of slot 0's end:
+    // the long way accounts it as a data write; the slot is still ending.
+    let mut data = WrId::decode(wr_id).unwrap();
+    data.kind = WrKind::Data;
+    nic.complete_send(data.encode());
+    assert_eq!(s.test(&mut nic, id), Ok(Completed::Pending));
+    assert_eq!(s.sq.in_flight(), 0);
+    assert!(matches!(s.ends[0], EndState::Ending { .. }));
+    // The end itself then comes after its position was retired.
+    nic.complete_send(wr_id);
+    assert_eq!(
+        s.test(&mut nic, id),
+        Err(DataError::Protocol(ProtocolError::UnexpectedCompletion {
+            wr: WrKind::SlotEnd
+        }))
+    );
+}
+
+#[test]
+fn ending_several_ends_in_one_poll_complete_every_slot() {
+    let (mut s, mut nic, first, first_end) = ending();
+    let mut ids = std::vec![first];
+    let mut ends = std::vec![first_end];
+    for seq in 1..4u32 {
+        write_cts(&mut nic, seq, &[(100, 5)]);
+        ids.push(
+            s.isend(&mut nic, buf(10 + u64::from(seq)), 5)
+                .unwrap()
+                .unwrap(),
+        );
+        ends.push(nic.last().wr_id);
+    }
+    // A grouped receive's end among them, which also goes the fast path's way.
+    write_cts(&mut nic, 4, &[(100, 0), (100, 1)]);
+    let a = s.isend(&mut nic, buf(7), 0).unwrap().unwrap();
+    let b = s.isend(&mut nic, buf(8), 1).unwrap().unwrap();
+    ends.push(nic.last().wr_id);
+    for &wr_id in &ends {
+        nic.complete_send(wr_id);
+    }
+    // One poll takes them all.
+    assert!(matches!(
+        s.test(&mut nic, ids[0]),
+        Ok(Completed::Done { .. })
+    ));
+    assert!(nic.cq.is_empty());
+    assert_eq!(s.sq.in_flight(), 0);
+    assert!(s.ends.iter().all(|end| *end == EndState::Idle));
+    for (seq, &id) in ids.iter().enumerate().skip(1) {
+        let mut sizes = [0; MAX_RECVS];
+        sizes[0] = 10 + seq as u32;
+        assert_eq!(s.test(&mut nic, id), Ok(Completed::Done { n: 1, sizes }));
+    }
+    for (id, size) in [(a, 7), (b, 8)] {
+        let mut sizes = [0; MAX_RECVS];
+        sizes[0] = size;
+        assert_eq!(s.test(&mut nic, id), Ok(Completed::Done { n: 1, sizes }));
+    }
+}
+
+#[test]
+fn ending_ends_out_of_order_are_a_protocol_error() {
+    let (mut s, mut nic, first, first_end) = ending();
+    write_cts(&mut nic, 1, &[(100, 5)]);
+    s.isend(&mut nic, buf(10), 5).unwrap().unwrap();
+    let second_end = nic.last().wr_id;
+    // RC completes in order: the later end first retires the earlier position.
+    nic.complete_send(second_end);
+    nic.complete_send(first_end);
+    assert_eq!(
+        s.test(&mut nic, first),
+        Err(DataError::Protocol(ProtocolError::UnexpectedCompletion {
+            wr: WrKind::SlotEnd
+        }))
+    );
+}
