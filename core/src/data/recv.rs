@@ -208,13 +208,11 @@ impl RecvConn {
         {
             return Ok(OneRecv::General);
         }
-        let offset = usize::from(slot) * CTS_SLOT_LEN;
-        let Some(remote_addr) = region_addr(&self.peer_fifo, offset, CTS_ENTRY_LEN) else {
-            return Err(self.health.fail(DataError::PeerRegion {
-                len: self.peer_fifo.len,
-                need: SEND_INBOUND_LEN,
-            }));
-        };
+        // Inside the sender's FIFO by construction: `new` checked that the region holds
+        // `SEND_INBOUND_LEN` bytes without wrapping (else the health check above failed), and a
+        // slot's first entry ends below that.
+        const _: () = assert!((SLOTS - 1) * CTS_SLOT_LEN + CTS_ENTRY_LEN <= SEND_INBOUND_LEN);
+        let remote_addr = self.peer_fifo.addr + (usize::from(slot) * CTS_SLOT_LEN) as u64;
         self.polled = false;
         self.cts_out = CtsEntry {
             addr: buf.addr,

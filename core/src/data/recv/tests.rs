@@ -724,3 +724,13 @@ fn irecv_one_post_failure_fails_the_connection() {
     assert_eq!(r.failure(), Some(&err));
     assert_eq!(r.irecv_one(bufs(&[8])[0], 0, 64), Err(err));
 }
+
+#[test]
+fn irecv_one_on_a_peer_fifo_too_small_fails_at_once() {
+    // The one-buffer path computes the entry's remote address without a range check: it relies
+    // on `new` failing a connection whose peer FIFO is short.
+    let mut r = RecvConn::new(peer_region(SEND_INBOUND_LEN - 1));
+    let err = r.irecv_one(bufs(&[8])[0], 0, 64).unwrap_err();
+    assert!(matches!(err, DataError::PeerRegion { .. }), "{err}");
+    assert_eq!(r.outstanding(), 0);
+}
