@@ -7,9 +7,10 @@
 //! software model (`mlx5::model`, feature `mlx5-model`), which owns those buffers and checks every byte.
 //!
 //! Send queue: the ring is addressed in 16-byte units, so a WQE may straddle the end and wraps
-//! segment by segment (inline payload included), as rdma-core and UCX do; one that does not (every
-//! one-block WQE) is written as 64-bit words whose values are built once per WQE, since the
-//! post is on every message's path (issue #30). Each WQE records its
+//! unit by unit (inline payload included), as rdma-core and UCX do. The post is on every
+//! message's path (issue #30), so a WQE is written as 64-bit words built once per WQE, straight
+//! into its blocks when it does not straddle the end (every one-block WQE), otherwise into a
+//! scratch WQE that is then copied in unit by unit. Each WQE records its
 //! `wr_id` and the producer index after it in a side table indexed by its first basic block; a
 //! requester CQE's `wqe_counter` finds the entry, completes it and everything before it
 //! (selective signaling), and frees the ring up to it.
@@ -27,7 +28,7 @@ use super::doorbell::DoorbellRegister;
 use super::dv::{MLX5_CQ_SET_CI, MLX5_RCV_DBR, MLX5_SND_DBR, mlx5dv_cq, mlx5dv_qp};
 use super::wqe::{
     self, DS_UNIT, INLINE_SEG, MAX_DS, RECV_TERMINATOR, SEND_WQE_BB, ctrl_qpn_ds, ctrl_words,
-    data_seg, data_words, fm_ce_se, inline_ds, inline_header, raddr_words, wqe_bbs,
+    data_words, fm_ce_se, inline_ds, raddr_words, wqe_bbs,
 };
 
 /// Largest send queue (in basic blocks) the 16-bit producer index can address unambiguously.
@@ -359,6 +360,9 @@ pub struct DirectQp<D: DoorbellRegister> {
     bf_offset: usize,
     /// The control segment's `qpn << 8` (the WQE's `ds` is or-ed in).
     ctrl_qpn: u32,
+    /// Where a WQE that straddles the ring end is built before it is copied in, unit by unit
+    /// (`MAX_DS` units).
+    sq_scratch: Box<[u64]>,
     sq_entries: Box<[SqEntry]>,
     /// WQEs ever posted, and ever completed (both wrapping).
     sq_posted: u32,
@@ -401,6 +405,7 @@ impl<D: DoorbellRegister> DirectQp<D> {
             sq_ci: 0,
             bf_offset: 0,
             ctrl_qpn: ctrl_qpn_ds(layout.qpn, 0),
+            sq_scratch: vec![0; 2 * MAX_DS].into_boxed_slice(),
             sq_entries: vec![SqEntry::default(); layout.sq_wqe_cnt as usize].into_boxed_slice(),
             sq_posted: 0,
             sq_completed: 0,
@@ -563,10 +568,10 @@ impl<D: DoorbellRegister> DirectQp<D> {
 
     /// Write the WQE of `wr` (`ds` units, room checked) at the producer index and advance it.
     ///
-    /// A WQE that does not reach the ring end (every one-block WQE) is written as 64-bit words
-    /// straight into its blocks; one that straddles the end goes 16-byte unit by unit. Both write
-    /// the same bytes: the segments' `ds` units, an inline payload zero-padded to its last unit,
-    /// nothing past it.
+    /// A WQE that does not straddle the ring end (every one-block WQE) is written as 64-bit words
+    /// straight into its blocks; one that does is written the same way into the scratch WQE and
+    /// copied in 16-byte unit by unit. Either way the ring gets the same bytes: the segments' `ds`
+    /// units, an inline payload zero-padded to its last unit, nothing past it.
     #[inline(always)]
     fn write_wqe(&mut self, wr: &DirectWr<'_>, ds: usize) {
         let pi = self.sq_pi;
@@ -580,30 +585,34 @@ impl<D: DoorbellRegister> DirectQp<D> {
         let raddr = raddr_words(wr.remote_addr, wr.rkey);
         let bbs = wqe_bbs(ds) as u16;
         let slot = u32::from(pi) & (self.layout.sq_wqe_cnt - 1);
-        if slot + u32::from(bbs) <= self.layout.sq_wqe_cnt {
-            let wqe = self.sq_bb(pi).cast::<u64>();
-            // SAFETY: the WQE's `bbs` blocks lie inside the send queue without wrapping (tested
-            // just above) and are free (room was checked), so only we touch them; every store
-            // below stays inside its `ds` units.
-            unsafe {
-                wqe.write_unaligned(ctrl[0]);
-                wqe.add(1).write_unaligned(ctrl[1]);
-                wqe.add(2).write_unaligned(raddr[0]);
-                wqe.add(3).write_unaligned(raddr[1]);
-                match wr.data {
-                    WqeData::Gather { addr, len, lkey } if len > 0 => {
-                        let data = data_words(len, lkey, addr);
-                        wqe.add(4).write_unaligned(data[0]);
-                        wqe.add(5).write_unaligned(data[1]);
-                    }
-                    WqeData::Inline(bytes) if !bytes.is_empty() => {
-                        write_inline(wqe.add(4).cast::<u8>().as_ptr(), bytes);
-                    }
-                    _ => {}
-                }
-            }
+        let contiguous = slot + u32::from(bbs) <= self.layout.sq_wqe_cnt;
+        let wqe = if contiguous {
+            self.sq_bb(pi).cast::<u64>()
         } else {
-            self.write_wqe_wrapping(wr, pi, ctrl, raddr);
+            NonNull::from(&mut self.sq_scratch[..]).cast::<u64>()
+        };
+        // SAFETY: `wqe` is either the WQE's `bbs` blocks in the send queue, which do not wrap
+        // (tested just above) and are free (room was checked), so only we touch them, or the
+        // scratch WQE (`MAX_DS` units); every store below stays inside the WQE's `ds` units.
+        unsafe {
+            wqe.write_unaligned(ctrl[0]);
+            wqe.add(1).write_unaligned(ctrl[1]);
+            wqe.add(2).write_unaligned(raddr[0]);
+            wqe.add(3).write_unaligned(raddr[1]);
+            match wr.data {
+                WqeData::Gather { addr, len, lkey } if len > 0 => {
+                    let data = data_words(len, lkey, addr);
+                    wqe.add(4).write_unaligned(data[0]);
+                    wqe.add(5).write_unaligned(data[1]);
+                }
+                WqeData::Inline(bytes) if !bytes.is_empty() => {
+                    write_inline(wqe.add(4).cast::<u8>().as_ptr(), bytes);
+                }
+                _ => {}
+            }
+        }
+        if !contiguous {
+            self.copy_wrapping(pi, ds);
         }
         let index = usize::from(pi) & (self.layout.sq_wqe_cnt as usize - 1);
         self.sq_posted = self.sq_posted.wrapping_add(1);
@@ -618,36 +627,17 @@ impl<D: DoorbellRegister> DirectQp<D> {
         self.sq_pi = pi.wrapping_add(bbs);
     }
 
-    /// [`Self::write_wqe`] for a WQE that straddles the ring end: 16-byte unit by unit.
+    /// Copy the `ds` units of the scratch WQE to the ring from producer index `pi` on, 16-byte
+    /// unit by unit, wrapping at the ring end (a WQE that straddles it).
     #[cold]
     #[inline(never)]
-    fn write_wqe_wrapping(&mut self, wr: &DirectWr<'_>, pi: u16, ctrl: [u64; 2], raddr: [u64; 2]) {
-        let unit_of = |words: [u64; 2]| {
-            let mut unit = [0u8; 16];
-            unit[..8].copy_from_slice(&words[0].to_ne_bytes());
-            unit[8..].copy_from_slice(&words[1].to_ne_bytes());
-            unit
-        };
+    fn copy_wrapping(&mut self, pi: u16, ds: usize) {
         let first_unit = u32::from(pi) * (SEND_WQE_BB / DS_UNIT) as u32;
-        self.write_sq_unit(first_unit, &unit_of(ctrl));
-        self.write_sq_unit(first_unit + 1, &unit_of(raddr));
-        match wr.data {
-            WqeData::Gather { addr, len, lkey } if len > 0 => {
-                self.write_sq_unit(first_unit + 2, &data_seg(len, lkey, addr));
-            }
-            WqeData::Inline(bytes) if !bytes.is_empty() => {
-                let mut unit = [0u8; 16];
-                unit[..4].copy_from_slice(&inline_header(bytes.len() as u32));
-                let head = bytes.len().min(12);
-                unit[4..4 + head].copy_from_slice(&bytes[..head]);
-                self.write_sq_unit(first_unit + 2, &unit);
-                for (i, chunk) in bytes[head..].chunks(DS_UNIT).enumerate() {
-                    let mut unit = [0u8; 16];
-                    unit[..chunk.len()].copy_from_slice(chunk);
-                    self.write_sq_unit(first_unit + 3 + i as u32, &unit);
-                }
-            }
-            _ => {}
+        for unit in 0..ds {
+            let mut bytes = [0u8; 16];
+            bytes[..8].copy_from_slice(&self.sq_scratch[2 * unit].to_ne_bytes());
+            bytes[8..].copy_from_slice(&self.sq_scratch[2 * unit + 1].to_ne_bytes());
+            self.write_sq_unit(first_unit + unit as u32, &bytes);
         }
     }
 
@@ -669,14 +659,33 @@ impl<D: DoorbellRegister> DirectQp<D> {
         let mut offset = self.bf_offset;
         if nreq == 1 && bf_size > 0 && last_ds * DS_UNIT <= bf_size {
             // Whole basic blocks, as they are in the ring (a block's unused tail included).
-            for bb in 0..wqe_bbs(last_ds) as u16 {
-                let words = self.sq_bb(last_pi.wrapping_add(bb)).cast::<u64>();
-                for word in 0..SEND_WQE_BB / 8 {
-                    // SAFETY: inside the block `sq_bb` found in the send queue, which this value
-                    // just wrote.
-                    let value = unsafe { words.add(word).read_unaligned() };
-                    self.doorbell.store64(offset, value);
-                    offset += 8;
+            let bbs = wqe_bbs(last_ds) as u16;
+            let first = u32::from(last_pi) & (self.layout.sq_wqe_cnt - 1);
+            if first + u32::from(bbs) <= self.layout.sq_wqe_cnt {
+                // Not wrapping: one pointer walks the blocks.
+                let mut words = self.sq_bb(last_pi).cast::<u64>();
+                for _ in 0..bbs {
+                    for word in 0..SEND_WQE_BB / 8 {
+                        // SAFETY: inside the WQE's blocks, which lie in the send queue without
+                        // wrapping (tested above) and which this value just wrote.
+                        let value = unsafe { words.add(word).read_unaligned() };
+                        self.doorbell.store64(offset, value);
+                        offset += 8;
+                    }
+                    // SAFETY: at most one past the WQE's last block, still inside (or one past
+                    // the end of) the send queue.
+                    words = unsafe { words.add(SEND_WQE_BB / 8) };
+                }
+            } else {
+                for bb in 0..bbs {
+                    let words = self.sq_bb(last_pi.wrapping_add(bb)).cast::<u64>();
+                    for word in 0..SEND_WQE_BB / 8 {
+                        // SAFETY: inside the block `sq_bb` found in the send queue, which this
+                        // value just wrote.
+                        let value = unsafe { words.add(word).read_unaligned() };
+                        self.doorbell.store64(offset, value);
+                        offset += 8;
+                    }
                 }
             }
         } else {
@@ -904,6 +913,7 @@ impl<D: DoorbellRegister> DirectQp<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mlx5::wqe::inline_header;
 
     #[test]
     fn inline_segments_of_every_length_are_header_bytes_and_zero_padding_only() {
