@@ -4,9 +4,17 @@
 
 use rivet_verbs_ffi::mlx5::cqe::{self, Cqe, sw_owns, syndrome_status};
 use rivet_verbs_ffi::mlx5::wqe::{
-    self, CtrlSeg, RECV_TERMINATOR, data_seg, decode_data_seg, decode_raddr_seg, fm_ce_se,
-    inline_ds, inline_header, raddr_seg, wqe_bbs,
+    self, CtrlSeg, RECV_TERMINATOR, ctrl_qpn_ds, ctrl_words, data_seg, data_words, decode_data_seg,
+    decode_raddr_seg, fm_ce_se, inline_ds, inline_header, raddr_seg, raddr_words, wqe_bbs,
 };
+
+/// Two 64-bit words as the 16 bytes a native store of each writes.
+fn unit(words: [u64; 2]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&words[0].to_ne_bytes());
+    out[8..].copy_from_slice(&words[1].to_ne_bytes());
+    out
+}
 
 #[test]
 fn ctrl_segment_write_with_immediate_signaled() {
@@ -29,6 +37,21 @@ fn ctrl_segment_write_with_immediate_signaled() {
     ];
     assert_eq!(seg.encode(), golden);
     assert_eq!(CtrlSeg::decode(&golden), (seg, [0, 0, 0]));
+    let words = ctrl_words(
+        0x1234,
+        wqe::opcode::RDMA_WRITE_IMM,
+        ctrl_qpn_ds(0x00ab_cdef, 3),
+        fm_ce_se::CQ_UPDATE,
+        0x1122_3344,
+    );
+    assert_eq!(unit(words), golden, "the word-wise control segment");
+    let unsignaled = ctrl_words(0xffff, wqe::opcode::RDMA_WRITE, ctrl_qpn_ds(0x12, 2), 0, 0);
+    assert_eq!(
+        unit(unsignaled),
+        [
+            0x00, 0xff, 0xff, 0x08, 0x00, 0x00, 0x12, 0x02, 0, 0, 0, 0, 0, 0, 0, 0
+        ]
+    );
 }
 
 #[test]
@@ -91,6 +114,10 @@ fn remote_address_segment() {
     ];
     assert_eq!(raddr_seg(0x0102_0304_0506_0708, 0xdead_beef), golden);
     assert_eq!(
+        unit(raddr_words(0x0102_0304_0506_0708, 0xdead_beef)),
+        golden
+    );
+    assert_eq!(
         decode_raddr_seg(&golden),
         (0x0102_0304_0506_0708, 0xdead_beef, 0)
     );
@@ -104,6 +131,10 @@ fn data_segment_and_receive_terminator() {
         0x00, 0x00, 0x7f, 0x00, 0x11, 0x22, 0x33, 0x44, // addr
     ];
     assert_eq!(data_seg(4096, 0x1234_5678, 0x0000_7f00_1122_3344), golden);
+    assert_eq!(
+        unit(data_words(4096, 0x1234_5678, 0x0000_7f00_1122_3344)),
+        golden
+    );
     assert_eq!(
         decode_data_seg(&golden),
         (4096, 0x1234_5678, 0x0000_7f00_1122_3344)

@@ -7,7 +7,10 @@
 //! software model (`mlx5::model`, feature `mlx5-model`), which owns those buffers and checks every byte.
 //!
 //! Send queue: the ring is addressed in 16-byte units, so a WQE may straddle the end and wraps
-//! segment by segment (inline payload included), as rdma-core and UCX do. Each WQE records its
+//! unit by unit (inline payload included), as rdma-core and UCX do. The post is on every
+//! message's path (issue #30), so a WQE is written as 64-bit words built once per WQE, straight
+//! into its blocks when it does not straddle the end (every one-block WQE), otherwise into a
+//! scratch WQE that is then copied in unit by unit. Each WQE records its
 //! `wr_id` and the producer index after it in a side table indexed by its first basic block; a
 //! requester CQE's `wqe_counter` finds the entry, completes it and everything before it
 //! (selective signaling), and frees the ring up to it.
@@ -20,12 +23,12 @@ use core::fmt;
 use core::ptr::NonNull;
 
 use super::barrier;
-use super::cqe::{self, CQE64_LEN, Cqe, sw_owns, syndrome_status};
+use super::cqe::{self, CQE64_LEN, sw_owns, syndrome_status};
 use super::doorbell::DoorbellRegister;
 use super::dv::{MLX5_CQ_SET_CI, MLX5_RCV_DBR, MLX5_SND_DBR, mlx5dv_cq, mlx5dv_qp};
 use super::wqe::{
-    self, CtrlSeg, DS_UNIT, MAX_DS, RECV_TERMINATOR, SEND_WQE_BB, data_seg, fm_ce_se, inline_ds,
-    inline_header, raddr_seg, wqe_bbs,
+    self, DS_UNIT, INLINE_SEG, MAX_DS, RECV_TERMINATOR, SEND_WQE_BB, ctrl_qpn_ds, ctrl_words,
+    data_words, fm_ce_se, inline_ds, raddr_words, wqe_bbs,
 };
 
 /// Largest send queue (in basic blocks) the 16-bit producer index can address unambiguously.
@@ -292,6 +295,47 @@ impl fmt::Display for DirectError {
 
 impl std::error::Error for DirectError {}
 
+/// Write an inline segment of `bytes` (not empty) at `dst`: the header word, the bytes, zeros to
+/// the end of its last 16-byte unit, nothing past it. Up to 32 bytes go as (overlapping) word
+/// moves, longer payloads through `copy_nonoverlapping`.
+///
+/// # Safety
+/// `dst` must be valid for writes of `inline_ds(bytes.len()) * 16` bytes.
+#[inline(always)]
+unsafe fn write_inline(dst: *mut u8, bytes: &[u8]) {
+    let len = bytes.len();
+    let src = bytes.as_ptr();
+    // SAFETY: every store is inside `dst .. dst + inline_ds(len) * 16` (the caller's promise):
+    // the last unit starts at `(inline_ds(len) - 1) * 16`, the header at 0, the payload at
+    // `4 .. 4 + len`; the loads are inside `bytes`.
+    unsafe {
+        let last = dst.add((inline_ds(len) - 1) * DS_UNIT).cast::<u64>();
+        last.write_unaligned(0);
+        last.add(1).write_unaligned(0);
+        dst.cast::<u32>()
+            .write_unaligned((len as u32 | INLINE_SEG).to_be());
+        let data = dst.add(4);
+        if (16..=32).contains(&len) {
+            let head = src.cast::<[u64; 2]>().read_unaligned();
+            let tail = src.add(len - 16).cast::<[u64; 2]>().read_unaligned();
+            data.cast::<[u64; 2]>().write_unaligned(head);
+            data.add(len - 16).cast::<[u64; 2]>().write_unaligned(tail);
+        } else if (8..16).contains(&len) {
+            let head = src.cast::<u64>().read_unaligned();
+            let tail = src.add(len - 8).cast::<u64>().read_unaligned();
+            data.cast::<u64>().write_unaligned(head);
+            data.add(len - 8).cast::<u64>().write_unaligned(tail);
+        } else if (4..8).contains(&len) {
+            let head = src.cast::<u32>().read_unaligned();
+            let tail = src.add(len - 4).cast::<u32>().read_unaligned();
+            data.cast::<u32>().write_unaligned(head);
+            data.add(len - 4).cast::<u32>().write_unaligned(tail);
+        } else {
+            core::ptr::copy_nonoverlapping(src, data, len);
+        }
+    }
+}
+
 /// Side-table entry of a posted WQE, at the index of its first basic block.
 #[derive(Clone, Copy, Debug, Default)]
 struct SqEntry {
@@ -314,6 +358,11 @@ pub struct DirectQp<D: DoorbellRegister> {
     sq_ci: u16,
     /// Offset of the BlueFlame half the next doorbell goes to.
     bf_offset: usize,
+    /// The control segment's `qpn << 8` (the WQE's `ds` is or-ed in).
+    ctrl_qpn: u32,
+    /// Where a WQE that straddles the ring end is built before it is copied in, unit by unit
+    /// (`MAX_DS` units).
+    sq_scratch: Box<[u64]>,
     sq_entries: Box<[SqEntry]>,
     /// WQEs ever posted, and ever completed (both wrapping).
     sq_posted: u32,
@@ -355,6 +404,8 @@ impl<D: DoorbellRegister> DirectQp<D> {
             sq_pi: 0,
             sq_ci: 0,
             bf_offset: 0,
+            ctrl_qpn: ctrl_qpn_ds(layout.qpn, 0),
+            sq_scratch: vec![0; 2 * MAX_DS].into_boxed_slice(),
             sq_entries: vec![SqEntry::default(); layout.sq_wqe_cnt as usize].into_boxed_slice(),
             sq_posted: 0,
             sq_completed: 0,
@@ -432,14 +483,40 @@ impl<D: DoorbellRegister> DirectQp<D> {
     ///
     /// WQEs are written straight into free ring space; on an error the producer index is rolled
     /// back before the doorbell record moves, so the device never sees them.
+    #[inline]
     pub fn post_send_with<'a>(
         &mut self,
         n: usize,
         mut wr: impl FnMut(usize) -> Result<DirectWr<'a>, DirectError>,
     ) -> Result<(), DirectError> {
-        if n == 0 {
-            return Ok(());
+        match n {
+            0 => Ok(()),
+            1 => self.post_one(&wr(0)?),
+            _ => self.post_chain(n, wr),
         }
+    }
+
+    /// Post one work request and ring the doorbell (a chain of one, without the chain's
+    /// bookkeeping: nothing is written before every check has passed).
+    #[inline]
+    pub fn post_one(&mut self, wr: &DirectWr<'_>) -> Result<(), DirectError> {
+        let ds = self.wqe_ds(wr)?;
+        let free = self.layout.sq_wqe_cnt - self.sq_outstanding();
+        let need = wqe_bbs(ds) as u32;
+        if need > free {
+            return Err(DirectError::SendQueueFull { need, free });
+        }
+        let pi = self.sq_pi;
+        self.write_wqe(wr, ds);
+        self.ring(1, pi, ds);
+        Ok(())
+    }
+
+    fn post_chain<'a>(
+        &mut self,
+        n: usize,
+        mut wr: impl FnMut(usize) -> Result<DirectWr<'a>, DirectError>,
+    ) -> Result<(), DirectError> {
         let (start_pi, start_posted) = (self.sq_pi, self.sq_posted);
         let free = self.layout.sq_wqe_cnt - self.sq_outstanding();
         let mut last = (0u16, 0usize);
@@ -481,64 +558,92 @@ impl<D: DoorbellRegister> DirectQp<D> {
         };
     }
 
+    /// The first byte of basic block `bb` (wrapping).
     #[inline(always)]
-    fn read_sq_u64(&self, unit: u32, half: usize) -> u64 {
-        let units = self.layout.sq_wqe_cnt * (SEND_WQE_BB / DS_UNIT) as u32;
-        let at = (unit & (units - 1)) as usize * DS_UNIT + half * 8;
-        // SAFETY: inside the send queue, in a WQE this value just wrote.
-        unsafe { self.layout.sq_buf.add(at).cast::<u64>().read_unaligned() }
+    fn sq_bb(&self, bb: u16) -> NonNull<u8> {
+        let at = (u32::from(bb) & (self.layout.sq_wqe_cnt - 1)) as usize * SEND_WQE_BB;
+        // SAFETY: `at + 64 <= sq_wqe_cnt * 64`: inside the send queue (`new`'s contract).
+        unsafe { self.layout.sq_buf.add(at) }
     }
 
+    /// Write the WQE of `wr` (`ds` units, room checked) at the producer index and advance it.
+    ///
+    /// A WQE that does not straddle the ring end (every one-block WQE) is written as 64-bit words
+    /// straight into its blocks; one that does is written the same way into the scratch WQE and
+    /// copied in 16-byte unit by unit. Either way the ring gets the same bytes: the segments' `ds`
+    /// units, an inline payload zero-padded to its last unit, nothing past it.
+    #[inline(always)]
     fn write_wqe(&mut self, wr: &DirectWr<'_>, ds: usize) {
         let pi = self.sq_pi;
-        let first_unit = u32::from(pi) * (SEND_WQE_BB / DS_UNIT) as u32;
         let (opcode, imm) = match wr.op {
-            DirectOp::Write => (wqe::opcode::RDMA_WRITE, [0; 4]),
-            DirectOp::WriteImm(imm) => (wqe::opcode::RDMA_WRITE_IMM, imm.to_be_bytes()),
-            DirectOp::Read => (wqe::opcode::RDMA_READ, [0; 4]),
+            DirectOp::Write => (wqe::opcode::RDMA_WRITE, 0),
+            DirectOp::WriteImm(imm) => (wqe::opcode::RDMA_WRITE_IMM, imm),
+            DirectOp::Read => (wqe::opcode::RDMA_READ, 0),
         };
-        let ctrl = CtrlSeg {
-            opmod: 0,
-            wqe_index: pi,
-            opcode,
-            qpn: self.layout.qpn,
-            ds: ds as u8,
-            fm_ce_se: if wr.signaled { fm_ce_se::CQ_UPDATE } else { 0 },
-            imm,
-        };
-        self.write_sq_unit(first_unit, &ctrl.encode());
-        self.write_sq_unit(first_unit + 1, &raddr_seg(wr.remote_addr, wr.rkey));
-        match wr.data {
-            WqeData::Gather { addr, len, lkey } if len > 0 => {
-                self.write_sq_unit(first_unit + 2, &data_seg(len, lkey, addr));
-            }
-            WqeData::Inline(bytes) if !bytes.is_empty() => {
-                let mut unit = [0u8; 16];
-                unit[..4].copy_from_slice(&inline_header(bytes.len() as u32));
-                let head = bytes.len().min(12);
-                unit[4..4 + head].copy_from_slice(&bytes[..head]);
-                self.write_sq_unit(first_unit + 2, &unit);
-                for (i, chunk) in bytes[head..].chunks(DS_UNIT).enumerate() {
-                    let mut unit = [0u8; 16];
-                    unit[..chunk.len()].copy_from_slice(chunk);
-                    self.write_sq_unit(first_unit + 3 + i as u32, &unit);
-                }
-            }
-            _ => {}
-        }
+        let fm_ce_se = if wr.signaled { fm_ce_se::CQ_UPDATE } else { 0 };
+        let ctrl = ctrl_words(pi, opcode, self.ctrl_qpn | ds as u32, fm_ce_se, imm);
+        let raddr = raddr_words(wr.remote_addr, wr.rkey);
         let bbs = wqe_bbs(ds) as u16;
+        let slot = u32::from(pi) & (self.layout.sq_wqe_cnt - 1);
+        let contiguous = slot + u32::from(bbs) <= self.layout.sq_wqe_cnt;
+        let wqe = if contiguous {
+            self.sq_bb(pi).cast::<u64>()
+        } else {
+            NonNull::from(&mut self.sq_scratch[..]).cast::<u64>()
+        };
+        // SAFETY: `wqe` is either the WQE's `bbs` blocks in the send queue, which do not wrap
+        // (tested just above) and are free (room was checked), so only we touch them, or the
+        // scratch WQE (`MAX_DS` units); every store below stays inside the WQE's `ds` units.
+        unsafe {
+            wqe.write_unaligned(ctrl[0]);
+            wqe.add(1).write_unaligned(ctrl[1]);
+            wqe.add(2).write_unaligned(raddr[0]);
+            wqe.add(3).write_unaligned(raddr[1]);
+            match wr.data {
+                WqeData::Gather { addr, len, lkey } if len > 0 => {
+                    let data = data_words(len, lkey, addr);
+                    wqe.add(4).write_unaligned(data[0]);
+                    wqe.add(5).write_unaligned(data[1]);
+                }
+                WqeData::Inline(bytes) if !bytes.is_empty() => {
+                    write_inline(wqe.add(4).cast::<u8>().as_ptr(), bytes);
+                }
+                _ => {}
+            }
+        }
+        if !contiguous {
+            self.copy_wrapping(pi, ds);
+        }
         let index = usize::from(pi) & (self.layout.sq_wqe_cnt as usize - 1);
         self.sq_posted = self.sq_posted.wrapping_add(1);
-        self.sq_entries[index] = SqEntry {
+        let entry = SqEntry {
             wr_id: wr.wr_id,
             next_pi: pi.wrapping_add(bbs),
             posted: self.sq_posted,
         };
+        // SAFETY: `sq_entries` has `sq_wqe_cnt` (a power of two) entries and `index` is masked
+        // below it.
+        unsafe { *self.sq_entries.get_unchecked_mut(index) = entry };
         self.sq_pi = pi.wrapping_add(bbs);
+    }
+
+    /// Copy the `ds` units of the scratch WQE to the ring from producer index `pi` on, 16-byte
+    /// unit by unit, wrapping at the ring end (a WQE that straddles it).
+    #[cold]
+    #[inline(never)]
+    fn copy_wrapping(&mut self, pi: u16, ds: usize) {
+        let first_unit = u32::from(pi) * (SEND_WQE_BB / DS_UNIT) as u32;
+        for unit in 0..ds {
+            let mut bytes = [0u8; 16];
+            bytes[..8].copy_from_slice(&self.sq_scratch[2 * unit].to_ne_bytes());
+            bytes[8..].copy_from_slice(&self.sq_scratch[2 * unit + 1].to_ne_bytes());
+            self.write_sq_unit(first_unit + unit as u32, &bytes);
+        }
     }
 
     /// Doorbell record, then BlueFlame copy (one WQE that fits a half) or the 8-byte doorbell of
     /// the last WQE's control segment; then flip to the other half.
+    #[inline(always)]
     fn ring(&mut self, nreq: usize, last_pi: u16, last_ds: usize) {
         // The WQEs are in memory before the record says so.
         barrier::to_device();
@@ -551,16 +656,42 @@ impl<D: DoorbellRegister> DirectQp<D> {
         };
         self.doorbell.wc_start();
         let bf_size = self.doorbell.bf_size() as usize;
-        let first_unit = u32::from(last_pi) * (SEND_WQE_BB / DS_UNIT) as u32;
+        let mut offset = self.bf_offset;
         if nreq == 1 && bf_size > 0 && last_ds * DS_UNIT <= bf_size {
-            let words = wqe_bbs(last_ds) * SEND_WQE_BB / 8;
-            for word in 0..words {
-                let value = self.read_sq_u64(first_unit + (word / 2) as u32, word % 2);
-                self.doorbell.store64(self.bf_offset + word * 8, value);
+            // Whole basic blocks, as they are in the ring (a block's unused tail included).
+            let bbs = wqe_bbs(last_ds) as u16;
+            let first = u32::from(last_pi) & (self.layout.sq_wqe_cnt - 1);
+            if first + u32::from(bbs) <= self.layout.sq_wqe_cnt {
+                // Not wrapping: one pointer walks the blocks.
+                let mut words = self.sq_bb(last_pi).cast::<u64>();
+                for _ in 0..bbs {
+                    for word in 0..SEND_WQE_BB / 8 {
+                        // SAFETY: inside the WQE's blocks, which lie in the send queue without
+                        // wrapping (tested above) and which this value just wrote.
+                        let value = unsafe { words.add(word).read_unaligned() };
+                        self.doorbell.store64(offset, value);
+                        offset += 8;
+                    }
+                    // SAFETY: at most one past the WQE's last block, still inside (or one past
+                    // the end of) the send queue.
+                    words = unsafe { words.add(SEND_WQE_BB / 8) };
+                }
+            } else {
+                for bb in 0..bbs {
+                    let words = self.sq_bb(last_pi.wrapping_add(bb)).cast::<u64>();
+                    for word in 0..SEND_WQE_BB / 8 {
+                        // SAFETY: inside the block `sq_bb` found in the send queue, which this
+                        // value just wrote.
+                        let value = unsafe { words.add(word).read_unaligned() };
+                        self.doorbell.store64(offset, value);
+                        offset += 8;
+                    }
+                }
             }
         } else {
-            let value = self.read_sq_u64(first_unit, 0);
-            self.doorbell.store64(self.bf_offset, value);
+            // SAFETY: the control segment's first 8 bytes, in the send queue.
+            let value = unsafe { self.sq_bb(last_pi).cast::<u64>().read_unaligned() };
+            self.doorbell.store64(offset, value);
         }
         self.doorbell.wc_flush();
         self.bf_offset ^= bf_size;
@@ -597,18 +728,20 @@ impl<D: DoorbellRegister> DirectQp<D> {
 
     /// Poll up to `max` completions, handing each to `sink`; returns how many. The CQ doorbell
     /// record is updated once per call.
+    #[inline]
     pub fn poll(
         &mut self,
         max: usize,
         mut sink: impl FnMut(DirectCompletion),
     ) -> Result<usize, DirectError> {
         let mut got = 0;
-        let mut consumed = false;
+        let start_ci = self.cq_ci;
         let mut result = Ok(());
+        let mask = self.layout.cqe_cnt - 1;
+        let stride = self.layout.cqe_size as usize;
+        let tail = stride - CQE64_LEN;
         while got < max {
-            let mask = self.layout.cqe_cnt - 1;
-            let slot = (self.cq_ci & mask) as usize * self.layout.cqe_size as usize
-                + (self.layout.cqe_size as usize - CQE64_LEN);
+            let slot = (self.cq_ci & mask) as usize * stride + tail;
             // SAFETY: the slot lies inside the CQ buffer (`new`'s contract); the device writes it
             // concurrently, hence the volatile read of the ownership byte.
             let cqe_ptr = unsafe { self.layout.cq_buf.add(slot) };
@@ -619,12 +752,11 @@ impl<D: DoorbellRegister> DirectQp<D> {
             }
             // The body is read only after ownership is seen.
             barrier::from_device();
-            // SAFETY: a software-owned CQE the device no longer writes (ownership was seen before
-            // the fence), so a plain read suffices (rdma-core reads it the same way).
-            let bytes = unsafe { cqe_ptr.cast::<[u8; CQE64_LEN]>().read() };
             self.cq_ci = self.cq_ci.wrapping_add(1);
-            consumed = true;
-            match self.complete(&Cqe::decode(&bytes)) {
+            // SAFETY: a software-owned CQE the device no longer writes (ownership was seen before
+            // the fence); `complete_at` reads its fields with plain loads (rdma-core reads it the
+            // same way).
+            match unsafe { self.complete_at(cqe_ptr, op_own) } {
                 Ok(Some(c)) => {
                     sink(c);
                     got += 1;
@@ -636,7 +768,7 @@ impl<D: DoorbellRegister> DirectQp<D> {
                 }
             }
         }
-        if consumed {
+        if self.cq_ci != start_ci {
             // The CQEs were read before the device may reuse their slots.
             barrier::to_device();
             // SAFETY: the CQ doorbell record is valid for the CQ's life.
@@ -650,26 +782,48 @@ impl<D: DoorbellRegister> DirectQp<D> {
         result.map(|()| got)
     }
 
-    /// Turn a CQE into a completion (None for CQEs to skip).
-    fn complete(&mut self, cqe: &Cqe) -> Result<Option<DirectCompletion>, DirectError> {
-        let op_own = cqe.opcode << 4 | cqe.format << 2 | u8::from(cqe.owner);
-        if cqe.format == 3 {
-            return Err(DirectError::UnexpectedCqe { op_own });
+    /// Turn the software-owned CQE at `cqe` (its 64-byte format) into a completion (None for CQEs
+    /// to skip), reading only the fields that completion needs; [`cqe::Cqe::decode`]'s meaning.
+    ///
+    /// # Safety
+    /// `cqe` must point at 64 readable bytes of a CQE the device no longer writes.
+    #[inline(always)]
+    unsafe fn complete_at(
+        &mut self,
+        cqe: NonNull<u8>,
+        op_own: u8,
+    ) -> Result<Option<DirectCompletion>, DirectError> {
+        // SAFETY: inside the 64 bytes (the caller's promise).
+        let byte = |at: usize| unsafe { cqe.add(at).read() };
+        // SAFETY: as above, `at + 4 <= 64`.
+        let be32 = |at: usize| u32::from_be(unsafe { cqe.add(at).cast::<u32>().read_unaligned() });
+        let opcode = op_own >> 4;
+        if (op_own >> 2) & 3 == 3 {
+            // As `complete` reports it: opcode, format and owner (the solicited bit dropped).
+            return Err(DirectError::UnexpectedCqe {
+                op_own: op_own & !2,
+            });
         }
-        match cqe.opcode {
+        match opcode {
             cqe::opcode::REQ | cqe::opcode::REQ_ERR => {
+                // SAFETY: inside the 64 bytes.
+                let wqe_counter = u16::from_be(unsafe {
+                    cqe.add(cqe::offset::WQE_COUNTER)
+                        .cast::<u16>()
+                        .read_unaligned()
+                });
                 let outstanding = self.sq_outstanding();
-                if u32::from(cqe.wqe_counter.wrapping_sub(self.sq_ci)) >= outstanding {
-                    return Err(DirectError::UnknownWqe {
-                        wqe_counter: cqe.wqe_counter,
-                    });
+                if u32::from(wqe_counter.wrapping_sub(self.sq_ci)) >= outstanding {
+                    return Err(DirectError::UnknownWqe { wqe_counter });
                 }
-                let index = usize::from(cqe.wqe_counter) & (self.layout.sq_wqe_cnt as usize - 1);
-                let entry = self.sq_entries[index];
+                let index = usize::from(wqe_counter) & (self.layout.sq_wqe_cnt as usize - 1);
+                // SAFETY: `sq_entries` has `sq_wqe_cnt` (a power of two) entries and `index` is
+                // masked below it.
+                let entry = unsafe { *self.sq_entries.get_unchecked(index) };
                 self.sq_ci = entry.next_pi;
                 self.sq_completed = entry.posted;
-                let (status, vendor_err, op) = if cqe.opcode == cqe::opcode::REQ {
-                    let op = match cqe.wqe_opcode {
+                let (status, vendor_err, op) = if opcode == cqe::opcode::REQ {
+                    let op = match byte(cqe::offset::SOP_DROP_QPN) {
                         wqe::opcode::RDMA_WRITE => CompletedOp::Write,
                         wqe::opcode::RDMA_WRITE_IMM => CompletedOp::WriteImm,
                         wqe::opcode::RDMA_READ => CompletedOp::Read,
@@ -678,8 +832,8 @@ impl<D: DoorbellRegister> DirectQp<D> {
                     (0, 0, op)
                 } else {
                     (
-                        syndrome_status(cqe.syndrome),
-                        u32::from(cqe.vendor_err),
+                        syndrome_status(byte(cqe::offset::SYNDROME)),
+                        u32::from(byte(cqe::offset::VENDOR_ERR_SYND)),
                         CompletedOp::Failed,
                     )
                 };
@@ -691,7 +845,7 @@ impl<D: DoorbellRegister> DirectQp<D> {
                     op,
                     imm: None,
                     byte_len: if op == CompletedOp::Read {
-                        cqe.byte_cnt
+                        be32(cqe::offset::BYTE_CNT)
                     } else {
                         0
                     },
@@ -708,32 +862,75 @@ impl<D: DoorbellRegister> DirectQp<D> {
                 // RC receives complete in order: the oldest posted one (rdma-core uses its tail too).
                 let index = (self.rq_tail & (self.layout.rq_wqe_cnt - 1)) as usize;
                 self.rq_tail = self.rq_tail.wrapping_add(1);
-                let imm = u32::from_be_bytes(cqe.imm);
-                let (status, vendor_err, op, imm) = match cqe.opcode {
-                    cqe::opcode::RESP_WR_IMM => (0, 0, CompletedOp::RecvWriteImm, Some(imm)),
-                    cqe::opcode::RESP_SEND_IMM => (0, 0, CompletedOp::RecvSend, Some(imm)),
+                // SAFETY: `rq_wr_ids` has `rq_wqe_cnt` (a power of two) entries and `index` is
+                // masked below it.
+                let wr_id = unsafe { *self.rq_wr_ids.get_unchecked(index) };
+                let (status, vendor_err, op, imm) = match opcode {
+                    cqe::opcode::RESP_WR_IMM => (
+                        0,
+                        0,
+                        CompletedOp::RecvWriteImm,
+                        Some(be32(cqe::offset::IMM_INVAL_PKEY)),
+                    ),
+                    cqe::opcode::RESP_SEND_IMM => (
+                        0,
+                        0,
+                        CompletedOp::RecvSend,
+                        Some(be32(cqe::offset::IMM_INVAL_PKEY)),
+                    ),
                     cqe::opcode::RESP_SEND | cqe::opcode::RESP_SEND_INV => {
                         (0, 0, CompletedOp::RecvSend, None)
                     }
                     _ => (
-                        syndrome_status(cqe.syndrome),
-                        u32::from(cqe.vendor_err),
+                        syndrome_status(byte(cqe::offset::SYNDROME)),
+                        u32::from(byte(cqe::offset::VENDOR_ERR_SYND)),
                         CompletedOp::Failed,
                         None,
                     ),
                 };
                 Ok(Some(DirectCompletion {
-                    wr_id: self.rq_wr_ids[index],
+                    wr_id,
                     status,
                     vendor_err,
                     queue: WorkQueue::Recv,
                     op,
                     imm,
-                    byte_len: if status == 0 { cqe.byte_cnt } else { 0 },
+                    byte_len: if status == 0 {
+                        be32(cqe::offset::BYTE_CNT)
+                    } else {
+                        0
+                    },
                 }))
             }
             cqe::opcode::RESIZE_CQ => Ok(None),
-            _ => Err(DirectError::UnexpectedCqe { op_own }),
+            _ => Err(DirectError::UnexpectedCqe {
+                op_own: op_own & !2,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mlx5::wqe::inline_header;
+
+    #[test]
+    fn inline_segments_of_every_length_are_header_bytes_and_zero_padding_only() {
+        for len in 1..=220usize {
+            let bytes: Vec<u8> = (0..len).map(|i| 0x40u8.wrapping_add(i as u8)).collect();
+            let mut buf = [0xeeu8; 256];
+            // SAFETY: `inline_ds(220) * 16 = 224 <= 256` bytes of `buf`.
+            unsafe { write_inline(buf.as_mut_ptr(), &bytes) };
+            let end = inline_ds(len) * DS_UNIT;
+            let mut want = vec![0u8; end];
+            want[..4].copy_from_slice(&inline_header(len as u32));
+            want[4..4 + len].copy_from_slice(&bytes);
+            assert_eq!(&buf[..end], &want[..], "{len} bytes");
+            assert!(
+                buf[end..].iter().all(|&b| b == 0xee),
+                "{len}: past the segment"
+            );
         }
     }
 }

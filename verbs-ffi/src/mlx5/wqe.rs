@@ -111,6 +111,43 @@ pub fn raddr_seg(raddr: u64, rkey: u32) -> [u8; 16] {
     out
 }
 
+/// The control segment as two 64-bit words in wire byte order (store them natively): the bytes
+/// [`CtrlSeg::encode`] writes for `opmod` 0. `qpn_ds` is [`ctrl_qpn_ds`] of the QP and the WQE's
+/// `ds`, `imm` the immediate in host order.
+#[inline(always)]
+pub const fn ctrl_words(
+    wqe_index: u16,
+    opcode: u8,
+    qpn_ds: u32,
+    fm_ce_se: u8,
+    imm: u32,
+) -> [u64; 2] {
+    let word0 = (wqe_index as u64) << 40 | (opcode as u64) << 32 | qpn_ds as u64;
+    let word1 = (fm_ce_se as u64) << 32 | imm as u64;
+    [word0.to_be(), word1.to_be()]
+}
+
+/// The control segment's second 32-bit field, `qpn << 8 | ds` (host order).
+#[inline(always)]
+pub const fn ctrl_qpn_ds(qpn: u32, ds: u8) -> u32 {
+    (qpn & 0x00ff_ffff) << 8 | (ds & 0x3f) as u32
+}
+
+/// [`raddr_seg`] as two 64-bit words in wire byte order.
+#[inline(always)]
+pub const fn raddr_words(raddr: u64, rkey: u32) -> [u64; 2] {
+    [raddr.to_be(), ((rkey as u64) << 32).to_be()]
+}
+
+/// [`data_seg`] as two 64-bit words in wire byte order.
+#[inline(always)]
+pub const fn data_words(byte_count: u32, lkey: u32, addr: u64) -> [u64; 2] {
+    [
+        ((byte_count as u64) << 32 | lkey as u64).to_be(),
+        addr.to_be(),
+    ]
+}
+
 /// Decode a remote-address segment: `(raddr, rkey, reserved word)`.
 pub fn decode_raddr_seg(bytes: &[u8; 16]) -> (u64, u32, u32) {
     (be64(bytes, 0), be32(bytes, 8), be32(bytes, 12))
