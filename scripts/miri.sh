@@ -31,7 +31,7 @@ miri -p rivet-plugin --lib -- \
   --skip thousands_of_messages --skip sequence_wraps_16_bits --skip pools_exhausted \
   --skip receive_slots_256 --skip unsignaled_cts_stream_drains --skip unsignaled_data_writes_drain
 # verbs-ffi: the C layouts, work-request chains, the mlx5 formats and the software mlx5 model.
-miri -p rivet-verbs-ffi --lib -- qp:: sys:: error:: discover::gid discover::identity discover::speed
+miri -p rivet-verbs-ffi --lib -- qp:: sys:: error:: discover::gid discover::identity discover::speed mlx5::direct
 miri -p rivet-verbs-ffi --test mlx5_formats
 miri -p rivet-verbs-ffi --test mlx5_model -- --skip a_million_wqes
 echo "miri: passed"
