@@ -254,10 +254,13 @@ impl RecvConn {
         })
     }
 
-    /// The driver could not post what [`irecv_one`](Self::irecv_one) returned: the connection
-    /// fails with `err` (the request it named is never reported).
+    /// The driver could not post what [`irecv_one`](Self::irecv_one) returned for `req`: the
+    /// connection fails with `err`, and the request, never handed out, is freed.
     #[cold]
-    pub fn post_failed(&mut self, err: crate::nic::NicError) -> DataError {
+    pub fn post_failed(&mut self, req: RequestId, err: crate::nic::NicError) -> DataError {
+        if let Ok(index) = self.requests.lookup(req) {
+            self.requests.release(index);
+        }
         self.health.fail(err.into())
     }
 

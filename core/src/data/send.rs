@@ -374,6 +374,38 @@ impl SendConn {
         let Some(req_index) = self.requests.next_free() else {
             return Ok(OneSend::General);
         };
+        let payload = Payload::Local(Sge {
+            addr: buf.addr,
+            len: buf.len as u32,
+            lkey: buf.lkey,
+        });
+        let (req, wr) = self.end_whole(req_index, buf.len as u32, payload, cts.addr, cts.rkey);
+        Ok(OneSend::Post { req, wr })
+    }
+
+    /// The driver could not post what [`isend_one`](Self::isend_one) returned for `req`: the
+    /// connection fails with `err`, and the request, never handed out, is freed.
+    #[cold]
+    pub fn post_failed(&mut self, req: RequestId, err: crate::nic::NicError) -> DataError {
+        if let Ok(index) = self.requests.lookup(req) {
+            self.requests.release(index);
+        }
+        self.health.fail(err.into())
+    }
+
+    /// The one signaled write with immediate that ends the head receive's slot with request
+    /// `req_index` (a whole send of `size` bytes into a one-buffer receive): takes its send-queue
+    /// position, records the request in flight and the slot ending, moves to the next receive.
+    /// The caller posts the work request.
+    #[inline(always)]
+    fn end_whole(
+        &mut self,
+        req_index: u8,
+        size: u32,
+        payload: Payload<'static>,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> (RequestId, SendWr<'static>) {
         let slot = self.seq as u8;
         let imm = Imm {
             seq16: self.seq as u16,
@@ -386,21 +418,14 @@ impl SendConn {
         let wr = SendWr {
             wr_id: posted.wr_id,
             op: SendOp::WriteImm(imm),
-            payload: Payload::Local(Sge {
-                addr: buf.addr,
-                len: buf.len as u32,
-                lkey: buf.lkey,
-            }),
-            remote_addr: cts.addr,
-            rkey: cts.rkey,
+            payload,
+            remote_addr,
+            rkey,
             signaled: true,
         };
-        let req = self.requests.occupy(
-            req_index,
-            SendState::InFlight {
-                size: buf.len as u32,
-            },
-        );
+        let req = self
+            .requests
+            .occupy(req_index, SendState::InFlight { size });
         let mut reqs = [0; MAX_RECVS];
         reqs[0] = req_index;
         self.ends[usize::from(slot)] = EndState::Ending {
@@ -408,15 +433,11 @@ impl SendConn {
             reqs,
             count: 1,
         };
+        // The slot ended: the next send reads the next receive's entries. (`head.m` needs no
+        // update: it is rewritten when that receive is loaded.)
+        self.head.state = HeadState::Unread;
         self.seq = self.seq.wrapping_add(1);
-        Ok(OneSend::Post { req, wr })
-    }
-
-    /// The driver could not post what [`isend_one`](Self::isend_one) returned: the connection
-    /// fails with `err` (the request it named is never reported).
-    #[cold]
-    pub fn post_failed(&mut self, err: crate::nic::NicError) -> DataError {
-        self.health.fail(err.into())
+        (req, wr)
     }
 
     /// [`isend`](Self::isend) of one part of a larger message: `buf` goes to byte `offset` of
@@ -548,42 +569,9 @@ impl SendConn {
             };
             (Payload::Local(sge), m.entry.addr, m.entry.rkey)
         };
-        let imm = Imm {
-            seq16: self.seq as u16,
-            n: 1,
-            record: false,
-            mismatch: false,
-        }
-        .encode();
-        let posted = self.sq.next(WrKind::SlotEnd, u16::from(m.slot), true);
-        let post = self.sq.posted() as u32;
-        let wr = SendWr {
-            wr_id: posted.wr_id,
-            op: SendOp::WriteImm(imm),
-            payload,
-            remote_addr,
-            rkey,
-            signaled: true,
-        };
+        let (id, wr) = self.end_whole(m.req_index, buf.len as u32, payload, remote_addr, rkey);
         nic.post_send(&[wr])
-            .map_err(|err| self.health.fail(err.into()))?;
-        let id = self.requests.occupy(
-            m.req_index,
-            SendState::InFlight {
-                size: buf.len as u32,
-            },
-        );
-        let mut reqs = [0; MAX_RECVS];
-        reqs[0] = m.req_index;
-        self.ends[usize::from(m.slot)] = EndState::Ending {
-            post,
-            reqs,
-            count: 1,
-        };
-        // The slot ended: the next send reads the next receive's entries. (`head.m` needs no
-        // update: it is rewritten when that receive is loaded.)
-        self.head.state = HeadState::Unread;
-        self.seq = self.seq.wrapping_add(1);
+            .map_err(|err| self.post_failed(id, err))?;
         Ok(id)
     }
 

@@ -21,7 +21,7 @@ pub fn isend_direct(
             OneSend::Post { req, wr } => {
                 return match nic.post_send(&[wr]) {
                     Ok(()) => Ok(Some(req)),
-                    Err(err) => Err(send.post_failed(err)),
+                    Err(err) => Err(send.post_failed(req, err)),
                 };
             }
             OneSend::NotYet => return Ok(None),
@@ -62,7 +62,7 @@ pub fn irecv_direct(
                 let posted = nic.post_recv(wr_id).and_then(|()| nic.post_send(&[cts]));
                 return match posted {
                     Ok(()) => Ok(Some(req)),
-                    Err(err) => Err(recv.post_failed(err)),
+                    Err(err) => Err(recv.post_failed(req, err)),
                 };
             }
             OneRecv::General => {}

@@ -221,7 +221,7 @@ impl SendPath for SendConn {
                 OneSend::Post { req, wr } => {
                     return match nic.post_send(&[wr]) {
                         Ok(()) => Ok(Some(req)),
-                        Err(err) => Err(self.post_failed(err)),
+                        Err(err) => Err(self.post_failed(req, err)),
                     };
                 }
                 OneSend::NotYet => return Ok(None),
@@ -248,7 +248,7 @@ impl RecvPath for RecvConn {
                     let posted = nic.post_recv(recv).and_then(|()| nic.post_send(&[cts]));
                     return match posted {
                         Ok(()) => Ok(Some(req)),
-                        Err(err) => Err(self.post_failed(err)),
+                        Err(err) => Err(self.post_failed(req, err)),
                     };
                 }
                 OneRecv::General => {}

@@ -716,12 +716,13 @@ fn irecv_one_declines_what_it_does_not_decide() {
 #[test]
 fn irecv_one_post_failure_fails_the_connection() {
     let (mut r, _) = receiver(64);
-    assert!(matches!(
-        r.irecv_one(bufs(&[8])[0], 0, 64),
-        Ok(OneRecv::Post { .. })
-    ));
-    let err = r.post_failed(NicError::Post { errno: 12 });
+    let Ok(OneRecv::Post { req, .. }) = r.irecv_one(bufs(&[8])[0], 0, 64) else {
+        panic!("a one-buffer receive");
+    };
+    assert_eq!(r.outstanding(), 1);
+    let err = r.post_failed(req, NicError::Post { errno: 12 });
     assert_eq!(r.failure(), Some(&err));
+    assert_eq!(r.outstanding(), 0, "the request never handed out is freed");
     assert_eq!(r.irecv_one(bufs(&[8])[0], 0, 64), Err(err));
 }
 

@@ -560,10 +560,13 @@ fn unread_isend_one_waits_for_the_slot_and_reports_failures() {
     let (mut s, mut nic) = sender(64);
     write_cts(&mut nic, 0, &[(100, 5)]);
     let (stamp, entry) = crate::sim::read_head(&s, &nic).expect("slot 0 is idle");
-    let decided = s.isend_one(stamp, &entry, buf(8), 5).unwrap();
-    assert!(matches!(decided, OneSend::Post { .. }));
-    let err = s.post_failed(NicError::Post { errno: 12 });
+    let OneSend::Post { req, .. } = s.isend_one(stamp, &entry, buf(8), 5).unwrap() else {
+        panic!("a one-buffer send");
+    };
+    assert_eq!(s.outstanding(), 1);
+    let err = s.post_failed(req, NicError::Post { errno: 12 });
     assert_eq!(s.failure(), Some(&err));
+    assert_eq!(s.outstanding(), 0, "the request never handed out is freed");
     assert_eq!(s.isend_one(stamp, &entry, buf(8), 5), Err(err));
     assert_eq!(s.isend(&mut nic, buf(8), 5), Err(err));
 }
