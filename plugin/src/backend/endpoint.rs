@@ -339,8 +339,7 @@ impl<D: PortDevice> Nic for Endpoint<D> {
 
     // The data path's three calls (post_send, post_recv, poll) are inlined into the core's
     // callers through AnyEndpoint: a call, its frame and its saved registers cost more than the
-    // work of a one-request post or a one-completion poll (fabric callgrind loop: -115 per
-    // round trip and side, +3.8 KB of text).
+    // work of a one-request post or a one-completion poll (docs/datapath.md has the figures).
     #[inline(always)]
     fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
         // One work request (every post of a single-buffer send, and most clear-to-send writes):
