@@ -36,6 +36,9 @@ root=$scratch/root
 for m in proc sys dev dev/pts run; do mount --bind "/$m" "$root/$m"; done
 mount -t tmpfs tmpfs "$root/tmp"
 cp "$deb" "$root/tmp/rivet.deb"
+# The test program is copied in too: the build tree may itself lie under /tmp (a clone in
+# `mktemp -d`), which the root's own /tmp hides.
+cp "$transfer" "$root/tmp/transfer"
 cleanup() {
   for m in tmp run dev/pts dev sys proc; do umount "$root/$m" 2>/dev/null || true; done
   umount "$root" 2>/dev/null || true
@@ -65,8 +68,9 @@ check no_files_in_etc
 in_root /usr/bin/rivet version
 in_root ldconfig -p | grep rivet || { echo "FAIL the loader cache lacks libnccl-net-rivet.so"; fail=1; }
 echo "== transfer through the installed library"
-# The test program lives in the build tree (lower layer); the library comes from the install.
-check in_root env LD_DEBUG=libs LD_DEBUG_OUTPUT=/tmp/ld "$transfer" libnccl-net-rivet.so --version 12 --quick --small 500
+# The test program comes from the build tree (copied into the root's /tmp); the library from
+# the install.
+check in_root env LD_DEBUG=libs LD_DEBUG_OUTPUT=/tmp/ld /tmp/transfer libnccl-net-rivet.so --version 12 --quick --small 500
 loaded=$(cat "$root"/tmp/ld.* 2>/dev/null | sed -n 's/.*calling init: \(.*libnccl-net-rivet\.so\)$/\1/p' | sort -u)
 echo "loaded: $loaded"
 # /lib may be a link to /usr/lib (merged /usr): compare where the paths lead.
