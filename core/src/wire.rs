@@ -121,4 +121,4 @@ pub use message::{
 };
 
 /// The version of every format in this module. Both ends of a connection must speak the same one.
-pub const WIRE_VERSION: u16 = 2;
+pub const WIRE_VERSION: u16 = 3;

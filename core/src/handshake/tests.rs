@@ -332,11 +332,11 @@ fn awaiting_reply_receives_garbage() {
 #[test]
 fn awaiting_reply_receives_newer_wire_version() {
     let mut c = connector_awaiting_reply();
-    let header = header_with_version(MessageKind::AcceptReply, 3);
+    let header = header_with_version(MessageKind::AcceptReply, 4);
     let err = c.handle_input(&header[..6]).unwrap_err();
     let HandshakeError::Wire {
         error: WireError::VersionMismatch {
-            ours: 2, theirs: 3, ..
+            ours: 3, theirs: 4, ..
         },
         ..
     } = &err
@@ -345,7 +345,7 @@ fn awaiting_reply_receives_newer_wire_version() {
     };
     let text = err.to_string();
     assert!(
-        text.contains("version 3 (newer") && text.contains("version 2"),
+        text.contains("version 4 (newer") && text.contains("version 3"),
         "{text}"
     );
     assert_eq!(
@@ -674,7 +674,7 @@ fn awaiting_request_receives_wrong_listen_id() {
 #[test]
 fn awaiting_request_receives_newer_wire_version() {
     let mut a = acceptor_awaiting_request();
-    let header = header_with_version(MessageKind::ConnectRequest, 3);
+    let header = header_with_version(MessageKind::ConnectRequest, 4);
     assert_eq!(a.handle_input(&header[..5]), Ok(()));
     let err = a.handle_input(&header[5..6]).unwrap_err();
     assert_eq!(
@@ -683,8 +683,8 @@ fn awaiting_request_receives_newer_wire_version() {
             stage: "awaiting connect request",
             error: WireError::VersionMismatch {
                 what: "frame header",
-                ours: 2,
-                theirs: 3,
+                ours: 3,
+                theirs: 4,
                 their_rivet: None
             },
         }

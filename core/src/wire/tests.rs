@@ -172,7 +172,7 @@ fn handle_corruption_is_a_checksum_error() {
 #[test]
 fn handle_newer_version_names_their_rivet_release() {
     let mut bytes = v4_handle().encode();
-    bytes[4..6].copy_from_slice(&3u16.to_le_bytes());
+    bytes[4..6].copy_from_slice(&4u16.to_le_bytes());
     bytes[6] = 5;
     bytes[7..23].copy_from_slice(b"9.8.7\0\0\0\0\0\0\0\0\0\0\0");
     let err = ListenHandle::decode(&reseal(bytes)).unwrap_err();
@@ -180,14 +180,14 @@ fn handle_newer_version_names_their_rivet_release() {
         err,
         WireError::VersionMismatch {
             what: "listen handle",
-            ours: 2,
-            theirs: 3,
+            ours: 3,
+            theirs: 4,
             their_rivet: Some(RivetVersion::new("9.8.7").unwrap()),
         }
     );
     let text = err.to_string();
-    assert!(text.contains("version 3 (newer, Rivet 9.8.7)"), "{text}");
-    assert!(text.contains("we speak version 2"), "{text}");
+    assert!(text.contains("version 4 (newer, Rivet 9.8.7)"), "{text}");
+    assert!(text.contains("we speak version 3"), "{text}");
 }
 
 #[test]
@@ -312,7 +312,7 @@ fn header_prefix_fails_on_version_before_the_rest() {
         err,
         WireError::VersionMismatch {
             what: "frame header",
-            ours: 2,
+            ours: 3,
             theirs: 7,
             their_rivet: None
         }
