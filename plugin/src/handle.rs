@@ -19,13 +19,28 @@
 //! Each table grows on the control path, in chunks of [`CHUNK`] slots allocated when the slots so
 //! far are all in use, up to [`MAX_ENTRIES`] (the most a 16-bit index addresses). The static part
 //! is a directory of chunk pointers that starts all-NULL, so the tables cost the library no
-//! initialised data. Lookups are lock-free: three atomic loads (chunk, generation, object), no
-//! allocation. Insertion and removal are control-path operations serialised by a mutex.
+//! initialised data. Insertion and removal are control-path operations serialised by a mutex.
 //!
+//! **A slot is one atomic word**: the slot's generation in bits 48–63 (where a handle carries
+//! its generation too) and the object's address in bits 0–47 (0 while the slot is empty). A
+//! lookup is two loads (chunk pointer, slot word): the handle's generation bits XORed into the
+//! word leave exactly the address when the generations agree and the slot is occupied, and a
+//! value with any of bits 48–63 set (another generation) or 0 (an empty slot) otherwise, so one
+//! compare decides. Address and generation come from the same load, so a lookup never pairs one
+//! incarnation's generation with another's object. Insertion refuses an object whose address
+//! does not fit in 48 bits (user-space addresses on Linux do unless a program maps above them on
+//! purpose, or the allocator tags its pointers): it is never stored truncated.
+//!
+//! **Why a lock-free lookup is sound.** A slot word is written only under the writer mutex:
+//! `insert` stores `generation | address` (release, after the object was written), `remove`
+//! stores `next generation | 0`. A lookup that reads a word (acquire) either sees an older or
+//! newer generation, or an empty slot, and answers "not live", or sees this handle's generation
+//! with an address, and then the object was published before that store and is not freed until
+//! a `remove`, which its callers promise happens only when no reference from a lookup is in use.
 //! Chunks are never freed: a stale handle may be looked up (lock-free) at any time, also while
 //! the last `finalize` tears objects down, and only a chunk that stays allocated makes that lookup
-//! safe without a lock. The memory is bounded by the peak number of live objects (16 bytes a
-//! slot, at most 1 MiB a table) and is reused by later objects; on `dlclose` it stays behind as
+//! safe without a lock. The memory is bounded by the peak number of live objects (8 bytes a
+//! slot, at most 512 KiB a table) and is reused by later objects; on `dlclose` it stays behind as
 //! an unreachable allocation, which frees nothing twice and leaves no thread or destructor that
 //! could run into unmapped code.
 
@@ -33,56 +48,67 @@
 
 use crate::error::{NetError, NetResult};
 use core::ffi::c_void;
+use core::marker::PhantomData;
 use std::fmt;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 /// A handle as NCCL holds it: an opaque pointer-sized value.
 pub(crate) type Ptr = *mut c_void;
 
-/// Slots per chunk (a 4 KiB allocation for 16-byte slots).
+/// Slots per chunk (a 2 KiB allocation of 8-byte slots).
 pub(crate) const CHUNK: usize = 256;
 /// Most entries a table holds: every value of the 16-bit handle index.
 pub(crate) const MAX_ENTRIES: usize = 1 << 16;
 const MAX_CHUNKS: usize = MAX_ENTRIES / CHUNK;
 
-/// A decoded handle: which table slot, which incarnation of it, and which table.
+/// Bits 48–63 of a handle and of a slot word: the generation.
+const GENERATION_BITS: u64 = 0xffff << 48;
+/// Bits 0–47 of a slot word: the object's address.
+const ADDRESS_BITS: u64 = (1 << 48) - 1;
+
+/// A decoded handle: bits 48–63 the generation of its slot, 32–47 the slot index, 0–31 the
+/// table's kind tag (object handles) or a request id (request handles). Never 0: generations
+/// start at 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Handle {
-    /// Slot index.
-    index: u16,
-    /// Incarnation of the slot; bumped on every removal.
-    generation: u16,
-    /// Low 32 bits: the table's kind tag for object handles, or a request id for request handles.
-    low: u32,
-}
+pub(crate) struct Handle(u64);
 
 impl Handle {
-    /// Pack into the pointer-sized value NCCL stores. Never NULL: generations start at 1.
+    fn new(index: u16, generation: u16, low: u32) -> Self {
+        Self(u64::from(generation) << 48 | u64::from(index) << 32 | u64::from(low))
+    }
+
+    /// Slot index.
+    fn index(self) -> usize {
+        usize::from((self.0 >> 32) as u16)
+    }
+
+    /// Incarnation of the slot; bumped on every removal.
+    #[cfg(test)]
+    fn generation(self) -> u16 {
+        (self.0 >> 48) as u16
+    }
+
+    /// The table's kind tag for object handles, or a request id for request handles.
+    fn low(self) -> u32 {
+        self.0 as u32
+    }
+
+    /// Pack into the pointer-sized value NCCL stores.
     pub(crate) fn to_ptr(self) -> Ptr {
-        let bits = (u64::from(self.generation) << 48)
-            | (u64::from(self.index) << 32)
-            | u64::from(self.low);
-        bits as usize as Ptr
+        self.0 as usize as Ptr
     }
 
     /// A request handle of this object handle's object: its index and generation, and request
     /// `id` (non-zero) in place of the kind tag; [`Registry::lookup_request`] resolves it.
     pub(crate) fn request_ptr(self, id: u32) -> Ptr {
-        Self { low: id, ..self }.to_ptr()
+        Self(self.0 & !u64::from(u32::MAX) | u64::from(id)).to_ptr()
     }
 
     /// Unpack; `None` for NULL.
     fn from_ptr(ptr: Ptr) -> Option<Self> {
         let bits = ptr as usize as u64;
-        if bits == 0 {
-            return None;
-        }
-        Some(Self {
-            index: (bits >> 32) as u16,
-            generation: (bits >> 48) as u16,
-            low: bits as u32,
-        })
+        (bits != 0).then_some(Self(bits))
     }
 }
 
@@ -99,43 +125,48 @@ pub(crate) fn unknown(call: &str, what: &str, ptr: Ptr) -> NetError {
     }
 }
 
-/// A table is at its limit. The text names the limit, for NCCL's log.
+/// Why [`Registry::insert`] refused an object. The text names the limit, for NCCL's log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct TableFull {
-    /// What the table holds ("live connections").
-    pub(crate) what: &'static str,
-    /// How many it holds at most.
-    pub(crate) capacity: usize,
+pub(crate) enum Refused {
+    /// The table is at its limit.
+    Full {
+        /// What the table holds ("live connections").
+        what: &'static str,
+        /// How many it holds at most.
+        capacity: usize,
+    },
+    /// The object's address does not fit a slot's 48 address bits.
+    Unaddressable {
+        /// What the table holds.
+        what: &'static str,
+        /// The address.
+        address: usize,
+    },
 }
 
-impl fmt::Display for TableFull {
+impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Rivet's limit of {} {} per process is reached; close some first",
-            self.capacity, self.what
-        )
-    }
-}
-
-struct Slot<T> {
-    value: AtomicPtr<T>,
-    /// Current generation (1..=u16::MAX, wrapping past 0).
-    generation: AtomicU32,
-}
-
-impl<T> Slot<T> {
-    const fn empty() -> Self {
-        Self {
-            value: AtomicPtr::new(core::ptr::null_mut()),
-            generation: AtomicU32::new(1),
+        match self {
+            Self::Full { what, capacity } => write!(
+                f,
+                "Rivet's limit of {capacity} {what} per process is reached; close some first"
+            ),
+            Self::Unaddressable { what, address } => write!(
+                f,
+                "Rivet's table of {what} holds 48-bit addresses and the allocator returned \
+                 {address:#x}"
+            ),
         }
     }
 }
 
-struct Chunk<T> {
-    slots: [Slot<T>; CHUNK],
+/// `CHUNK` slot words: generation and address (see the module documentation).
+struct Chunk {
+    slots: [AtomicU64; CHUNK],
 }
+
+/// The word of an empty slot of generation 1.
+const FIRST_EMPTY: u64 = 1 << 48;
 
 /// The writer's view: where to look for a free slot next, and how many slots exist.
 struct Cursor {
@@ -146,12 +177,15 @@ struct Cursor {
 /// A growable table of boxed `T`s addressed by [`Handle`]s.
 pub(crate) struct Registry<T> {
     /// Chunk `i` holds slots `i * CHUNK ..`; NULL until first needed, then never changed.
-    chunks: [AtomicPtr<Chunk<T>>; MAX_CHUNKS],
+    chunks: [AtomicPtr<Chunk>; MAX_CHUNKS],
     kind: u32,
     capacity: usize,
     what: &'static str,
     /// Serialises insert/remove.
     writer: Mutex<Cursor>,
+    /// The slots address boxed `T`s; the marker keeps the auto traits of the table of
+    /// `AtomicPtr<T>` slots this layout replaced.
+    holds: PhantomData<AtomicPtr<T>>,
 }
 
 impl<T> Registry<T> {
@@ -170,10 +204,11 @@ impl<T> Registry<T> {
             capacity,
             what,
             writer: Mutex::new(Cursor { next: 0, len: 0 }),
+            holds: PhantomData,
         }
     }
 
-    fn slot(&self, index: usize) -> Option<&Slot<T>> {
+    fn slot(&self, index: usize) -> Option<&AtomicU64> {
         let chunk = self.chunks.get(index / CHUNK)?.load(Ordering::Acquire);
         // SAFETY: a non-null chunk pointer came from `Box::into_raw` in `grow` and is freed only
         // by `drop`, which has the table exclusively.
@@ -184,21 +219,21 @@ impl<T> Registry<T> {
     /// Allocate the chunk holding slot `len` (the first slot past the existing ones).
     fn grow(&self, cursor: &mut Cursor) {
         let chunk = Box::new(Chunk {
-            slots: [const { Slot::empty() }; CHUNK],
+            slots: [const { AtomicU64::new(FIRST_EMPTY) }; CHUNK],
         });
         self.chunks[cursor.len / CHUNK].store(Box::into_raw(chunk), Ordering::Release);
         cursor.len = (cursor.len + CHUNK).min(self.capacity);
     }
 
-    /// Store `value`, growing the table if every existing slot is in use; [`TableFull`] at the
-    /// capacity.
-    pub(crate) fn insert(&self, value: Box<T>) -> Result<Handle, TableFull> {
+    /// Store `value`, growing the table if every existing slot is in use; [`Refused`] at the
+    /// capacity (or for an address a slot cannot hold).
+    pub(crate) fn insert(&self, value: Box<T>) -> Result<Handle, Refused> {
         let mut cursor = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let free = (0..cursor.len)
             .map(|step| (cursor.next + step) % cursor.len)
             .find(|&index| {
                 self.slot(index)
-                    .is_some_and(|slot| slot.value.load(Ordering::Relaxed).is_null())
+                    .is_some_and(|slot| slot.load(Ordering::Relaxed) & ADDRESS_BITS == 0)
             });
         let index = match free {
             Some(index) => index,
@@ -208,7 +243,7 @@ impl<T> Registry<T> {
                 first_new
             }
             None => {
-                return Err(TableFull {
+                return Err(Refused::Full {
                     what: self.what,
                     capacity: self.capacity,
                 });
@@ -217,56 +252,91 @@ impl<T> Registry<T> {
         let Some(slot) = self.slot(index) else {
             unreachable!("slot {index} below the table length has a chunk");
         };
-        let generation = slot.generation.load(Ordering::Relaxed) as u16;
-        slot.value.store(Box::into_raw(value), Ordering::Release);
+        let address = Box::into_raw(value);
+        if address as usize as u64 & !ADDRESS_BITS != 0 {
+            // SAFETY: just detached from its box above and stored nowhere.
+            drop(unsafe { Box::from_raw(address) });
+            return Err(Refused::Unaddressable {
+                what: self.what,
+                address: address as usize,
+            });
+        }
+        let word = slot.load(Ordering::Relaxed);
+        slot.store(word | address as usize as u64, Ordering::Release);
         cursor.next = (index + 1) % cursor.len;
-        Ok(Handle {
-            index: index as u16,
-            generation,
-            low: self.kind,
-        })
+        Ok(Handle::new(index as u16, (word >> 48) as u16, self.kind))
+    }
+
+    /// The address of the object in the slot `bits` (a handle's) names, if the slot is occupied
+    /// in the handle's generation, whatever the low bits; `None` otherwise (also for NULL: no
+    /// slot has generation 0).
+    #[inline(always)]
+    fn address(&self, bits: u64) -> Option<usize> {
+        let word = self
+            .slot(usize::from((bits >> 32) as u16))?
+            .load(Ordering::Acquire);
+        // The address when the generations agree and the slot is occupied; otherwise 0 or a
+        // value with a generation bit set.
+        let address = word ^ (bits & GENERATION_BITS);
+        if address.wrapping_sub(1) >= ADDRESS_BITS {
+            return None;
+        }
+        Some(address as usize)
+    }
+
+    /// The object at `address`, from [`Registry::address`].
+    #[inline(always)]
+    fn object(&self, address: usize) -> &T {
+        // SAFETY: `address` (non-zero: `Registry::address` refuses 0) came from a slot of the
+        // handle's generation, so from `Box::into_raw` in `insert`, published by the release
+        // store the slot load acquired; it stays valid until `remove`, whose callers promise no
+        // reference from here is still in use.
+        unsafe {
+            core::hint::assert_unchecked(address != 0);
+            &*(address as *const T)
+        }
     }
 
     /// The object in `handle`'s slot if the generation matches, whatever the low bits.
     fn live(&self, handle: Handle) -> Option<&T> {
-        let slot = self.slot(usize::from(handle.index))?;
-        if slot.generation.load(Ordering::Acquire) as u16 != handle.generation {
-            return None;
-        }
-        let ptr = slot.value.load(Ordering::Acquire);
-        // SAFETY: a non-null pointer in a slot came from `Box::into_raw` in `insert` and stays
-        // valid until `remove`, whose callers promise no reference from here is still in use.
-        unsafe { ptr.as_ref() }
+        self.address(handle.0).map(|address| self.object(address))
     }
 
     /// Decode `ptr` as a handle of this table: `None` for NULL or another kind of handle.
     pub(crate) fn decode(&self, ptr: Ptr) -> Option<Handle> {
-        Handle::from_ptr(ptr).filter(|h| h.low == self.kind)
+        Handle::from_ptr(ptr).filter(|h| h.low() == self.kind)
     }
 
     /// The object behind a handle of this table, if it is still live (generation check).
     pub(crate) fn find(&self, handle: Handle) -> Option<&T> {
-        if handle.low != self.kind {
+        if handle.low() != self.kind {
             return None;
         }
         self.live(handle)
     }
 
     /// The live object behind the handle NCCL passed to `call` as argument `what`, or the
-    /// error naming both: one decode, kind check, generation check.
+    /// error naming both: kind check (which refuses NULL too: kinds are non-zero), then the
+    /// generation and occupancy check of [`Registry::address`].
     #[inline]
     pub(crate) fn lookup(&self, call: &str, what: &str, ptr: Ptr) -> NetResult<(Handle, &T)> {
-        self.decode(ptr)
-            .and_then(|handle| Some((handle, self.live(handle)?)))
-            .ok_or_else(|| unknown(call, what, ptr))
+        let bits = ptr as usize as u64;
+        if bits as u32 == self.kind
+            && let Some(address) = self.address(bits)
+        {
+            return Ok((Handle(bits), self.object(address)));
+        }
+        Err(unknown(call, what, ptr))
     }
 
     /// The live object a request handle belongs to, and the request id it carries.
     #[inline]
     pub(crate) fn lookup_request(&self, call: &str, what: &str, ptr: Ptr) -> NetResult<(&T, u32)> {
-        Handle::from_ptr(ptr)
-            .and_then(|handle| Some((self.live(handle)?, handle.low)))
-            .ok_or_else(|| unknown(call, what, ptr))
+        let bits = ptr as usize as u64;
+        match self.address(bits) {
+            Some(address) => Ok((self.object(address), bits as u32)),
+            None => Err(unknown(call, what, ptr)),
+        }
     }
 
     /// Take the object out; the handle (and any copy of it) becomes stale.
@@ -277,22 +347,20 @@ impl<T> Registry<T> {
     /// contract gives that to the close entry points: a close is the last call on an object.
     pub(crate) unsafe fn remove(&self, handle: Handle) -> Option<Box<T>> {
         let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = self.slot(usize::from(handle.index))?;
-        if slot.generation.load(Ordering::Relaxed) as u16 != handle.generation {
+        let slot = self.slot(handle.index())?;
+        let word = slot.load(Ordering::Relaxed);
+        let address = word ^ (handle.0 & GENERATION_BITS);
+        if address.wrapping_sub(1) >= ADDRESS_BITS {
             return None;
         }
-        let ptr = slot.value.swap(core::ptr::null_mut(), Ordering::AcqRel);
-        if ptr.is_null() {
-            return None;
-        }
-        let mut next = slot.generation.load(Ordering::Relaxed).wrapping_add(1) & 0xffff;
+        let mut next = (word >> 48).wrapping_add(1) & 0xffff;
         if next == 0 {
             next = 1;
         }
-        slot.generation.store(next, Ordering::Release);
-        // SAFETY: the pointer came from `Box::into_raw` in `insert` and was just detached from
+        slot.store(next << 48, Ordering::Release);
+        // SAFETY: the address came from `Box::into_raw` in `insert` and was just detached from
         // the slot, so this is its only owner.
-        Some(unsafe { Box::from_raw(ptr) })
+        Some(unsafe { Box::from_raw(address as usize as *mut T) })
     }
 }
 
@@ -309,11 +377,11 @@ impl<T> Drop for Registry<T> {
             // reference into it is alive, and it was just detached from the table.
             let chunk = unsafe { Box::from_raw(chunk) };
             for slot in &chunk.slots {
-                let value = slot.value.load(Ordering::Relaxed);
-                if !value.is_null() {
-                    // SAFETY: a non-null slot value came from `Box::into_raw` in `insert` and
+                let address = slot.load(Ordering::Relaxed) & ADDRESS_BITS;
+                if address != 0 {
+                    // SAFETY: a non-zero slot address came from `Box::into_raw` in `insert` and
                     // was never removed; the table is being dropped, so this is its last owner.
-                    drop(unsafe { Box::from_raw(value) });
+                    drop(unsafe { Box::from_raw(address as usize as *mut T) });
                 }
             }
         }
@@ -354,8 +422,8 @@ mod tests {
         assert!(table.insert(Box::new(2)).is_err(), "full table refuses");
         drop(remove(&table, first));
         let second = table.insert(Box::new(3)).expect("room again");
-        assert_eq!(first.index, second.index);
-        assert_ne!(first.generation, second.generation);
+        assert_eq!(first.index(), second.index());
+        assert_ne!(first.generation(), second.generation());
         assert!(table.find(first).is_none());
         assert_eq!(table.find(second).copied(), Some(3));
     }
@@ -366,12 +434,28 @@ mod tests {
         assert!(Handle::from_ptr(core::ptr::null_mut()).is_none());
         let bogus = Handle::from_ptr(0xdead_beef_usize as *mut _).expect("non-null");
         assert!(table.find(bogus).is_none());
-        let out_of_range = Handle {
-            index: 9999,
-            generation: 1,
-            low: 3,
-        };
+        let out_of_range = Handle::new(9999, 1, 3);
         assert!(table.find(out_of_range).is_none());
+    }
+
+    /// A slot word holds generation and address together: a handle of the slot's current
+    /// generation resolves only while the slot is occupied, and one of any other generation
+    /// (0 included, which no slot ever has) never does.
+    #[test]
+    fn generation_and_occupancy_are_decided_by_one_word() {
+        let table: Registry<u32> = Registry::with_capacity(4, "numbers", 2);
+        let h = table.insert(Box::new(8)).expect("room");
+        let index = h.index() as u16;
+        for generation in [0, 2, u16::MAX] {
+            assert!(table.find(Handle::new(index, generation, 4)).is_none());
+        }
+        assert_eq!(table.find(h).copied(), Some(8));
+        drop(remove(&table, h));
+        // The slot is empty in generation 2 now: that generation's handle finds nothing either.
+        assert!(table.find(Handle::new(index, 2, 4)).is_none());
+        assert!(remove(&table, Handle::new(index, 2, 4)).is_none());
+        // An empty slot never handed out (generation 1, address 0).
+        assert!(table.find(Handle::new(index + 1, 1, 4)).is_none());
     }
 
     /// The table grows past its first chunks on demand, every object stays reachable, and the
@@ -396,15 +480,21 @@ mod tests {
             assert_eq!(table.find(*h).copied(), Some(i));
         }
         let full = table.insert(Box::new(0)).expect_err("at the capacity");
-        assert_eq!(full.capacity, capacity);
+        assert_eq!(
+            full,
+            Refused::Full {
+                what: "live things",
+                capacity
+            }
+        );
         let text = full.to_string();
         assert!(text.contains("515 live things"), "{text}");
         // A freed slot in the middle is found again, with a new generation.
         let middle = handles[CHUNK + 7];
         assert_eq!(remove(&table, middle).map(|b| *b), Some(CHUNK + 7));
         let again = table.insert(Box::new(77)).expect("a slot was freed");
-        assert_eq!(again.index, middle.index);
-        assert_ne!(again.generation, middle.generation);
+        assert_eq!(again.index(), middle.index());
+        assert_ne!(again.generation(), middle.generation());
         assert!(table.find(middle).is_none(), "stale after reuse");
     }
 
@@ -414,11 +504,7 @@ mod tests {
     fn production_capacity_is_the_whole_index_space() {
         let table: Registry<u8> = Registry::new(9, "bytes");
         assert_eq!(table.capacity, usize::from(u16::MAX) + 1);
-        let last = Handle {
-            index: u16::MAX,
-            generation: 1,
-            low: 9,
-        };
+        let last = Handle::new(u16::MAX, 1, 9);
         let found = table.find(last);
         assert!(found.is_none(), "no chunk yet: no object");
     }
