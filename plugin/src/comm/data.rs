@@ -340,13 +340,19 @@ impl<Conn: Path> Side<Conn> {
         } = &mut *state;
         match conn.test(endpoint, req) {
             Ok(Completed::Pending) => match watch.check(&self.port) {
-                None => Ok(Completed::Pending),
+                None => {
+                    state.leave();
+                    Ok(Completed::Pending)
+                }
                 Some(err) => {
                     conn.handle_fatal(err);
                     Err(self.fail("test", endpoint.qp_num(), &err))
                 }
             },
-            Ok(done) => Ok(done),
+            Ok(done) => {
+                state.leave();
+                Ok(done)
+            }
             Err(e) => Err(self.fail("test", endpoint.qp_num(), &e)),
         }
     }
@@ -401,18 +407,18 @@ pub(crate) fn isend(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> N
     }
 }
 
-impl<Conn: Path> State<Conn> {
+impl<Conn: Path> Guard<'_, State<Conn>> {
     /// The C answer to a post (`isend`/`irecv`): the request; NULL to try later, unless the peer or
-    /// the port has failed the connection meanwhile; or the comm's failure.
+    /// the port has failed the connection meanwhile; or the comm's failure. Leaves the cell.
     #[inline(always)]
     fn answer(
-        &mut self,
+        mut self,
         side: &Side<Conn>,
         call: &'static str,
         handle: Handle,
         posted: Result<Option<RequestId>, DataError>,
     ) -> NetResult<Ptr> {
-        match posted {
+        let answer = match posted {
             Ok(Some(req)) => Ok(handle.request_ptr(req.to_bits())),
             Ok(None) => match self.watch.check(&side.port) {
                 None => Ok(core::ptr::null_mut()),
@@ -422,7 +428,9 @@ impl<Conn: Path> State<Conn> {
                 }
             },
             Err(e) => Err(side.fail(call, self.endpoint.qp_num(), &e)),
-        }
+        };
+        self.leave();
+        answer
     }
 }
 
