@@ -50,8 +50,12 @@ pub(crate) struct RecvArgs {
 
 /// A send or receive comm. Each lives in its own heap box inside the registry, so the size
 /// difference between the variants costs nothing.
+///
+/// `repr(u8)`: the variant is a byte of its own at the start, so a `match` is one byte load and
+/// compare, not the arithmetic a discriminant kept in a field's unused values needs.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
+#[repr(u8)]
 pub(crate) enum DataComm {
     /// From `connect`.
     Send(Side<SendConn>),
