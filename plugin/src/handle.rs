@@ -16,20 +16,28 @@
 //! promise that no reference to the object is in use, which NCCL's contract gives them: a close
 //! is the last call on an object, after every other call on it returned.
 //!
-//! Each table grows on the control path, in chunks of [`CHUNK`] slots allocated when the slots so
-//! far are all in use, up to [`MAX_ENTRIES`] (the most a 16-bit index addresses). The static part
-//! is a directory of chunk pointers that starts all-NULL, so the tables cost the library no
-//! initialised data. Insertion and removal are control-path operations serialised by a mutex.
+//! **Slots.** A table has one slot for each of the [`MAX_ENTRIES`] indices a 16-bit handle index
+//! addresses, in one array, so a lookup indexes it directly: no bounds check (every `u16` is in
+//! it) and no directory. Until its first insertion a table's slots are [`NO_SLOTS`], a static of
+//! zero words (empty slots) shared by every table and never written, in `.bss`: address space,
+//! not file size or memory, and the tables cost the library no initialised data. The first
+//! insertion (on the control path) gives the table its own zeroed allocation of 512 KiB; the
+//! allocator maps untouched zero pages for it, so memory is taken only by the pages of slots
+//! used so far (512 slots a page: the free-slot search covers the slots used so far and widens by
+//! [`CHUNK`] when they are all in use, so it stays in the first pages). Insertion and removal are
+//! control-path operations serialised by a mutex.
 //!
 //! **A slot is one atomic word**: the slot's generation in bits 48–63 (where a handle carries
 //! its generation too) and the object's address in bits 0–47 (0 while the slot is empty). A
-//! lookup is two loads (chunk pointer, slot word): the handle's generation bits XORed into the
-//! word leave exactly the address when the generations agree and the slot is occupied, and a
-//! value with any of bits 48–63 set (another generation) or 0 (an empty slot) otherwise, so one
-//! compare decides. Address and generation come from the same load, so a lookup never pairs one
-//! incarnation's generation with another's object. Insertion refuses an object whose address
-//! does not fit in 48 bits (user-space addresses on Linux do unless a program maps above them on
-//! purpose, or the allocator tags its pointers): it is never stored truncated.
+//! lookup is two loads (the table's slots pointer, the slot word): the handle's generation bits
+//! XORed into the word leave exactly the address when the generations agree and the slot is
+//! occupied, and a value with any of bits 48–63 set (another generation) or 0 (an empty slot)
+//! otherwise, so one compare decides. Address and generation come from the same load, so a
+//! lookup never pairs one incarnation's generation with another's object. A live slot's
+//! generation is never 0 (generations start at 1 and skip 0 when they wrap), so NULL never names
+//! an object. Insertion refuses an object whose address does not fit in 48 bits (user-space
+//! addresses on Linux do unless a program maps above them on purpose, or the allocator tags its
+//! pointers): it is never stored truncated.
 //!
 //! **Why a lock-free lookup is sound.** A slot word is written only under the writer mutex:
 //! `insert` stores `generation | address` (release, after the object was written), `remove`
@@ -37,12 +45,12 @@
 //! newer generation, or an empty slot, and answers "not live", or sees this handle's generation
 //! with an address, and then the object was published before that store and is not freed until
 //! a `remove`, which its callers promise happens only when no reference from a lookup is in use.
-//! Chunks are never freed: a stale handle may be looked up (lock-free) at any time, also while
-//! the last `finalize` tears objects down, and only a chunk that stays allocated makes that lookup
-//! safe without a lock. The memory is bounded by the peak number of live objects (8 bytes a
-//! slot, at most 512 KiB a table) and is reused by later objects; on `dlclose` it stays behind as
-//! an unreachable allocation, which frees nothing twice and leaves no thread or destructor that
-//! could run into unmapped code.
+//! The slots pointer changes once, from `NO_SLOTS` to the table's allocation (release, after it
+//! was zeroed), and the allocation is never freed: a stale handle may be looked up (lock-free) at
+//! any time, also while the last `finalize` tears objects down, and only slots that stay
+//! allocated make that lookup safe without a lock. They are reused by later objects; on `dlclose`
+//! they stay behind as an unreachable allocation, which frees nothing twice and leaves no thread
+//! or destructor that could run into unmapped code.
 
 #![allow(unsafe_code)]
 
@@ -56,11 +64,10 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 /// A handle as NCCL holds it: an opaque pointer-sized value.
 pub(crate) type Ptr = *mut c_void;
 
-/// Slots per chunk (a 2 KiB allocation of 8-byte slots).
+/// Slots the free-slot search widens by when every slot it covers is in use.
 pub(crate) const CHUNK: usize = 256;
 /// Most entries a table holds: every value of the 16-bit handle index.
 pub(crate) const MAX_ENTRIES: usize = 1 << 16;
-const MAX_CHUNKS: usize = MAX_ENTRIES / CHUNK;
 
 /// Bits 48–63 of a handle and of a slot word: the generation.
 const GENERATION_BITS: u64 = 0xffff << 48;
@@ -79,8 +86,8 @@ impl Handle {
     }
 
     /// Slot index.
-    fn index(self) -> usize {
-        usize::from((self.0 >> 32) as u16)
+    fn index(self) -> u16 {
+        (self.0 >> 32) as u16
     }
 
     /// Incarnation of the slot; bumped on every removal.
@@ -160,24 +167,24 @@ impl fmt::Display for Refused {
     }
 }
 
-/// `CHUNK` slot words: generation and address (see the module documentation).
-struct Chunk {
-    slots: [AtomicU64; CHUNK],
-}
+/// Every slot of a table: one word each, generation and address (see the module documentation).
+type Slots = [AtomicU64; MAX_ENTRIES];
 
-/// The word of an empty slot of generation 1.
-const FIRST_EMPTY: u64 = 1 << 48;
+/// The slots of every table before its first insertion: all empty, never written. Zero bytes, so
+/// they cost the library address space (`.bss`), not file size or memory.
+static NO_SLOTS: Slots = [const { AtomicU64::new(0) }; MAX_ENTRIES];
 
-/// The writer's view: where to look for a free slot next, and how many slots exist.
+/// The writer's view: where to look for a free slot next, and how many slots the search covers.
 struct Cursor {
     next: usize,
     len: usize,
 }
 
-/// A growable table of boxed `T`s addressed by [`Handle`]s.
+/// A table of boxed `T`s addressed by [`Handle`]s.
 pub(crate) struct Registry<T> {
-    /// Chunk `i` holds slots `i * CHUNK ..`; NULL until first needed, then never changed.
-    chunks: [AtomicPtr<Chunk>; MAX_CHUNKS],
+    /// [`NO_SLOTS`] until the first insertion, then the table's own zeroed allocation, never
+    /// changed or freed again (but by `drop`).
+    slots: AtomicPtr<Slots>,
     kind: u32,
     capacity: usize,
     what: &'static str,
@@ -199,7 +206,7 @@ impl<T> Registry<T> {
     pub(crate) const fn with_capacity(kind: u32, what: &'static str, capacity: usize) -> Self {
         assert!(kind != 0 && capacity <= MAX_ENTRIES);
         Self {
-            chunks: [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_CHUNKS],
+            slots: AtomicPtr::new((&raw const NO_SLOTS).cast_mut()),
             kind,
             capacity,
             what,
@@ -208,38 +215,49 @@ impl<T> Registry<T> {
         }
     }
 
-    fn slot(&self, index: usize) -> Option<&AtomicU64> {
-        let chunk = self.chunks.get(index / CHUNK)?.load(Ordering::Acquire);
-        // SAFETY: a non-null chunk pointer came from `Box::into_raw` in `grow` and is freed only
-        // by `drop`, which has the table exclusively.
-        let chunk = unsafe { chunk.as_ref() }?;
-        chunk.slots.get(index % CHUNK)
+    #[inline(always)]
+    fn slots(&self) -> &Slots {
+        // SAFETY: the pointer is `NO_SLOTS` (a static) or the allocation `own_slots` made, which
+        // only `drop` frees, with the table exclusively.
+        unsafe { &*self.slots.load(Ordering::Acquire) }
     }
 
-    /// Allocate the chunk holding slot `len` (the first slot past the existing ones).
-    fn grow(&self, cursor: &mut Cursor) {
-        let chunk = Box::new(Chunk {
-            slots: [const { AtomicU64::new(FIRST_EMPTY) }; CHUNK],
-        });
-        self.chunks[cursor.len / CHUNK].store(Box::into_raw(chunk), Ordering::Release);
-        cursor.len = (cursor.len + CHUNK).min(self.capacity);
+    /// Slot `index`; any `u16` index is in the table.
+    #[inline(always)]
+    fn slot(&self, index: u16) -> &AtomicU64 {
+        &self.slots()[usize::from(index)]
     }
 
-    /// Store `value`, growing the table if every existing slot is in use; [`Refused`] at the
-    /// capacity (or for an address a slot cannot hold).
+    /// The table's own slots, allocated (zeroed, so all empty) at the first insertion. Called
+    /// with the writer lock held.
+    fn own_slots(&self, _writer: &mut Cursor) -> &Slots {
+        if core::ptr::eq(self.slots(), &NO_SLOTS) {
+            let layout = std::alloc::Layout::new::<Slots>();
+            // SAFETY: the layout has a non-zero size. Zero bytes are empty slots (`AtomicU64` has
+            // the representation of `u64`); the allocator maps untouched zeroed pages for an
+            // allocation this large, so only the pages of slots in use take memory.
+            let fresh = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<Slots>();
+            if fresh.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            self.slots.store(fresh, Ordering::Release);
+        }
+        self.slots()
+    }
+
+    /// Store `value` in a free slot, widening the search by [`CHUNK`] slots when every slot it
+    /// covers is in use; [`Refused`] at the capacity (or for an address a slot cannot hold).
     pub(crate) fn insert(&self, value: Box<T>) -> Result<Handle, Refused> {
         let mut cursor = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let slots = self.own_slots(&mut cursor);
         let free = (0..cursor.len)
             .map(|step| (cursor.next + step) % cursor.len)
-            .find(|&index| {
-                self.slot(index)
-                    .is_some_and(|slot| slot.load(Ordering::Relaxed) & ADDRESS_BITS == 0)
-            });
+            .find(|&index| slots[index].load(Ordering::Relaxed) & ADDRESS_BITS == 0);
         let index = match free {
             Some(index) => index,
             None if cursor.len < self.capacity => {
                 let first_new = cursor.len;
-                self.grow(&mut cursor);
+                cursor.len = (cursor.len + CHUNK).min(self.capacity);
                 first_new
             }
             None => {
@@ -248,9 +266,6 @@ impl<T> Registry<T> {
                     capacity: self.capacity,
                 });
             }
-        };
-        let Some(slot) = self.slot(index) else {
-            unreachable!("slot {index} below the table length has a chunk");
         };
         let address = Box::into_raw(value);
         if address as usize as u64 & !ADDRESS_BITS != 0 {
@@ -261,10 +276,14 @@ impl<T> Registry<T> {
                 address: address as usize,
             });
         }
-        let word = slot.load(Ordering::Relaxed);
-        slot.store(word | address as usize as u64, Ordering::Release);
+        // Generation 0 is never live (a slot not yet used has it): NULL never names an object.
+        let generation = (slots[index].load(Ordering::Relaxed) >> 48).max(1);
+        slots[index].store(
+            generation << 48 | address as usize as u64,
+            Ordering::Release,
+        );
         cursor.next = (index + 1) % cursor.len;
-        Ok(Handle::new(index as u16, (word >> 48) as u16, self.kind))
+        Ok(Handle::new(index as u16, generation as u16, self.kind))
     }
 
     /// The address of the object in the slot `bits` (a handle's) names, if the slot is occupied
@@ -272,9 +291,7 @@ impl<T> Registry<T> {
     /// slot has generation 0).
     #[inline(always)]
     fn address(&self, bits: u64) -> Option<usize> {
-        let word = self
-            .slot(usize::from((bits >> 32) as u16))?
-            .load(Ordering::Acquire);
+        let word = self.slot((bits >> 32) as u16).load(Ordering::Acquire);
         // The address when the generations agree and the slot is occupied; otherwise 0 or a
         // value with a generation bit set.
         let address = word ^ (bits & GENERATION_BITS);
@@ -347,7 +364,7 @@ impl<T> Registry<T> {
     /// contract gives that to the close entry points: a close is the last call on an object.
     pub(crate) unsafe fn remove(&self, handle: Handle) -> Option<Box<T>> {
         let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = self.slot(handle.index())?;
+        let slot = self.slot(handle.index());
         let word = slot.load(Ordering::Relaxed);
         let address = word ^ (handle.0 & GENERATION_BITS);
         if address.wrapping_sub(1) >= ADDRESS_BITS {
@@ -368,23 +385,22 @@ impl<T> Drop for Registry<T> {
     /// Only tables that are not statics are ever dropped (tests); the exported ones live as long
     /// as the library.
     fn drop(&mut self) {
-        for chunk in &mut self.chunks {
-            let chunk = core::mem::replace(chunk.get_mut(), core::ptr::null_mut());
-            if chunk.is_null() {
-                continue;
-            }
-            // SAFETY: the pointer came from `Box::into_raw` in `grow`; `&mut self` means no
-            // reference into it is alive, and it was just detached from the table.
-            let chunk = unsafe { Box::from_raw(chunk) };
-            for slot in &chunk.slots {
-                let address = slot.load(Ordering::Relaxed) & ADDRESS_BITS;
-                if address != 0 {
-                    // SAFETY: a non-zero slot address came from `Box::into_raw` in `insert` and
-                    // was never removed; the table is being dropped, so this is its last owner.
-                    drop(unsafe { Box::from_raw(address as usize as *mut T) });
-                }
+        let slots = core::mem::replace(self.slots.get_mut(), (&raw const NO_SLOTS).cast_mut());
+        if core::ptr::eq(slots, &NO_SLOTS) {
+            return;
+        }
+        // SAFETY: not `NO_SLOTS`, so the allocation from `own_slots`; `&mut self` means no
+        // reference into it is alive, and it was just detached from the table.
+        for slot in unsafe { &*slots } {
+            let address = slot.load(Ordering::Relaxed) & ADDRESS_BITS;
+            if address != 0 {
+                // SAFETY: a non-zero slot address came from `Box::into_raw` in `insert` and was
+                // never removed; the table is being dropped, so this is its last owner.
+                drop(unsafe { Box::from_raw(address as usize as *mut T) });
             }
         }
+        // SAFETY: allocated by `own_slots` with this layout, and no longer reachable.
+        unsafe { std::alloc::dealloc(slots.cast(), std::alloc::Layout::new::<Slots>()) };
     }
 }
 
@@ -440,12 +456,12 @@ mod tests {
 
     /// A slot word holds generation and address together: a handle of the slot's current
     /// generation resolves only while the slot is occupied, and one of any other generation
-    /// (0 included, which no slot ever has) never does.
+    /// (0 included, which no live slot has) never does.
     #[test]
     fn generation_and_occupancy_are_decided_by_one_word() {
         let table: Registry<u32> = Registry::with_capacity(4, "numbers", 2);
         let h = table.insert(Box::new(8)).expect("room");
-        let index = h.index() as u16;
+        let index = h.index();
         for generation in [0, 2, u16::MAX] {
             assert!(table.find(Handle::new(index, generation, 4)).is_none());
         }
@@ -454,28 +470,26 @@ mod tests {
         // The slot is empty in generation 2 now: that generation's handle finds nothing either.
         assert!(table.find(Handle::new(index, 2, 4)).is_none());
         assert!(remove(&table, Handle::new(index, 2, 4)).is_none());
-        // An empty slot never handed out (generation 1, address 0).
-        assert!(table.find(Handle::new(index + 1, 1, 4)).is_none());
+        // A slot never handed out (generation 0, address 0), in any generation.
+        for generation in [0, 1] {
+            assert!(table.find(Handle::new(index + 1, generation, 4)).is_none());
+        }
     }
 
-    /// The table grows past its first chunks on demand, every object stays reachable, and the
-    /// refusal at the capacity names the limit.
+    /// The table takes its slots at the first insertion and fills them up to the capacity,
+    /// every object stays reachable, and the refusal at the capacity names the limit.
     #[test]
-    fn grows_in_chunks_up_to_the_capacity_and_names_the_limit() {
+    fn fills_up_to_the_capacity_and_names_the_limit() {
         let capacity = 2 * CHUNK + 3;
         let table: Registry<usize> = Registry::with_capacity(5, "live things", capacity);
+        assert!(
+            core::ptr::eq(table.slots(), &NO_SLOTS),
+            "nothing until used"
+        );
         let handles: Vec<Handle> = (0..capacity)
             .map(|i| table.insert(Box::new(i)).expect("room below the capacity"))
             .collect();
-        assert_eq!(
-            table
-                .chunks
-                .iter()
-                .filter(|c| !c.load(Ordering::Relaxed).is_null())
-                .count(),
-            3,
-            "chunks are allocated only as needed"
-        );
+        assert!(!core::ptr::eq(table.slots(), &NO_SLOTS), "its own slots");
         for (i, h) in handles.iter().enumerate() {
             assert_eq!(table.find(*h).copied(), Some(i));
         }
@@ -506,7 +520,8 @@ mod tests {
         assert_eq!(table.capacity, usize::from(u16::MAX) + 1);
         let last = Handle::new(u16::MAX, 1, 9);
         let found = table.find(last);
-        assert!(found.is_none(), "no chunk yet: no object");
+        assert!(found.is_none(), "no slots yet: no object");
+        assert!(core::ptr::eq(table.slots(), &NO_SLOTS), "nothing allocated");
     }
 
     /// The typed lookup answers NULL, another table's handle, a stale handle and a request
@@ -543,6 +558,13 @@ mod tests {
         let (owner, id) = comms
             .lookup_request("test", "request", request)
             .expect("live comm");
+        assert!(
+            comms
+                .lookup_request("test", "request", core::ptr::null_mut())
+                .expect_err("NULL, with an object in slot 0")
+                .message()
+                .contains("test: request is NULL")
+        );
         assert_eq!((*owner, id), (5, 77));
 
         assert_eq!(remove(&comms, h).map(|b| *b), Some(5));
