@@ -476,6 +476,32 @@ mod tests {
         }
     }
 
+    /// Lookups of stale handles on one thread while another keeps inserting into and removing
+    /// from the same slots: a stale handle never resolves, whichever incarnation the slot holds.
+    /// (Only stale handles: a live one may not be looked up across its removal.)
+    #[test]
+    fn stale_handles_never_resolve_while_slots_are_reused() {
+        let table: Registry<u64> = Registry::with_capacity(6, "numbers", 2);
+        std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::channel::<Handle>();
+            let table = &table;
+            scope.spawn(move || {
+                for n in 0..5_000u64 {
+                    let h = table.insert(Box::new(n)).expect("room");
+                    drop(remove(&table, h));
+                    tx.send(h).expect("reader alive");
+                }
+            });
+            let mut seen = Vec::new();
+            for h in rx {
+                seen.push(h);
+                for stale in seen.iter().rev().take(8) {
+                    assert!(table.find(*stale).is_none());
+                }
+            }
+        });
+    }
+
     /// The table takes its slots at the first insertion and fills them up to the capacity,
     /// every object stays reachable, and the refusal at the capacity names the limit.
     #[test]
