@@ -488,7 +488,7 @@ mod tests {
             scope.spawn(move || {
                 for n in 0..5_000u64 {
                     let h = table.insert(Box::new(n)).expect("room");
-                    drop(remove(&table, h));
+                    drop(remove(table, h));
                     tx.send(h).expect("reader alive");
                 }
             });
