@@ -16,73 +16,106 @@
 //! promise that no reference to the object is in use, which NCCL's contract gives them: a close
 //! is the last call on an object, after every other call on it returned.
 //!
-//! Each table grows on the control path, in chunks of [`CHUNK`] slots allocated when the slots so
-//! far are all in use, up to [`MAX_ENTRIES`] (the most a 16-bit index addresses). The static part
-//! is a directory of chunk pointers that starts all-NULL, so the tables cost the library no
-//! initialised data. Lookups are lock-free: three atomic loads (chunk, generation, object), no
-//! allocation. Insertion and removal are control-path operations serialised by a mutex.
+//! **Slots.** A table has one slot for each of the [`MAX_ENTRIES`] indices a 16-bit handle index
+//! addresses, in one array, so a lookup indexes it directly: no bounds check (every `u16` is in
+//! it) and no directory. Until its first insertion a table's slots are [`NO_SLOTS`], a static of
+//! zero words (empty slots) shared by every table and never written, in `.bss`: address space,
+//! not file size or memory, and the tables cost the library no initialised data. The first
+//! insertion (on the control path) gives the table its own zeroed allocation of 512 KiB; the
+//! allocator maps untouched zero pages for it, so memory is taken only by the pages of slots
+//! used so far (512 slots a page: the free-slot search covers the slots used so far and widens by
+//! [`CHUNK`] when they are all in use, so it stays in the first pages). Insertion and removal are
+//! control-path operations serialised by a mutex.
 //!
-//! Chunks are never freed: a stale handle may be looked up (lock-free) at any time, also while
-//! the last `finalize` tears objects down, and only a chunk that stays allocated makes that lookup
-//! safe without a lock. The memory is bounded by the peak number of live objects (16 bytes a
-//! slot, at most 1 MiB a table) and is reused by later objects; on `dlclose` it stays behind as
-//! an unreachable allocation, which frees nothing twice and leaves no thread or destructor that
-//! could run into unmapped code.
+//! **A slot is one atomic word**: the slot's generation in bits 48–63 (where a handle carries
+//! its generation too) and the object's address in bits 0–47 (0 while the slot is empty). A
+//! lookup is two loads (the table's slots pointer, the slot word): the handle's generation bits
+//! XORed into the word leave exactly the address when the generations agree and the slot is
+//! occupied, and a value with any of bits 48–63 set (another generation) or 0 (an empty slot)
+//! otherwise, so one compare decides. Address and generation come from the same load, so a
+//! lookup never pairs one incarnation's generation with another's object. A live slot's
+//! generation is never 0 (generations start at 1 and skip 0 when they wrap), so NULL never names
+//! an object. Insertion refuses an object whose address does not fit in 48 bits (user-space
+//! addresses on Linux do unless a program maps above them on purpose, or the allocator tags its
+//! pointers): it is never stored truncated.
+//!
+//! **Why a lock-free lookup is sound.** A slot word is written only under the writer mutex:
+//! `insert` stores `generation | address` (release, after the object was written), `remove`
+//! stores `next generation | 0`. A lookup that reads a word (acquire) either sees an older or
+//! newer generation, or an empty slot, and answers "not live", or sees this handle's generation
+//! with an address, and then the object was published before that store and is not freed until
+//! a `remove`, which its callers promise happens only when no reference from a lookup is in use.
+//! The slots pointer changes once, from `NO_SLOTS` to the table's allocation (release, after it
+//! was zeroed), and the allocation is never freed: a stale handle may be looked up (lock-free) at
+//! any time, also while the last `finalize` tears objects down, and only slots that stay
+//! allocated make that lookup safe without a lock. They are reused by later objects; on `dlclose`
+//! they stay behind as an unreachable allocation, which frees nothing twice and leaves no thread
+//! or destructor that could run into unmapped code.
 
 #![allow(unsafe_code)]
 
 use crate::error::{NetError, NetResult};
 use core::ffi::c_void;
+use core::marker::PhantomData;
 use std::fmt;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 /// A handle as NCCL holds it: an opaque pointer-sized value.
 pub(crate) type Ptr = *mut c_void;
 
-/// Slots per chunk (a 4 KiB allocation for 16-byte slots).
+/// Slots the free-slot search widens by when every slot it covers is in use.
 pub(crate) const CHUNK: usize = 256;
 /// Most entries a table holds: every value of the 16-bit handle index.
 pub(crate) const MAX_ENTRIES: usize = 1 << 16;
-const MAX_CHUNKS: usize = MAX_ENTRIES / CHUNK;
 
-/// A decoded handle: which table slot, which incarnation of it, and which table.
+/// Bits 48–63 of a handle and of a slot word: the generation.
+const GENERATION_BITS: u64 = 0xffff << 48;
+/// Bits 0–47 of a slot word: the object's address.
+const ADDRESS_BITS: u64 = (1 << 48) - 1;
+
+/// A decoded handle: bits 48–63 the generation of its slot, 32–47 the slot index, 0–31 the
+/// table's kind tag (object handles) or a request id (request handles). Never 0: generations
+/// start at 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Handle {
-    /// Slot index.
-    index: u16,
-    /// Incarnation of the slot; bumped on every removal.
-    generation: u16,
-    /// Low 32 bits: the table's kind tag for object handles, or a request id for request handles.
-    low: u32,
-}
+pub(crate) struct Handle(u64);
 
 impl Handle {
-    /// Pack into the pointer-sized value NCCL stores. Never NULL: generations start at 1.
+    fn new(index: u16, generation: u16, low: u32) -> Self {
+        Self(u64::from(generation) << 48 | u64::from(index) << 32 | u64::from(low))
+    }
+
+    /// Slot index.
+    fn index(self) -> u16 {
+        (self.0 >> 32) as u16
+    }
+
+    /// Incarnation of the slot; bumped on every removal.
+    #[cfg(test)]
+    fn generation(self) -> u16 {
+        (self.0 >> 48) as u16
+    }
+
+    /// The table's kind tag for object handles, or a request id for request handles.
+    fn low(self) -> u32 {
+        self.0 as u32
+    }
+
+    /// Pack into the pointer-sized value NCCL stores.
     pub(crate) fn to_ptr(self) -> Ptr {
-        let bits = (u64::from(self.generation) << 48)
-            | (u64::from(self.index) << 32)
-            | u64::from(self.low);
-        bits as usize as Ptr
+        self.0 as usize as Ptr
     }
 
     /// A request handle of this object handle's object: its index and generation, and request
     /// `id` (non-zero) in place of the kind tag; [`Registry::lookup_request`] resolves it.
     pub(crate) fn request_ptr(self, id: u32) -> Ptr {
-        Self { low: id, ..self }.to_ptr()
+        Self(self.0 & !u64::from(u32::MAX) | u64::from(id)).to_ptr()
     }
 
     /// Unpack; `None` for NULL.
     fn from_ptr(ptr: Ptr) -> Option<Self> {
         let bits = ptr as usize as u64;
-        if bits == 0 {
-            return None;
-        }
-        Some(Self {
-            index: (bits >> 32) as u16,
-            generation: (bits >> 48) as u16,
-            low: bits as u32,
-        })
+        (bits != 0).then_some(Self(bits))
     }
 }
 
@@ -99,59 +132,67 @@ pub(crate) fn unknown(call: &str, what: &str, ptr: Ptr) -> NetError {
     }
 }
 
-/// A table is at its limit. The text names the limit, for NCCL's log.
+/// Why [`Registry::insert`] refused an object. The text names the limit, for NCCL's log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct TableFull {
-    /// What the table holds ("live connections").
-    pub(crate) what: &'static str,
-    /// How many it holds at most.
-    pub(crate) capacity: usize,
+pub(crate) enum Refused {
+    /// The table is at its limit.
+    Full {
+        /// What the table holds ("live connections").
+        what: &'static str,
+        /// How many it holds at most.
+        capacity: usize,
+    },
+    /// The object's address does not fit a slot's 48 address bits.
+    Unaddressable {
+        /// What the table holds.
+        what: &'static str,
+        /// The address.
+        address: usize,
+    },
 }
 
-impl fmt::Display for TableFull {
+impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Rivet's limit of {} {} per process is reached; close some first",
-            self.capacity, self.what
-        )
-    }
-}
-
-struct Slot<T> {
-    value: AtomicPtr<T>,
-    /// Current generation (1..=u16::MAX, wrapping past 0).
-    generation: AtomicU32,
-}
-
-impl<T> Slot<T> {
-    const fn empty() -> Self {
-        Self {
-            value: AtomicPtr::new(core::ptr::null_mut()),
-            generation: AtomicU32::new(1),
+        match self {
+            Self::Full { what, capacity } => write!(
+                f,
+                "Rivet's limit of {capacity} {what} per process is reached; close some first"
+            ),
+            Self::Unaddressable { what, address } => write!(
+                f,
+                "Rivet's table of {what} holds 48-bit addresses and the allocator returned \
+                 {address:#x}"
+            ),
         }
     }
 }
 
-struct Chunk<T> {
-    slots: [Slot<T>; CHUNK],
-}
+/// Every slot of a table: one word each, generation and address (see the module documentation).
+type Slots = [AtomicU64; MAX_ENTRIES];
 
-/// The writer's view: where to look for a free slot next, and how many slots exist.
+/// The slots of every table before its first insertion: all empty, never written. Zero bytes, so
+/// they cost the library address space (`.bss`), not file size or memory.
+static NO_SLOTS: Slots = [const { AtomicU64::new(0) }; MAX_ENTRIES];
+
+/// The writer's view: where to look for a free slot next, and how many slots the search covers.
 struct Cursor {
     next: usize,
     len: usize,
 }
 
-/// A growable table of boxed `T`s addressed by [`Handle`]s.
+/// A table of boxed `T`s addressed by [`Handle`]s.
 pub(crate) struct Registry<T> {
-    /// Chunk `i` holds slots `i * CHUNK ..`; NULL until first needed, then never changed.
-    chunks: [AtomicPtr<Chunk<T>>; MAX_CHUNKS],
+    /// [`NO_SLOTS`] until the first insertion, then the table's own zeroed allocation, never
+    /// changed or freed again (but by `drop`).
+    slots: AtomicPtr<Slots>,
     kind: u32,
     capacity: usize,
     what: &'static str,
     /// Serialises insert/remove.
     writer: Mutex<Cursor>,
+    /// The slots address boxed `T`s; the marker keeps the auto traits of the table of
+    /// `AtomicPtr<T>` slots this layout replaced.
+    holds: PhantomData<AtomicPtr<T>>,
 }
 
 impl<T> Registry<T> {
@@ -165,108 +206,154 @@ impl<T> Registry<T> {
     pub(crate) const fn with_capacity(kind: u32, what: &'static str, capacity: usize) -> Self {
         assert!(kind != 0 && capacity <= MAX_ENTRIES);
         Self {
-            chunks: [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_CHUNKS],
+            slots: AtomicPtr::new((&raw const NO_SLOTS).cast_mut()),
             kind,
             capacity,
             what,
             writer: Mutex::new(Cursor { next: 0, len: 0 }),
+            holds: PhantomData,
         }
     }
 
-    fn slot(&self, index: usize) -> Option<&Slot<T>> {
-        let chunk = self.chunks.get(index / CHUNK)?.load(Ordering::Acquire);
-        // SAFETY: a non-null chunk pointer came from `Box::into_raw` in `grow` and is freed only
-        // by `drop`, which has the table exclusively.
-        let chunk = unsafe { chunk.as_ref() }?;
-        chunk.slots.get(index % CHUNK)
+    #[inline(always)]
+    fn slots(&self) -> &Slots {
+        // SAFETY: the pointer is `NO_SLOTS` (a static) or the allocation `own_slots` made, which
+        // only `drop` frees, with the table exclusively.
+        unsafe { &*self.slots.load(Ordering::Acquire) }
     }
 
-    /// Allocate the chunk holding slot `len` (the first slot past the existing ones).
-    fn grow(&self, cursor: &mut Cursor) {
-        let chunk = Box::new(Chunk {
-            slots: [const { Slot::empty() }; CHUNK],
-        });
-        self.chunks[cursor.len / CHUNK].store(Box::into_raw(chunk), Ordering::Release);
-        cursor.len = (cursor.len + CHUNK).min(self.capacity);
+    /// Slot `index`; any `u16` index is in the table.
+    #[inline(always)]
+    fn slot(&self, index: u16) -> &AtomicU64 {
+        &self.slots()[usize::from(index)]
     }
 
-    /// Store `value`, growing the table if every existing slot is in use; [`TableFull`] at the
-    /// capacity.
-    pub(crate) fn insert(&self, value: Box<T>) -> Result<Handle, TableFull> {
+    /// The table's own slots, allocated (zeroed, so all empty) at the first insertion. Called
+    /// with the writer lock held.
+    fn own_slots(&self, _writer: &mut Cursor) -> &Slots {
+        if core::ptr::eq(self.slots(), &NO_SLOTS) {
+            let layout = std::alloc::Layout::new::<Slots>();
+            // SAFETY: the layout has a non-zero size. Zero bytes are empty slots (`AtomicU64` has
+            // the representation of `u64`); the allocator maps untouched zeroed pages for an
+            // allocation this large, so only the pages of slots in use take memory.
+            let fresh = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<Slots>();
+            if fresh.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            self.slots.store(fresh, Ordering::Release);
+        }
+        self.slots()
+    }
+
+    /// Store `value` in a free slot, widening the search by [`CHUNK`] slots when every slot it
+    /// covers is in use; [`Refused`] at the capacity (or for an address a slot cannot hold).
+    pub(crate) fn insert(&self, value: Box<T>) -> Result<Handle, Refused> {
         let mut cursor = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let slots = self.own_slots(&mut cursor);
         let free = (0..cursor.len)
             .map(|step| (cursor.next + step) % cursor.len)
-            .find(|&index| {
-                self.slot(index)
-                    .is_some_and(|slot| slot.value.load(Ordering::Relaxed).is_null())
-            });
+            .find(|&index| slots[index].load(Ordering::Relaxed) & ADDRESS_BITS == 0);
         let index = match free {
             Some(index) => index,
             None if cursor.len < self.capacity => {
                 let first_new = cursor.len;
-                self.grow(&mut cursor);
+                cursor.len = (cursor.len + CHUNK).min(self.capacity);
                 first_new
             }
             None => {
-                return Err(TableFull {
+                return Err(Refused::Full {
                     what: self.what,
                     capacity: self.capacity,
                 });
             }
         };
-        let Some(slot) = self.slot(index) else {
-            unreachable!("slot {index} below the table length has a chunk");
-        };
-        let generation = slot.generation.load(Ordering::Relaxed) as u16;
-        slot.value.store(Box::into_raw(value), Ordering::Release);
+        let address = Box::into_raw(value);
+        if address as usize as u64 & !ADDRESS_BITS != 0 {
+            // SAFETY: just detached from its box above and stored nowhere.
+            drop(unsafe { Box::from_raw(address) });
+            return Err(Refused::Unaddressable {
+                what: self.what,
+                address: address as usize,
+            });
+        }
+        // Generation 0 is never live (a slot not yet used has it): NULL never names an object.
+        let generation = (slots[index].load(Ordering::Relaxed) >> 48).max(1);
+        slots[index].store(
+            generation << 48 | address as usize as u64,
+            Ordering::Release,
+        );
         cursor.next = (index + 1) % cursor.len;
-        Ok(Handle {
-            index: index as u16,
-            generation,
-            low: self.kind,
-        })
+        Ok(Handle::new(index as u16, generation as u16, self.kind))
+    }
+
+    /// The address of the object in the slot `bits` (a handle's) names, if the slot is occupied
+    /// in the handle's generation, whatever the low bits; `None` otherwise (also for NULL: no
+    /// slot has generation 0).
+    #[inline(always)]
+    fn address(&self, bits: u64) -> Option<usize> {
+        let word = self.slot((bits >> 32) as u16).load(Ordering::Acquire);
+        // The address when the generations agree and the slot is occupied; otherwise 0 or a
+        // value with a generation bit set.
+        let address = word ^ (bits & GENERATION_BITS);
+        if address.wrapping_sub(1) >= ADDRESS_BITS {
+            return None;
+        }
+        Some(address as usize)
+    }
+
+    /// The object at `address`, from [`Registry::address`].
+    #[inline(always)]
+    fn object(&self, address: usize) -> &T {
+        // SAFETY: `address` (non-zero: `Registry::address` refuses 0) came from a slot of the
+        // handle's generation, so from `Box::into_raw` in `insert`, published by the release
+        // store the slot load acquired; it stays valid until `remove`, whose callers promise no
+        // reference from here is still in use.
+        unsafe {
+            core::hint::assert_unchecked(address != 0);
+            &*(address as *const T)
+        }
     }
 
     /// The object in `handle`'s slot if the generation matches, whatever the low bits.
     fn live(&self, handle: Handle) -> Option<&T> {
-        let slot = self.slot(usize::from(handle.index))?;
-        if slot.generation.load(Ordering::Acquire) as u16 != handle.generation {
-            return None;
-        }
-        let ptr = slot.value.load(Ordering::Acquire);
-        // SAFETY: a non-null pointer in a slot came from `Box::into_raw` in `insert` and stays
-        // valid until `remove`, whose callers promise no reference from here is still in use.
-        unsafe { ptr.as_ref() }
+        self.address(handle.0).map(|address| self.object(address))
     }
 
     /// Decode `ptr` as a handle of this table: `None` for NULL or another kind of handle.
     pub(crate) fn decode(&self, ptr: Ptr) -> Option<Handle> {
-        Handle::from_ptr(ptr).filter(|h| h.low == self.kind)
+        Handle::from_ptr(ptr).filter(|h| h.low() == self.kind)
     }
 
     /// The object behind a handle of this table, if it is still live (generation check).
     pub(crate) fn find(&self, handle: Handle) -> Option<&T> {
-        if handle.low != self.kind {
+        if handle.low() != self.kind {
             return None;
         }
         self.live(handle)
     }
 
     /// The live object behind the handle NCCL passed to `call` as argument `what`, or the
-    /// error naming both: one decode, kind check, generation check.
+    /// error naming both: kind check (which refuses NULL too: kinds are non-zero), then the
+    /// generation and occupancy check of [`Registry::address`].
     #[inline]
     pub(crate) fn lookup(&self, call: &str, what: &str, ptr: Ptr) -> NetResult<(Handle, &T)> {
-        self.decode(ptr)
-            .and_then(|handle| Some((handle, self.live(handle)?)))
-            .ok_or_else(|| unknown(call, what, ptr))
+        let bits = ptr as usize as u64;
+        if bits as u32 == self.kind
+            && let Some(address) = self.address(bits)
+        {
+            return Ok((Handle(bits), self.object(address)));
+        }
+        Err(unknown(call, what, ptr))
     }
 
     /// The live object a request handle belongs to, and the request id it carries.
     #[inline]
     pub(crate) fn lookup_request(&self, call: &str, what: &str, ptr: Ptr) -> NetResult<(&T, u32)> {
-        Handle::from_ptr(ptr)
-            .and_then(|handle| Some((self.live(handle)?, handle.low)))
-            .ok_or_else(|| unknown(call, what, ptr))
+        let bits = ptr as usize as u64;
+        match self.address(bits) {
+            Some(address) => Ok((self.object(address), bits as u32)),
+            None => Err(unknown(call, what, ptr)),
+        }
     }
 
     /// Take the object out; the handle (and any copy of it) becomes stale.
@@ -277,22 +364,20 @@ impl<T> Registry<T> {
     /// contract gives that to the close entry points: a close is the last call on an object.
     pub(crate) unsafe fn remove(&self, handle: Handle) -> Option<Box<T>> {
         let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = self.slot(usize::from(handle.index))?;
-        if slot.generation.load(Ordering::Relaxed) as u16 != handle.generation {
+        let slot = self.slot(handle.index());
+        let word = slot.load(Ordering::Relaxed);
+        let address = word ^ (handle.0 & GENERATION_BITS);
+        if address.wrapping_sub(1) >= ADDRESS_BITS {
             return None;
         }
-        let ptr = slot.value.swap(core::ptr::null_mut(), Ordering::AcqRel);
-        if ptr.is_null() {
-            return None;
-        }
-        let mut next = slot.generation.load(Ordering::Relaxed).wrapping_add(1) & 0xffff;
+        let mut next = (word >> 48).wrapping_add(1) & 0xffff;
         if next == 0 {
             next = 1;
         }
-        slot.generation.store(next, Ordering::Release);
-        // SAFETY: the pointer came from `Box::into_raw` in `insert` and was just detached from
+        slot.store(next << 48, Ordering::Release);
+        // SAFETY: the address came from `Box::into_raw` in `insert` and was just detached from
         // the slot, so this is its only owner.
-        Some(unsafe { Box::from_raw(ptr) })
+        Some(unsafe { Box::from_raw(address as usize as *mut T) })
     }
 }
 
@@ -300,23 +385,22 @@ impl<T> Drop for Registry<T> {
     /// Only tables that are not statics are ever dropped (tests); the exported ones live as long
     /// as the library.
     fn drop(&mut self) {
-        for chunk in &mut self.chunks {
-            let chunk = core::mem::replace(chunk.get_mut(), core::ptr::null_mut());
-            if chunk.is_null() {
-                continue;
-            }
-            // SAFETY: the pointer came from `Box::into_raw` in `grow`; `&mut self` means no
-            // reference into it is alive, and it was just detached from the table.
-            let chunk = unsafe { Box::from_raw(chunk) };
-            for slot in &chunk.slots {
-                let value = slot.value.load(Ordering::Relaxed);
-                if !value.is_null() {
-                    // SAFETY: a non-null slot value came from `Box::into_raw` in `insert` and
-                    // was never removed; the table is being dropped, so this is its last owner.
-                    drop(unsafe { Box::from_raw(value) });
-                }
+        let slots = core::mem::replace(self.slots.get_mut(), (&raw const NO_SLOTS).cast_mut());
+        if core::ptr::eq(slots, &NO_SLOTS) {
+            return;
+        }
+        // SAFETY: not `NO_SLOTS`, so the allocation from `own_slots`; `&mut self` means no
+        // reference into it is alive, and it was just detached from the table.
+        for slot in unsafe { &*slots } {
+            let address = slot.load(Ordering::Relaxed) & ADDRESS_BITS;
+            if address != 0 {
+                // SAFETY: a non-zero slot address came from `Box::into_raw` in `insert` and was
+                // never removed; the table is being dropped, so this is its last owner.
+                drop(unsafe { Box::from_raw(address as usize as *mut T) });
             }
         }
+        // SAFETY: allocated by `own_slots` with this layout, and no longer reachable.
+        unsafe { std::alloc::dealloc(slots.cast(), std::alloc::Layout::new::<Slots>()) };
     }
 }
 
@@ -354,8 +438,8 @@ mod tests {
         assert!(table.insert(Box::new(2)).is_err(), "full table refuses");
         drop(remove(&table, first));
         let second = table.insert(Box::new(3)).expect("room again");
-        assert_eq!(first.index, second.index);
-        assert_ne!(first.generation, second.generation);
+        assert_eq!(first.index(), second.index());
+        assert_ne!(first.generation(), second.generation());
         assert!(table.find(first).is_none());
         assert_eq!(table.find(second).copied(), Some(3));
     }
@@ -366,45 +450,91 @@ mod tests {
         assert!(Handle::from_ptr(core::ptr::null_mut()).is_none());
         let bogus = Handle::from_ptr(0xdead_beef_usize as *mut _).expect("non-null");
         assert!(table.find(bogus).is_none());
-        let out_of_range = Handle {
-            index: 9999,
-            generation: 1,
-            low: 3,
-        };
+        let out_of_range = Handle::new(9999, 1, 3);
         assert!(table.find(out_of_range).is_none());
     }
 
-    /// The table grows past its first chunks on demand, every object stays reachable, and the
-    /// refusal at the capacity names the limit.
+    /// A slot word holds generation and address together: a handle of the slot's current
+    /// generation resolves only while the slot is occupied, and one of any other generation
+    /// (0 included, which no live slot has) never does.
     #[test]
-    fn grows_in_chunks_up_to_the_capacity_and_names_the_limit() {
+    fn generation_and_occupancy_are_decided_by_one_word() {
+        let table: Registry<u32> = Registry::with_capacity(4, "numbers", 2);
+        let h = table.insert(Box::new(8)).expect("room");
+        let index = h.index();
+        for generation in [0, 2, u16::MAX] {
+            assert!(table.find(Handle::new(index, generation, 4)).is_none());
+        }
+        assert_eq!(table.find(h).copied(), Some(8));
+        drop(remove(&table, h));
+        // The slot is empty in generation 2 now: that generation's handle finds nothing either.
+        assert!(table.find(Handle::new(index, 2, 4)).is_none());
+        assert!(remove(&table, Handle::new(index, 2, 4)).is_none());
+        // A slot never handed out (generation 0, address 0), in any generation.
+        for generation in [0, 1] {
+            assert!(table.find(Handle::new(index + 1, generation, 4)).is_none());
+        }
+    }
+
+    /// Lookups of stale handles on one thread while another keeps inserting into and removing
+    /// from the same slots: a stale handle never resolves, whichever incarnation the slot holds.
+    /// (Only stale handles: a live one may not be looked up across its removal.)
+    #[test]
+    fn stale_handles_never_resolve_while_slots_are_reused() {
+        let table: Registry<u64> = Registry::with_capacity(6, "numbers", 2);
+        std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::channel::<Handle>();
+            let table = &table;
+            scope.spawn(move || {
+                for n in 0..5_000u64 {
+                    let h = table.insert(Box::new(n)).expect("room");
+                    drop(remove(table, h));
+                    tx.send(h).expect("reader alive");
+                }
+            });
+            let mut seen = Vec::new();
+            for h in rx {
+                seen.push(h);
+                for stale in seen.iter().rev().take(8) {
+                    assert!(table.find(*stale).is_none());
+                }
+            }
+        });
+    }
+
+    /// The table takes its slots at the first insertion and fills them up to the capacity,
+    /// every object stays reachable, and the refusal at the capacity names the limit.
+    #[test]
+    fn fills_up_to_the_capacity_and_names_the_limit() {
         let capacity = 2 * CHUNK + 3;
         let table: Registry<usize> = Registry::with_capacity(5, "live things", capacity);
+        assert!(
+            core::ptr::eq(table.slots(), &NO_SLOTS),
+            "nothing until used"
+        );
         let handles: Vec<Handle> = (0..capacity)
             .map(|i| table.insert(Box::new(i)).expect("room below the capacity"))
             .collect();
-        assert_eq!(
-            table
-                .chunks
-                .iter()
-                .filter(|c| !c.load(Ordering::Relaxed).is_null())
-                .count(),
-            3,
-            "chunks are allocated only as needed"
-        );
+        assert!(!core::ptr::eq(table.slots(), &NO_SLOTS), "its own slots");
         for (i, h) in handles.iter().enumerate() {
             assert_eq!(table.find(*h).copied(), Some(i));
         }
         let full = table.insert(Box::new(0)).expect_err("at the capacity");
-        assert_eq!(full.capacity, capacity);
+        assert_eq!(
+            full,
+            Refused::Full {
+                what: "live things",
+                capacity
+            }
+        );
         let text = full.to_string();
         assert!(text.contains("515 live things"), "{text}");
         // A freed slot in the middle is found again, with a new generation.
         let middle = handles[CHUNK + 7];
         assert_eq!(remove(&table, middle).map(|b| *b), Some(CHUNK + 7));
         let again = table.insert(Box::new(77)).expect("a slot was freed");
-        assert_eq!(again.index, middle.index);
-        assert_ne!(again.generation, middle.generation);
+        assert_eq!(again.index(), middle.index());
+        assert_ne!(again.generation(), middle.generation());
         assert!(table.find(middle).is_none(), "stale after reuse");
     }
 
@@ -414,13 +544,10 @@ mod tests {
     fn production_capacity_is_the_whole_index_space() {
         let table: Registry<u8> = Registry::new(9, "bytes");
         assert_eq!(table.capacity, usize::from(u16::MAX) + 1);
-        let last = Handle {
-            index: u16::MAX,
-            generation: 1,
-            low: 9,
-        };
+        let last = Handle::new(u16::MAX, 1, 9);
         let found = table.find(last);
-        assert!(found.is_none(), "no chunk yet: no object");
+        assert!(found.is_none(), "no slots yet: no object");
+        assert!(core::ptr::eq(table.slots(), &NO_SLOTS), "nothing allocated");
     }
 
     /// The typed lookup answers NULL, another table's handle, a stale handle and a request
@@ -457,6 +584,13 @@ mod tests {
         let (owner, id) = comms
             .lookup_request("test", "request", request)
             .expect("live comm");
+        assert!(
+            comms
+                .lookup_request("test", "request", core::ptr::null_mut())
+                .expect_err("NULL, with an object in slot 0")
+                .message()
+                .contains("test: request is NULL")
+        );
         assert_eq!((*owner, id), (5, 77));
 
         assert_eq!(remove(&comms, h).map(|b| *b), Some(5));

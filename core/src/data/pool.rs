@@ -243,6 +243,37 @@ mod tests {
         assert!(recvs.lookup(r).is_err());
     }
 
+    /// Every value `RequestId::from_bits` unpacks that no slot handed out is refused by the
+    /// one compare, with every slot in use (so the free check decides nothing): zero, index 0
+    /// or above `MAX_REQUESTS`, direction 0 or 3, the other direction, another generation.
+    #[test]
+    fn lookup_refuses_every_id_no_slot_handed_out() {
+        let mut sends: RequestPool<Toy, true> = RequestPool::new(Side::Send);
+        while let Some(i) = sends.next_free() {
+            sends.occupy(i, Toy::Waiting);
+        }
+        for bits in [
+            0,
+            1,
+            1 << 9,
+            257 | 1 << 9,
+            0x1ff | 1 << 9,
+            1 | 3 << 9,
+            1 | 2 << 9,
+            1 | 1 << 9 | 1 << 16,
+            !0xf800,
+        ] {
+            let id = RequestId::from_bits(bits).expect("bits 11-15 clear");
+            assert_eq!(
+                sends.lookup(id),
+                Err(DataError::InvalidRequest { bits }),
+                "{bits:#x}"
+            );
+        }
+        let handed_out = RequestId::from_bits(1 | 1 << 9).expect("an id");
+        assert_eq!(sends.lookup(handed_out), Ok(0));
+    }
+
     #[test]
     fn the_free_list_hands_out_every_slot_once() {
         let mut pool: RequestPool<Toy, true> = RequestPool::new(Side::Send);

@@ -50,8 +50,12 @@ pub(crate) struct RecvArgs {
 
 /// A send or receive comm. Each lives in its own heap box inside the registry, so the size
 /// difference between the variants costs nothing.
+///
+/// `repr(u8)`: the variant is a byte of its own at the start, so a `match` is one byte load and
+/// compare, not the arithmetic a discriminant kept in a field's unused values needs.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
+#[repr(u8)]
 pub(crate) enum DataComm {
     /// From `connect`.
     Send(Side<SendConn>),
@@ -340,13 +344,19 @@ impl<Conn: Path> Side<Conn> {
         } = &mut *state;
         match conn.test(endpoint, req) {
             Ok(Completed::Pending) => match watch.check(&self.port) {
-                None => Ok(Completed::Pending),
+                None => {
+                    state.leave();
+                    Ok(Completed::Pending)
+                }
                 Some(err) => {
                     conn.handle_fatal(err);
                     Err(self.fail("test", endpoint.qp_num(), &err))
                 }
             },
-            Ok(done) => Ok(done),
+            Ok(done) => {
+                state.leave();
+                Ok(done)
+            }
             Err(e) => Err(self.fail("test", endpoint.qp_num(), &e)),
         }
     }
@@ -395,24 +405,23 @@ pub(crate) fn isend(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> N
     match entry {
         DataComm::Send(side) => side.isend(handle, data, size, tag, mh),
         DataComm::SendMulti(side) => isend_lanes(side, handle, data, size, tag, mh),
-        DataComm::Recv(_) | DataComm::RecvMulti(_) => {
-            Err(NetError::misuse("isend on a receive comm"))
-        }
+        // A default arm, not the two receive variants: two compares instead of a jump table.
+        _ => Err(NetError::misuse("isend on a receive comm")),
     }
 }
 
-impl<Conn: Path> State<Conn> {
+impl<Conn: Path> Guard<'_, State<Conn>> {
     /// The C answer to a post (`isend`/`irecv`): the request; NULL to try later, unless the peer or
-    /// the port has failed the connection meanwhile; or the comm's failure.
+    /// the port has failed the connection meanwhile; or the comm's failure. Leaves the cell.
     #[inline(always)]
     fn answer(
-        &mut self,
+        mut self,
         side: &Side<Conn>,
         call: &'static str,
         handle: Handle,
         posted: Result<Option<RequestId>, DataError>,
     ) -> NetResult<Ptr> {
-        match posted {
+        let answer = match posted {
             Ok(Some(req)) => Ok(handle.request_ptr(req.to_bits())),
             Ok(None) => match self.watch.check(&side.port) {
                 None => Ok(core::ptr::null_mut()),
@@ -422,7 +431,9 @@ impl<Conn: Path> State<Conn> {
                 }
             },
             Err(e) => Err(side.fail(call, self.endpoint.qp_num(), &e)),
-        }
+        };
+        self.leave();
+        answer
     }
 }
 
@@ -485,8 +496,13 @@ fn irecv_lanes<Conn: RecvPath>(
 }
 
 #[inline(never)]
-fn test_lanes<Conn: Path>(side: &Side<Conn>, req: RequestId) -> NetResult<Completed> {
-    side.test(req)
+fn test_lanes(entry: &DataComm, req: RequestId) -> NetResult<Completed> {
+    match entry {
+        DataComm::SendMulti(side) => side.test(req),
+        DataComm::RecvMulti(side) => side.test(req),
+        DataComm::Send(side) => side.test(req),
+        DataComm::Recv(side) => side.test(req),
+    }
 }
 
 /// `irecv`: the request, or NULL ("try later").
@@ -496,7 +512,7 @@ pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Ptr> {
     match entry {
         DataComm::Recv(side) => side.irecv(handle, args),
         DataComm::RecvMulti(side) => irecv_lanes(side, handle, args),
-        DataComm::Send(_) | DataComm::SendMulti(_) => Err(NetError::misuse("irecv on a send comm")),
+        _ => Err(NetError::misuse("irecv on a send comm")),
     }
 }
 
@@ -508,7 +524,7 @@ pub(crate) fn irecv_one(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) 
     match entry {
         DataComm::Recv(side) => side.post_recv(handle, &[buf], &[mr], &[tag as u32]),
         DataComm::RecvMulti(side) => irecv_one_lanes(side, handle, buf, mr, tag as u32),
-        DataComm::Send(_) | DataComm::SendMulti(_) => Err(NetError::misuse("irecv on a send comm")),
+        _ => Err(NetError::misuse("irecv on a send comm")),
     }
 }
 
@@ -674,11 +690,11 @@ pub(crate) fn test(request: Ptr) -> NetResult<Completed> {
     let Some(req) = RequestId::from_bits(id) else {
         return test_other(entry, request, id);
     };
+    // Three arms, the several-lane comms behind one: a compare or two, not a jump table.
     match entry {
         DataComm::Send(side) => side.test(req),
         DataComm::Recv(side) => side.test(req),
-        DataComm::SendMulti(side) => test_lanes(side, req),
-        DataComm::RecvMulti(side) => test_lanes(side, req),
+        lanes => test_lanes(lanes, req),
     }
 }
 

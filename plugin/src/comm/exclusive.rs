@@ -7,6 +7,11 @@
 //! data path). A panic inside leaves the cell poisoned ([`Busy::Poisoned`]), as a mutex would be:
 //! the state it guards may be half-updated, so later calls on the comm fail.
 //!
+//! Leaving: [`Guard::leave`] on the normal path is the one store; dropping a guard (the path an
+//! unwinding panic takes, and any early return) asks `std::thread::panicking()` first, to free or
+//! poison. The data path leaves explicitly, so only the unwinding path and the cold early
+//! returns pay for the question; a path that drops its guard instead is just as correct.
+//!
 //! Unsafe (opted in): the cell hands out `&mut T` from `&self`; the flag makes that reference
 //! unique (only the thread whose compare-exchange won holds a guard).
 
@@ -120,6 +125,17 @@ impl<T> DerefMut for Guard<'_, T> {
     }
 }
 
+impl<T> Guard<'_, T> {
+    /// Leave on the normal path: free the cell. A call, never made from a destructor, so the
+    /// thread is not unwinding and there is nothing to ask.
+    #[inline(always)]
+    pub(crate) fn leave(self) {
+        let cell = self.cell;
+        core::mem::forget(self);
+        cell.state.store(FREE, Ordering::Release);
+    }
+}
+
 impl<T> Drop for Guard<'_, T> {
     #[inline(always)]
     fn drop(&mut self) {
@@ -152,6 +168,10 @@ mod tests {
         assert_eq!(cell.try_enter().err(), Some(Busy::InUse));
         drop(first);
         assert_eq!(*cell.try_enter().expect("free again"), 6);
+        let second = cell.try_enter().expect("free");
+        assert_eq!(cell.try_enter().err(), Some(Busy::InUse));
+        second.leave();
+        assert_eq!(*cell.try_enter().expect("left: free again"), 6);
     }
 
     #[test]
