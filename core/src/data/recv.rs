@@ -7,8 +7,8 @@ use super::error::{DataError, ProtocolError};
 use super::pool::{RequestPool, RequestState};
 use super::queue::SendQueue;
 use super::{
-    CQ_DEPTH, Completed, Connection, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH, RecvBuf,
-    RequestId, SEND_INBOUND_LEN, SLOTS, Side, completion_error, region_addr,
+    CQ_DEPTH, Connection, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH, RecvBuf, RequestId,
+    SEND_INBOUND_LEN, SLOTS, Side, SizesOut, completion_error, region_addr,
 };
 use crate::nic::{Completion, CompletionKind, Nic, Payload, RemoteRegion, SendOp, SendWr};
 
@@ -65,17 +65,26 @@ impl RequestState for RecvState {
 }
 
 impl RecvState {
-    /// What `test` reports for it, `group` being its slot's row (see [`RequestPool::settle`]).
+    /// What `test` reports for it, `group` being its slot's row (see [`RequestPool::settle`]),
+    /// its sizes written to `sizes` when it finished.
     #[inline(always)]
-    fn report(&self, group: &[u32; MAX_RECVS]) -> Result<Completed, DataError> {
+    fn report(
+        &self,
+        group: &[u32; MAX_RECVS],
+        sizes: &mut impl SizesOut,
+    ) -> Result<bool, DataError> {
         match *self {
-            Self::PostedOne { .. } | Self::Posted { .. } | Self::Free => Ok(Completed::Pending),
+            Self::PostedOne { .. } | Self::Posted { .. } | Self::Free => Ok(false),
             Self::DoneOne { size } => {
-                let mut sizes = [0; MAX_RECVS];
-                sizes[0] = size;
-                Ok(Completed::Done { n: 1, sizes })
+                sizes.put(0, size);
+                Ok(true)
             }
-            Self::Done { n } => Ok(Completed::Done { n, sizes: *group }),
+            Self::Done { n } => {
+                for (index, &size) in group.iter().take(usize::from(n)).enumerate() {
+                    sizes.put(index, size);
+                }
+                Ok(true)
+            }
             Self::Refused {
                 index,
                 sent,
@@ -713,9 +722,14 @@ impl RecvConn {
 }
 
 impl Connection for RecvConn {
-    /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
+    /// Poll the completion queue, then report on `req`. Finishing and errors free the request.
     #[inline(always)]
-    fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
+    fn test_into(
+        &mut self,
+        nic: &mut impl Nic,
+        req: RequestId,
+        sizes: &mut impl SizesOut,
+    ) -> Result<bool, DataError> {
         let index = self.requests.lookup(req)?;
         self.polled = true;
         let mut progress = Ok(());
@@ -728,7 +742,7 @@ impl Connection for RecvConn {
         let Self {
             requests, groups, ..
         } = self;
-        requests.settle(index, progress, |state| state.report(&groups[index]))
+        requests.settle(index, progress, |state| state.report(&groups[index], sizes))
     }
 
     /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it

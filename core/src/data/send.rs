@@ -8,8 +8,8 @@ use super::error::{DataError, ProtocolError};
 use super::pool::{RequestPool, RequestState};
 use super::queue::SendQueue;
 use super::{
-    CQ_DEPTH, Completed, Connection, EMPTY_WR, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH,
-    RECV_INBOUND_LEN, RequestId, SLOTS, SendBuf, Side, completion_error, region_addr,
+    CQ_DEPTH, Connection, EMPTY_WR, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH, RECV_INBOUND_LEN,
+    RequestId, SLOTS, SendBuf, Side, SizesOut, completion_error, region_addr,
 };
 use crate::nic::{
     Completion, CompletionKind, MAX_WR_BYTES, Nic, Payload, RemoteRegion, SendOp, SendWr, Sge,
@@ -46,15 +46,15 @@ impl RequestState for SendState {
 }
 
 impl SendState {
-    /// What `test` reports for it (see [`RequestPool::settle`]).
+    /// What `test` reports for it (see [`RequestPool::settle`]), its size written to `sizes`
+    /// when it finished.
     #[inline(always)]
-    fn report(&self) -> Result<Completed, DataError> {
+    fn report(&self, sizes: &mut impl SizesOut) -> Result<bool, DataError> {
         match *self {
-            Self::InFlight { .. } | Self::Free => Ok(Completed::Pending),
+            Self::InFlight { .. } | Self::Free => Ok(false),
             Self::Done { size } => {
-                let mut sizes = [0; MAX_RECVS];
-                sizes[0] = size;
-                Ok(Completed::Done { n: 1, sizes })
+                sizes.put(0, size);
+                Ok(true)
             }
             Self::Refused {
                 index,
@@ -991,16 +991,22 @@ fn record_payload<'a>(
 }
 
 impl Connection for SendConn {
-    /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
+    /// Poll the completion queue, then report on `req`. Finishing and errors free the request.
     #[inline(always)]
-    fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
+    fn test_into(
+        &mut self,
+        nic: &mut impl Nic,
+        req: RequestId,
+        sizes: &mut impl SizesOut,
+    ) -> Result<bool, DataError> {
         let index = self.requests.lookup(req)?;
         let progress = if self.requests.state(index).pending() {
             self.health.check().and_then(|()| self.poll_cq_inline(nic))
         } else {
             Ok(())
         };
-        self.requests.settle(index, progress, SendState::report)
+        self.requests
+            .settle(index, progress, |state| state.report(sizes))
     }
 
     /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it
