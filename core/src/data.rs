@@ -131,7 +131,7 @@ pub const CQ_DEPTH: usize = SEND_QUEUE_DEPTH + RECV_QUEUE_DEPTH;
 /// for a failed completion (which reports none) from its queue, or from its work-request id, which
 /// the core chose. A receive consumed by anything but a write with immediate cannot happen in this
 /// protocol: it is passed on as a write with immediate of 0, so validation names the violation.
-#[inline]
+#[inline(always)]
 pub fn classify(raw: &RawCompletion) -> Completion {
     let kind = if raw.status.is_success() {
         match raw.op {

@@ -846,77 +846,36 @@ impl SendConn {
         self.poll_cq_inline(nic)
     }
 
-    /// [`poll_cq`](Self::poll_cq), inlined into `test`, which polls on every call.
+    /// [`poll_cq`](Self::poll_cq), inlined into `test`, which polls on every call. The common
+    /// completion is taken as the NIC hands it over ([`ended_one`]); the first other one and
+    /// those after it come back in the poll buffer and go the long way, in order.
     #[inline(always)]
     fn poll_cq_inline(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
         for _ in 0..CQ_DEPTH / POLL_BATCH + 1 {
-            let got = nic
-                .poll(&mut self.batch)
-                .map_err(|e| self.health.fail(e.into()))?
-                .min(POLL_BATCH);
-            for i in 0..got {
-                if !self.ended_one(i) {
-                    let c = self.batch[i];
-                    self.handle_completion(&c)
-                        .map_err(|e| self.health.fail(e))?;
-                }
+            let Self {
+                batch,
+                ends,
+                sq,
+                requests,
+                ..
+            } = self;
+            let (got, left) = nic
+                .poll_take(
+                    batch,
+                    #[inline(always)]
+                    |c| ended_one(c, ends, sq, requests),
+                )
+                .map_err(|e| self.health.fail(e.into()))?;
+            for i in 0..left.min(POLL_BATCH) {
+                let c = self.batch[i];
+                self.handle_completion(&c)
+                    .map_err(|e| self.health.fail(e))?;
             }
             if got < POLL_BATCH {
                 break;
             }
         }
         Ok(())
-    }
-
-    /// Completion `i` of the batch if it is the common one, taken without decoding: the
-    /// successful write-with-immediate that ends a slot, at the post position the slot's end was
-    /// posted at. Every check of [`handle_completion`](Self::handle_completion) holds for it: the
-    /// `wr_id` is compared whole with the only value its decoder and the slot accept (magic,
-    /// kind, index in range, position), and the send queue validates the position as before.
-    /// Anything else (`false`, nothing changed) goes the long way, which names the violation.
-    #[inline(always)]
-    fn ended_one(&mut self, i: usize) -> bool {
-        let Completion {
-            wr_id: got_wr_id,
-            status,
-            kind: CompletionKind::Send,
-            ..
-        } = self.batch[i]
-        else {
-            return false;
-        };
-        // The slot the `wr_id` names, if it is a slot end (`SLOTS` is 256: a `u8` is in range);
-        // the compare below rejects a `wr_id` whose index does not fit one.
-        let slot = usize::from((got_wr_id >> 8) as u8);
-        let EndState::Ending { post, reqs, count } = self.ends[slot] else {
-            return false;
-        };
-        let wr_id = WrId {
-            kind: WrKind::SlotEnd,
-            index: slot as u16,
-            seq: post,
-        }
-        .encode();
-        if !status.is_success()
-            || got_wr_id != wr_id
-            || self.sq.complete(post, WrKind::SlotEnd).is_err()
-        {
-            return false;
-        }
-        self.end_slot(slot, reqs, count);
-        true
-    }
-
-    /// The slot's end completed: its requests are done.
-    #[inline(always)]
-    fn end_slot(&mut self, slot: usize, reqs: [u8; MAX_RECVS], count: u8) {
-        for &req in reqs.iter().take(usize::from(count)) {
-            let state = self.requests.state_mut(usize::from(req));
-            if let SendState::InFlight { size } = *state {
-                *state = SendState::Done { size };
-            }
-        }
-        self.ends[slot] = EndState::Idle;
     }
 
     #[inline(never)]
@@ -944,7 +903,7 @@ impl SendConn {
                     return Err(ProtocolError::UnexpectedCompletion { wr: id.kind }.into());
                 }
                 self.sq.complete(id.seq, id.kind)?;
-                self.end_slot(slot, reqs, count);
+                end_slot(&mut self.ends, &mut self.requests, slot, reqs, count);
             }
             WrKind::Cts | WrKind::Recv => {
                 return Err(ProtocolError::UnexpectedCompletion { wr: id.kind }.into());
@@ -952,6 +911,66 @@ impl SendConn {
         }
         Ok(())
     }
+}
+
+/// Take completion `c` if it is the common one, without decoding: the successful
+/// write-with-immediate that ends a slot, at the post position the slot's end was posted at.
+/// Every check of [`SendConn::handle_completion`] holds for it: the `wr_id` is compared whole
+/// with the only value its decoder and the slot accept (magic, kind, index in range, position),
+/// and the send queue validates the position as before. Anything else (`false`, nothing changed)
+/// goes the long way, which names the violation. The sender's fields come one by one: the poll
+/// buffer, borrowed apart, is not among them.
+#[inline(always)]
+fn ended_one(
+    c: &Completion,
+    ends: &mut [EndState; SLOTS],
+    sq: &mut SendQueue,
+    requests: &mut RequestPool<SendState, true>,
+) -> bool {
+    let Completion {
+        wr_id: got_wr_id,
+        status,
+        kind: CompletionKind::Send,
+        ..
+    } = *c
+    else {
+        return false;
+    };
+    // The slot the `wr_id` names, if it is a slot end (`SLOTS` is 256: a `u8` is in range);
+    // the compare below rejects a `wr_id` whose index does not fit one.
+    let slot = usize::from((got_wr_id >> 8) as u8);
+    let EndState::Ending { post, reqs, count } = ends[slot] else {
+        return false;
+    };
+    let wr_id = WrId {
+        kind: WrKind::SlotEnd,
+        index: slot as u16,
+        seq: post,
+    }
+    .encode();
+    if !status.is_success() || got_wr_id != wr_id || sq.complete(post, WrKind::SlotEnd).is_err() {
+        return false;
+    }
+    end_slot(ends, requests, slot, reqs, count);
+    true
+}
+
+/// The slot's end completed: its requests are done.
+#[inline(always)]
+fn end_slot(
+    ends: &mut [EndState; SLOTS],
+    requests: &mut RequestPool<SendState, true>,
+    slot: usize,
+    reqs: [u8; MAX_RECVS],
+    count: u8,
+) {
+    for &req in reqs.iter().take(usize::from(count)) {
+        let state = requests.state_mut(usize::from(req));
+        if let SendState::InFlight { size } = *state {
+            *state = SendState::Done { size };
+        }
+    }
+    ends[slot] = EndState::Idle;
 }
 
 /// Read and decode entry `i` of the FIFO slot at `base`. `None` while its bytes do not check

@@ -114,6 +114,18 @@ impl<D: PortDevice> Nic for AnyEndpoint<D> {
         }
     }
 
+    #[inline(always)]
+    fn poll_take(
+        &mut self,
+        out: &mut [Completion],
+        take: impl FnMut(&Completion) -> bool,
+    ) -> Result<(usize, usize), NicError> {
+        match self {
+            Self::Verbs(e) => e.poll_take(out, take),
+            Self::Mlx5(e) => e.poll_take(out, take),
+        }
+    }
+
     // Always: the reads' lengths and offsets are constants at the core's call sites, and
     // `Region::read_volatile` folds to one or a few word loads with them.
     #[inline(always)]
