@@ -344,13 +344,13 @@ impl RequestId {
     /// `test` checks it against the pool.
     #[inline(always)]
     pub fn from_bits(bits: u32) -> Option<Self> {
-        let index = bits & 0x1ff;
-        let side = (bits >> 9) & 0x3;
-        let bad = (index.wrapping_sub(1) >= MAX_REQUESTS as u32)
-            | (bits & 0xf800 != 0)
-            | (side == 0)
-            | (side == 3);
-        (!bad).then_some(Self(bits))
+        // The low half of an id is 0x201..=0x300 (a send: direction 1, index + 1 in 1..=256) or
+        // 0x401..=0x500 (a receive). Less 0x201 that is 0x000..=0x0ff or 0x200..=0x2ff: exactly
+        // the values with no bit set but bits 0–7 and 9. One mask test checks index, direction
+        // and the zero bits 11–15 together.
+        const _: () = assert!(MAX_REQUESTS == 256);
+        let ok = (bits & 0xffff).wrapping_sub(0x201) & !0x2ff == 0;
+        ok.then_some(Self(bits))
     }
 }
 
@@ -516,6 +516,19 @@ mod tests {
                     assert_eq!(id.index(), index);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn request_id_accepts_exactly_the_ids_of_some_slot_and_direction() {
+        for low in 0..=u16::MAX {
+            let bits = u32::from(low) | 0xabcd << 16;
+            let index = bits & 0x1ff;
+            let side = (bits >> 9) & 0x3;
+            let valid = (1..=MAX_REQUESTS as u32).contains(&index)
+                && bits & 0xf800 == 0
+                && (side == 1 || side == 2);
+            assert_eq!(RequestId::from_bits(bits).is_some(), valid, "{bits:#x}");
         }
     }
 

@@ -150,9 +150,24 @@ impl<S: RequestState, const FREE_LIST: bool> RequestPool<S, FREE_LIST> {
             Ok(()) => report(&self.slots[index].state),
         };
         if !matches!(report, Ok(false)) {
-            self.release(index);
+            self.end_in_use(index);
         }
         report
+    }
+
+    /// [`release`](Self::release) of a slot known to be in use (`settle`'s: `lookup` found it
+    /// so, and nothing between frees one), inlined into `test`.
+    #[inline(always)]
+    fn end_in_use(&mut self, index: usize) {
+        let slot = &mut self.slots[index];
+        debug_assert!(!slot.state.is_free(), "settle ends a request in use");
+        slot.state = S::FREE;
+        slot.id = slot.id.next_generation();
+        self.in_use -= 1;
+        if FREE_LIST && self.free_len < MAX_REQUESTS {
+            self.free[self.free_len] = index as u8;
+            self.free_len += 1;
+        }
     }
 
     /// Requests in use.

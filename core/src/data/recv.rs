@@ -761,7 +761,12 @@ impl Connection for RecvConn {
         let Self {
             requests, groups, ..
         } = self;
-        requests.settle(index, progress, |state| state.report(&groups[index], sizes))
+        requests.settle(
+            index,
+            progress,
+            #[inline(always)]
+            |state| state.report(&groups[index], sizes),
+        )
     }
 
     /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it

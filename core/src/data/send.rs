@@ -1024,8 +1024,12 @@ impl Connection for SendConn {
         } else {
             Ok(())
         };
-        self.requests
-            .settle(index, progress, |state| state.report(sizes))
+        self.requests.settle(
+            index,
+            progress,
+            #[inline(always)]
+            |state| state.report(sizes),
+        )
     }
 
     /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it
