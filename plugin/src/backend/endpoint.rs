@@ -319,13 +319,12 @@ fn post_failed(err: VerbsError) -> NicError {
     }
 }
 
-/// The core's error for a failed poll (out of line, like [`post_failed`]).
+/// The core's error for a completion queue whose poll failed (a negative `ibv_poll_cq`; out of
+/// line, like [`post_failed`]).
 #[cold]
 #[inline(never)]
-fn poll_failed(err: VerbsError) -> NicError {
-    NicError::Poll {
-        code: post_errno(&err),
-    }
+fn cq_broken() -> NicError {
+    NicError::Poll { code: libc::EIO }
 }
 
 fn post_errno(err: &VerbsError) -> i32 {
@@ -401,7 +400,9 @@ impl<D: PortDevice> Nic for Endpoint<D> {
     ) -> Result<(usize, usize), NicError> {
         let mut wcs = [MaybeUninit::<ibv_wc>::uninit(); MAX_POLL];
         let want = out.len().min(MAX_POLL);
-        let polled = self.cq.poll_into(&mut wcs[..want]).map_err(poll_failed)?;
+        let Some(polled) = self.cq.poll_wcs(&mut wcs[..want]) else {
+            return Err(cq_broken());
+        };
         let rest = match polled {
             [first, after @ ..] if take(&completion(first)) => after,
             _ => polled,
