@@ -529,8 +529,9 @@ impl RecvConn {
     }
 
     /// [`poll_cq`](Self::poll_cq), inlined into `test`, which polls on every call. The common
-    /// completion is taken as the NIC hands it over ([`arrived_one`]); the first other one and
-    /// those after it come back in the poll buffer and go the long way, in order.
+    /// completion ([`arrived_one`]) is taken as the NIC hands it over where the backend offers
+    /// it; the rest come back in the poll buffer, in order, and are taken there or go the long
+    /// way.
     #[inline(always)]
     fn poll_cq_inline(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
         for _ in 0..CQ_DEPTH / POLL_BATCH + 1 {
@@ -552,8 +553,17 @@ impl RecvConn {
                 .map_err(|e| self.health.fail(e.into()))?;
             for i in 0..left.min(POLL_BATCH) {
                 let c = self.batch[i];
-                self.handle_completion(nic, &c)
-                    .map_err(|e| self.health.fail(e))?;
+                if !arrived_one(
+                    &c,
+                    &mut self.requests,
+                    &mut self.oldest,
+                    self.next_seq,
+                    self.deferred,
+                    &mut self.recvs_posted,
+                ) {
+                    self.handle_completion(nic, &c)
+                        .map_err(|e| self.health.fail(e))?;
+                }
             }
             if got < POLL_BATCH {
                 break;
