@@ -256,9 +256,10 @@ impl CollectSizes {
 impl SizesOut for CollectSizes {
     #[inline]
     fn put(&mut self, index: usize, size: u32) {
+        // Sizes come in buffer order: the last one names the count.
         if let Some(slot) = self.sizes.get_mut(index) {
             *slot = size;
-            self.n = self.n.max(index as u8 + 1);
+            self.n = index as u8 + 1;
         }
     }
 }

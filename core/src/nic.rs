@@ -311,7 +311,7 @@ pub trait Nic {
         take: impl FnMut(&Completion) -> bool,
     ) -> Result<(usize, usize), NicError> {
         let _ = take;
-        let got = self.poll(out)?.min(out.len());
+        let got = self.poll(out)?;
         Ok((got, got))
     }
 
