@@ -131,7 +131,7 @@ pub const CQ_DEPTH: usize = SEND_QUEUE_DEPTH + RECV_QUEUE_DEPTH;
 /// for a failed completion (which reports none) from its queue, or from its work-request id, which
 /// the core chose. A receive consumed by anything but a write with immediate cannot happen in this
 /// protocol: it is passed on as a write with immediate of 0, so validation names the violation.
-#[inline]
+#[inline(always)]
 pub fn classify(raw: &RawCompletion) -> Completion {
     let kind = if raw.status.is_success() {
         match raw.op {
@@ -209,11 +209,80 @@ pub enum Completed {
     },
 }
 
+impl Completed {
+    /// Hand the sizes of a finished request to `out`; whether it finished.
+    #[inline]
+    pub fn deliver(self, out: &mut impl SizesOut) -> bool {
+        match self {
+            Self::Pending => false,
+            Self::Done { n, sizes } => {
+                for (index, &size) in sizes.iter().take(usize::from(n)).enumerate() {
+                    out.put(index, size);
+                }
+                true
+            }
+        }
+    }
+}
+
+/// Where [`Connection::test_into`] writes a finished request's sizes, one call per buffer in
+/// buffer order: straight into the driver's answer, instead of a [`Completed`] copied up to it.
+pub trait SizesOut {
+    /// The size of buffer `index` (below [`MAX_RECVS`]): for a send, index 0 and the bytes sent.
+    fn put(&mut self, index: usize, size: u32);
+}
+
+/// The sizes of one request gathered into a [`Completed`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CollectSizes {
+    n: u8,
+    sizes: [u32; MAX_RECVS],
+}
+
+impl CollectSizes {
+    /// The answer: [`Completed::Pending`] unless `done`.
+    pub fn completed(self, done: bool) -> Completed {
+        if done {
+            Completed::Done {
+                n: self.n,
+                sizes: self.sizes,
+            }
+        } else {
+            Completed::Pending
+        }
+    }
+}
+
+impl SizesOut for CollectSizes {
+    #[inline]
+    fn put(&mut self, index: usize, size: u32) {
+        // Sizes come in buffer order: the last one names the count.
+        if let Some(slot) = self.sizes.get_mut(index) {
+            *slot = size;
+            self.n = index as u8 + 1;
+        }
+    }
+}
+
 /// What either direction of a connection offers once requests are posted: the one interface a
 /// driver tests, fails and drains both [`SendConn`] and [`RecvConn`] through.
 pub trait Connection {
-    /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
-    fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError>;
+    /// Poll the completion queue, then report on `req`: `Ok(true)` when it finished, its sizes
+    /// written to `sizes` first. Finishing and errors free the request.
+    fn test_into(
+        &mut self,
+        nic: &mut impl Nic,
+        req: RequestId,
+        sizes: &mut impl SizesOut,
+    ) -> Result<bool, DataError>;
+
+    /// [`test_into`](Self::test_into), the answer as one value.
+    #[inline]
+    fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
+        let mut sizes = CollectSizes::default();
+        let done = self.test_into(nic, req, &mut sizes)?;
+        Ok(sizes.completed(done))
+    }
 
     /// A fatal condition found outside the data path (the peer's socket closed, a device event):
     /// the connection fails with `err` unless it already failed.

@@ -296,6 +296,25 @@ pub trait Nic {
     /// Poll up to `out.len()` completions into `out`; return how many were written.
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError>;
 
+    /// Poll up to `out.len()` completions. A backend that converts its own completion format
+    /// may offer each, in order, to `take` as it converts it: those taken (`true`: handled) are
+    /// done with. The first it refuses (`false`, which must leave the caller's state as it was)
+    /// and every one after it, or all of them where the backend offers none, are written to the
+    /// front of `out`, in order, for the caller to handle (its own fast path included). Returns
+    /// how many were polled and how many of them were written to `out`.
+    ///
+    /// The provided method offers none: it is [`poll`](Self::poll).
+    #[inline]
+    fn poll_take(
+        &mut self,
+        out: &mut [Completion],
+        take: impl FnMut(&Completion) -> bool,
+    ) -> Result<(usize, usize), NicError> {
+        let _ = take;
+        let got = self.poll(out)?;
+        Ok((got, got))
+    }
+
     /// Copy `out.len()` bytes at `offset` of the inbound control region into `out`. The peer's
     /// NIC writes that memory concurrently: the implementation reads it with volatile loads and
     /// an acquire fence after, so a later read is not reordered before an earlier one.

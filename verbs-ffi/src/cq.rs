@@ -89,20 +89,24 @@ impl CompletionQueue {
         &self,
         wcs: &'a mut [MaybeUninit<ibv_wc>],
     ) -> Result<&'a [ibv_wc], VerbsError> {
+        self.poll_wcs(wcs).ok_or_else(broken_cq)
+    }
+
+    /// [`Self::poll_into`] for the data path: `None` when the CQ is broken (a negative return;
+    /// providers do not set errno for it). Two words where a `Result` with a [`VerbsError`]
+    /// would be three, kept in registers by the caller.
+    #[inline(always)]
+    pub fn poll_wcs<'a>(&self, wcs: &'a mut [MaybeUninit<ibv_wc>]) -> Option<&'a [ibv_wc]> {
         let n = c_int::try_from(wcs.len()).unwrap_or(c_int::MAX);
         if n == 0 {
-            return Ok(&[]);
+            return Some(&[]);
         }
         // SAFETY: live CQ of this context's provider; wcs has room for n entries
         // (`MaybeUninit<ibv_wc>` has `ibv_wc`'s layout).
         let got = unsafe { (self.poll_cq)(self.ptr.as_ptr(), n, wcs.as_mut_ptr().cast()) };
-        // A negative return means the CQ is broken; providers do not set errno for it.
-        let Ok(got) = usize::try_from(got) else {
-            return Err(broken_cq());
-        };
-        let got = got.min(wcs.len());
+        let got = usize::try_from(got).ok()?.min(wcs.len());
         // SAFETY: ibv_poll_cq wrote the first `got` entries.
-        Ok(unsafe { &*(ptr::from_ref(&wcs[..got]) as *const [ibv_wc]) })
+        Some(unsafe { &*(ptr::from_ref(&wcs[..got]) as *const [ibv_wc]) })
     }
 
     /// The context it belongs to.

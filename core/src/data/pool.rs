@@ -7,7 +7,7 @@
 //! their sequence number (the clear-to-send FIFO is positional), so the free list is a const
 //! parameter.
 
-use super::{Completed, DataError, MAX_REQUESTS, RequestId, Side};
+use super::{DataError, MAX_REQUESTS, RequestId, Side};
 
 /// The state a direction keeps per request.
 pub(super) trait RequestState: Copy {
@@ -135,24 +135,39 @@ impl<S: RequestState, const FREE_LIST: bool> RequestPool<S, FREE_LIST> {
 
     /// `test`'s answer for the request in slot `index` (found in use by [`lookup`](Self::lookup))
     /// after the direction's `progress` (polling the NIC): a failed progress, or else what
-    /// `report` makes of the slot's state ([`Completed::Pending`], [`Completed::Done`] or the
-    /// request's error). Anything but pending frees the slot.
+    /// `report` makes of the slot's state (`Ok(false)` pending, `Ok(true)` finished with its
+    /// sizes written, or the request's error). Anything but pending frees the slot.
     #[inline(always)]
     pub(super) fn settle(
         &mut self,
         index: usize,
         progress: Result<(), DataError>,
-        report: impl FnOnce(&S) -> Result<Completed, DataError>,
-    ) -> Result<Completed, DataError> {
+        report: impl FnOnce(&S) -> Result<bool, DataError>,
+    ) -> Result<bool, DataError> {
         // `lookup` found the slot in use and progress never frees one: no stale check again.
         let report = match progress {
             Err(err) => Err(err),
             Ok(()) => report(&self.slots[index].state),
         };
-        if !matches!(report, Ok(Completed::Pending)) {
-            self.release(index);
+        if !matches!(report, Ok(false)) {
+            self.end_in_use(index);
         }
         report
+    }
+
+    /// [`release`](Self::release) of a slot known to be in use (`settle`'s: `lookup` found it
+    /// so, and nothing between frees one), inlined into `test`.
+    #[inline(always)]
+    fn end_in_use(&mut self, index: usize) {
+        let slot = &mut self.slots[index];
+        debug_assert!(!slot.state.is_free(), "settle ends a request in use");
+        slot.state = S::FREE;
+        slot.id = slot.id.next_generation();
+        self.in_use -= 1;
+        if FREE_LIST && self.free_len < MAX_REQUESTS {
+            self.free[self.free_len] = index as u8;
+            self.free_len += 1;
+        }
     }
 
     /// Requests in use.
@@ -185,13 +200,10 @@ mod tests {
     }
 
     impl Toy {
-        fn report(&self) -> Result<Completed, DataError> {
+        fn report(&self) -> Result<bool, DataError> {
             match self {
-                Self::Waiting => Ok(Completed::Pending),
-                Self::Done => Ok(Completed::Done {
-                    n: 1,
-                    sizes: [7; super::super::MAX_RECVS],
-                }),
+                Self::Waiting => Ok(false),
+                Self::Done => Ok(true),
                 Self::Failed | Self::Free => Err(DataError::InvalidArgument("toy")),
             }
         }
@@ -205,12 +217,9 @@ mod tests {
         let id = sends.occupy(first, Toy::Waiting);
         assert_eq!(sends.outstanding(), 1);
         let i = sends.lookup(id).unwrap();
-        assert_eq!(sends.settle(i, Ok(()), Toy::report), Ok(Completed::Pending));
+        assert_eq!(sends.settle(i, Ok(()), Toy::report), Ok(false));
         *sends.state_mut(i) = Toy::Done;
-        assert!(matches!(
-            sends.settle(i, Ok(()), Toy::report),
-            Ok(Completed::Done { n: 1, .. })
-        ));
+        assert_eq!(sends.settle(i, Ok(()), Toy::report), Ok(true));
         assert_eq!(sends.outstanding(), 0);
         assert!(sends.lookup(id).is_err(), "a reported id is stale");
         // The slot comes back with a new generation: the old id does not name the new request.

@@ -7,8 +7,8 @@ use super::error::{DataError, ProtocolError};
 use super::pool::{RequestPool, RequestState};
 use super::queue::SendQueue;
 use super::{
-    CQ_DEPTH, Completed, Connection, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH, RecvBuf,
-    RequestId, SEND_INBOUND_LEN, SLOTS, Side, completion_error, region_addr,
+    CQ_DEPTH, Connection, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH, RecvBuf, RequestId,
+    SEND_INBOUND_LEN, SLOTS, Side, SizesOut, completion_error, region_addr,
 };
 use crate::nic::{Completion, CompletionKind, Nic, Payload, RemoteRegion, SendOp, SendWr};
 
@@ -65,17 +65,26 @@ impl RequestState for RecvState {
 }
 
 impl RecvState {
-    /// What `test` reports for it, `group` being its slot's row (see [`RequestPool::settle`]).
+    /// What `test` reports for it, `group` being its slot's row (see [`RequestPool::settle`]),
+    /// its sizes written to `sizes` when it finished.
     #[inline(always)]
-    fn report(&self, group: &[u32; MAX_RECVS]) -> Result<Completed, DataError> {
+    fn report(
+        &self,
+        group: &[u32; MAX_RECVS],
+        sizes: &mut impl SizesOut,
+    ) -> Result<bool, DataError> {
         match *self {
-            Self::PostedOne { .. } | Self::Posted { .. } | Self::Free => Ok(Completed::Pending),
+            Self::PostedOne { .. } | Self::Posted { .. } | Self::Free => Ok(false),
             Self::DoneOne { size } => {
-                let mut sizes = [0; MAX_RECVS];
-                sizes[0] = size;
-                Ok(Completed::Done { n: 1, sizes })
+                sizes.put(0, size);
+                Ok(true)
             }
-            Self::Done { n } => Ok(Completed::Done { n, sizes: *group }),
+            Self::Done { n } => {
+                for (index, &size) in group.iter().take(usize::from(n)).enumerate() {
+                    sizes.put(index, size);
+                }
+                Ok(true)
+            }
             Self::Refused {
                 index,
                 sent,
@@ -519,17 +528,39 @@ impl RecvConn {
         self.poll_cq_inline(nic)
     }
 
-    /// [`poll_cq`](Self::poll_cq), inlined into `test`, which polls on every call.
+    /// [`poll_cq`](Self::poll_cq), inlined into `test`, which polls on every call. The common
+    /// completion ([`arrived_one`]) is taken as the NIC hands it over where the backend offers
+    /// it; the rest come back in the poll buffer, in order, and are taken there or go the long
+    /// way.
     #[inline(always)]
     fn poll_cq_inline(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
         for _ in 0..CQ_DEPTH / POLL_BATCH + 1 {
-            let got = nic
-                .poll(&mut self.batch)
-                .map_err(|e| self.health.fail(e.into()))?
-                .min(POLL_BATCH);
-            for i in 0..got {
-                if !self.arrived_one(i) {
-                    let c = self.batch[i];
+            let Self {
+                batch,
+                requests,
+                oldest,
+                next_seq,
+                deferred,
+                recvs_posted,
+                ..
+            } = self;
+            let (got, left) = nic
+                .poll_take(
+                    batch,
+                    #[inline(always)]
+                    |c| arrived_one(c, requests, oldest, *next_seq, *deferred, recvs_posted),
+                )
+                .map_err(|e| self.health.fail(e.into()))?;
+            for i in 0..left.min(POLL_BATCH) {
+                let c = self.batch[i];
+                if !arrived_one(
+                    &c,
+                    &mut self.requests,
+                    &mut self.oldest,
+                    self.next_seq,
+                    self.deferred,
+                    &mut self.recvs_posted,
+                ) {
                     self.handle_completion(nic, &c)
                         .map_err(|e| self.health.fail(e))?;
                 }
@@ -539,63 +570,6 @@ impl RecvConn {
             }
         }
         Ok(())
-    }
-
-    /// Completion `i` of the batch if it is the common one, taken without decoding: the write-with-immediate, without a record,
-    /// of the oldest receive, a one-buffer one whose CTS entry was written, fitting its buffer.
-    /// Every check of [`handle_completion`](Self::handle_completion) and
-    /// [`handle_arrival`](Self::handle_arrival) holds for it: the `wr_id` and the immediate are
-    /// compared whole with the only values those accept (so their decoders' checks are in the
-    /// compares). Anything else (`false`, nothing changed) goes the long way, which names the
-    /// violation.
-    #[inline(always)]
-    fn arrived_one(&mut self, i: usize) -> bool {
-        let Completion {
-            wr_id: got_wr_id,
-            status,
-            kind: CompletionKind::RecvWriteImm { imm, byte_len },
-            ..
-        } = self.batch[i]
-        else {
-            return false;
-        };
-        let seq = self.oldest;
-        let slot = seq as u8;
-        let RecvState::PostedOne {
-            seq: posted_seq,
-            capacity,
-        } = *self.requests.state(usize::from(slot))
-        else {
-            return false;
-        };
-        let wr_id = WrId {
-            kind: WrKind::Recv,
-            index: slot.into(),
-            seq,
-        }
-        .encode();
-        let expected_imm = Imm {
-            seq16: seq as u16,
-            n: 1,
-            record: false,
-            mismatch: false,
-        }
-        .encode();
-        // `next_seq - oldest > deferred`: the receive is outstanding and granted (see
-        // `handle_arrival`).
-        if !status.is_success()
-            || got_wr_id != wr_id
-            || imm != expected_imm
-            || posted_seq != seq
-            || byte_len > capacity
-            || self.next_seq.wrapping_sub(seq) <= self.deferred
-        {
-            return false;
-        }
-        *self.requests.state_mut(usize::from(slot)) = RecvState::DoneOne { size: byte_len };
-        self.oldest = seq.wrapping_add(1);
-        self.recvs_posted -= 1;
-        true
     }
 
     #[inline(never)]
@@ -712,10 +686,79 @@ impl RecvConn {
     }
 }
 
+/// Take completion `c` if it is the common one, without decoding: the write-with-immediate,
+/// without a record, of the oldest receive (`oldest`), a one-buffer one whose CTS entry was
+/// written, fitting its buffer. Every check of [`RecvConn::handle_completion`] and
+/// [`RecvConn::handle_arrival`] holds for it: the `wr_id` and the immediate are compared whole
+/// with the only values those accept (so their decoders' checks are in the compares). Anything
+/// else (`false`, nothing changed) goes the long way, which names the violation. The receiver's
+/// fields come one by one: the poll buffer, borrowed apart, is not among them.
+#[inline(always)]
+fn arrived_one(
+    c: &Completion,
+    requests: &mut RequestPool<RecvState, false>,
+    oldest: &mut u32,
+    next_seq: u32,
+    deferred: u32,
+    recvs_posted: &mut usize,
+) -> bool {
+    let Completion {
+        wr_id: got_wr_id,
+        status,
+        kind: CompletionKind::RecvWriteImm { imm, byte_len },
+        ..
+    } = *c
+    else {
+        return false;
+    };
+    let seq = *oldest;
+    let slot = seq as u8;
+    let RecvState::PostedOne {
+        seq: posted_seq,
+        capacity,
+    } = *requests.state(usize::from(slot))
+    else {
+        return false;
+    };
+    let wr_id = WrId {
+        kind: WrKind::Recv,
+        index: slot.into(),
+        seq,
+    }
+    .encode();
+    let expected_imm = Imm {
+        seq16: seq as u16,
+        n: 1,
+        record: false,
+        mismatch: false,
+    }
+    .encode();
+    // `next_seq - oldest > deferred`: the receive is outstanding and granted (see
+    // `handle_arrival`).
+    if !status.is_success()
+        || got_wr_id != wr_id
+        || imm != expected_imm
+        || posted_seq != seq
+        || byte_len > capacity
+        || next_seq.wrapping_sub(seq) <= deferred
+    {
+        return false;
+    }
+    *requests.state_mut(usize::from(slot)) = RecvState::DoneOne { size: byte_len };
+    *oldest = seq.wrapping_add(1);
+    *recvs_posted -= 1;
+    true
+}
+
 impl Connection for RecvConn {
-    /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
+    /// Poll the completion queue, then report on `req`. Finishing and errors free the request.
     #[inline(always)]
-    fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
+    fn test_into(
+        &mut self,
+        nic: &mut impl Nic,
+        req: RequestId,
+        sizes: &mut impl SizesOut,
+    ) -> Result<bool, DataError> {
         let index = self.requests.lookup(req)?;
         self.polled = true;
         let mut progress = Ok(());
@@ -728,7 +771,12 @@ impl Connection for RecvConn {
         let Self {
             requests, groups, ..
         } = self;
-        requests.settle(index, progress, |state| state.report(&groups[index]))
+        requests.settle(
+            index,
+            progress,
+            #[inline(always)]
+            |state| state.report(&groups[index], sizes),
+        )
     }
 
     /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it

@@ -8,8 +8,8 @@ use super::error::{DataError, ProtocolError};
 use super::pool::{RequestPool, RequestState};
 use super::queue::SendQueue;
 use super::{
-    CQ_DEPTH, Completed, Connection, EMPTY_WR, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH,
-    RECV_INBOUND_LEN, RequestId, SLOTS, SendBuf, Side, completion_error, region_addr,
+    CQ_DEPTH, Connection, EMPTY_WR, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH, RECV_INBOUND_LEN,
+    RequestId, SLOTS, SendBuf, Side, SizesOut, completion_error, region_addr,
 };
 use crate::nic::{
     Completion, CompletionKind, MAX_WR_BYTES, Nic, Payload, RemoteRegion, SendOp, SendWr, Sge,
@@ -46,15 +46,15 @@ impl RequestState for SendState {
 }
 
 impl SendState {
-    /// What `test` reports for it (see [`RequestPool::settle`]).
+    /// What `test` reports for it (see [`RequestPool::settle`]), its size written to `sizes`
+    /// when it finished.
     #[inline(always)]
-    fn report(&self) -> Result<Completed, DataError> {
+    fn report(&self, sizes: &mut impl SizesOut) -> Result<bool, DataError> {
         match *self {
-            Self::InFlight { .. } | Self::Free => Ok(Completed::Pending),
+            Self::InFlight { .. } | Self::Free => Ok(false),
             Self::Done { size } => {
-                let mut sizes = [0; MAX_RECVS];
-                sizes[0] = size;
-                Ok(Completed::Done { n: 1, sizes })
+                sizes.put(0, size);
+                Ok(true)
             }
             Self::Refused {
                 index,
@@ -846,17 +846,29 @@ impl SendConn {
         self.poll_cq_inline(nic)
     }
 
-    /// [`poll_cq`](Self::poll_cq), inlined into `test`, which polls on every call.
+    /// [`poll_cq`](Self::poll_cq), inlined into `test`, which polls on every call. The common
+    /// completion ([`ended_one`]) is taken as the NIC hands it over where the backend offers it;
+    /// the rest come back in the poll buffer, in order, and are taken there or go the long way.
     #[inline(always)]
     fn poll_cq_inline(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
         for _ in 0..CQ_DEPTH / POLL_BATCH + 1 {
-            let got = nic
-                .poll(&mut self.batch)
-                .map_err(|e| self.health.fail(e.into()))?
-                .min(POLL_BATCH);
-            for i in 0..got {
-                if !self.ended_one(i) {
-                    let c = self.batch[i];
+            let Self {
+                batch,
+                ends,
+                sq,
+                requests,
+                ..
+            } = self;
+            let (got, left) = nic
+                .poll_take(
+                    batch,
+                    #[inline(always)]
+                    |c| ended_one(c, ends, sq, requests),
+                )
+                .map_err(|e| self.health.fail(e.into()))?;
+            for i in 0..left.min(POLL_BATCH) {
+                let c = self.batch[i];
+                if !ended_one(&c, &mut self.ends, &mut self.sq, &mut self.requests) {
                     self.handle_completion(&c)
                         .map_err(|e| self.health.fail(e))?;
                 }
@@ -866,57 +878,6 @@ impl SendConn {
             }
         }
         Ok(())
-    }
-
-    /// Completion `i` of the batch if it is the common one, taken without decoding: the
-    /// successful write-with-immediate that ends a slot, at the post position the slot's end was
-    /// posted at. Every check of [`handle_completion`](Self::handle_completion) holds for it: the
-    /// `wr_id` is compared whole with the only value its decoder and the slot accept (magic,
-    /// kind, index in range, position), and the send queue validates the position as before.
-    /// Anything else (`false`, nothing changed) goes the long way, which names the violation.
-    #[inline(always)]
-    fn ended_one(&mut self, i: usize) -> bool {
-        let Completion {
-            wr_id: got_wr_id,
-            status,
-            kind: CompletionKind::Send,
-            ..
-        } = self.batch[i]
-        else {
-            return false;
-        };
-        // The slot the `wr_id` names, if it is a slot end (`SLOTS` is 256: a `u8` is in range);
-        // the compare below rejects a `wr_id` whose index does not fit one.
-        let slot = usize::from((got_wr_id >> 8) as u8);
-        let EndState::Ending { post, reqs, count } = self.ends[slot] else {
-            return false;
-        };
-        let wr_id = WrId {
-            kind: WrKind::SlotEnd,
-            index: slot as u16,
-            seq: post,
-        }
-        .encode();
-        if !status.is_success()
-            || got_wr_id != wr_id
-            || self.sq.complete(post, WrKind::SlotEnd).is_err()
-        {
-            return false;
-        }
-        self.end_slot(slot, reqs, count);
-        true
-    }
-
-    /// The slot's end completed: its requests are done.
-    #[inline(always)]
-    fn end_slot(&mut self, slot: usize, reqs: [u8; MAX_RECVS], count: u8) {
-        for &req in reqs.iter().take(usize::from(count)) {
-            let state = self.requests.state_mut(usize::from(req));
-            if let SendState::InFlight { size } = *state {
-                *state = SendState::Done { size };
-            }
-        }
-        self.ends[slot] = EndState::Idle;
     }
 
     #[inline(never)]
@@ -944,7 +905,7 @@ impl SendConn {
                     return Err(ProtocolError::UnexpectedCompletion { wr: id.kind }.into());
                 }
                 self.sq.complete(id.seq, id.kind)?;
-                self.end_slot(slot, reqs, count);
+                end_slot(&mut self.ends, &mut self.requests, slot, reqs, count);
             }
             WrKind::Cts | WrKind::Recv => {
                 return Err(ProtocolError::UnexpectedCompletion { wr: id.kind }.into());
@@ -952,6 +913,66 @@ impl SendConn {
         }
         Ok(())
     }
+}
+
+/// Take completion `c` if it is the common one, without decoding: the successful
+/// write-with-immediate that ends a slot, at the post position the slot's end was posted at.
+/// Every check of [`SendConn::handle_completion`] holds for it: the `wr_id` is compared whole
+/// with the only value its decoder and the slot accept (magic, kind, index in range, position),
+/// and the send queue validates the position as before. Anything else (`false`, nothing changed)
+/// goes the long way, which names the violation. The sender's fields come one by one: the poll
+/// buffer, borrowed apart, is not among them.
+#[inline(always)]
+fn ended_one(
+    c: &Completion,
+    ends: &mut [EndState; SLOTS],
+    sq: &mut SendQueue,
+    requests: &mut RequestPool<SendState, true>,
+) -> bool {
+    let Completion {
+        wr_id: got_wr_id,
+        status,
+        kind: CompletionKind::Send,
+        ..
+    } = *c
+    else {
+        return false;
+    };
+    // The slot the `wr_id` names, if it is a slot end (`SLOTS` is 256: a `u8` is in range);
+    // the compare below rejects a `wr_id` whose index does not fit one.
+    let slot = usize::from((got_wr_id >> 8) as u8);
+    let EndState::Ending { post, reqs, count } = ends[slot] else {
+        return false;
+    };
+    let wr_id = WrId {
+        kind: WrKind::SlotEnd,
+        index: slot as u16,
+        seq: post,
+    }
+    .encode();
+    if !status.is_success() || got_wr_id != wr_id || sq.complete(post, WrKind::SlotEnd).is_err() {
+        return false;
+    }
+    end_slot(ends, requests, slot, reqs, count);
+    true
+}
+
+/// The slot's end completed: its requests are done.
+#[inline(always)]
+fn end_slot(
+    ends: &mut [EndState; SLOTS],
+    requests: &mut RequestPool<SendState, true>,
+    slot: usize,
+    reqs: [u8; MAX_RECVS],
+    count: u8,
+) {
+    for &req in reqs.iter().take(usize::from(count)) {
+        let state = requests.state_mut(usize::from(req));
+        if let SendState::InFlight { size } = *state {
+            *state = SendState::Done { size };
+        }
+    }
+    ends[slot] = EndState::Idle;
 }
 
 /// Read and decode entry `i` of the FIFO slot at `base`. `None` while its bytes do not check
@@ -991,16 +1012,26 @@ fn record_payload<'a>(
 }
 
 impl Connection for SendConn {
-    /// Poll the completion queue, then report on `req`. `Done` and errors free the request.
+    /// Poll the completion queue, then report on `req`. Finishing and errors free the request.
     #[inline(always)]
-    fn test(&mut self, nic: &mut impl Nic, req: RequestId) -> Result<Completed, DataError> {
+    fn test_into(
+        &mut self,
+        nic: &mut impl Nic,
+        req: RequestId,
+        sizes: &mut impl SizesOut,
+    ) -> Result<bool, DataError> {
         let index = self.requests.lookup(req)?;
         let progress = if self.requests.state(index).pending() {
             self.health.check().and_then(|()| self.poll_cq_inline(nic))
         } else {
             Ok(())
         };
-        self.requests.settle(index, progress, SendState::report)
+        self.requests.settle(
+            index,
+            progress,
+            #[inline(always)]
+            |state| state.report(sizes),
+        )
     }
 
     /// Fail the connection with `err` (an asynchronous fatal event, or the peer died), unless it

@@ -15,7 +15,7 @@ use crate::log;
 use crate::net;
 use crate::sys::*;
 use core::ffi::{c_int, c_void};
-use rivet_core::data::Completed;
+use rivet_core::data::SizesOut;
 
 type Ptr = *mut c_void;
 
@@ -790,6 +790,26 @@ pub(super) unsafe extern "C" fn iflush(
     })
 }
 
+/// `test`'s `sizes` argument: NCCL's array of one `int` per buffer of the request (or NULL,
+/// when NCCL does not want them). The core writes each size straight into it, clamped to
+/// `INT_MAX`.
+struct NcclSizes(*mut c_int);
+
+impl SizesOut for NcclSizes {
+    #[inline(always)]
+    fn put(&mut self, index: usize, size: u32) {
+        if !self.0.is_null() {
+            // SAFETY: NCCL passes an array with one entry per buffer of the request, and the
+            // core names only those (`index` below the request's buffer count).
+            unsafe {
+                self.0
+                    .add(index)
+                    .write(c_int::try_from(size).unwrap_or(c_int::MAX))
+            };
+        }
+    }
+}
+
 /// `test` as NCCL's table calls it.
 ///
 /// # Safety
@@ -808,17 +828,7 @@ pub(super) unsafe extern "C" fn test(
         }
         // SAFETY: non-null; NCCL passes a valid `int*`.
         unsafe { done.write(0) };
-        if let Completed::Done { n, sizes: reported } = comm::test(request)? {
-            if !sizes.is_null() {
-                for (i, size) in reported[..usize::from(n)].iter().enumerate() {
-                    // SAFETY: NCCL passes an array with one entry per buffer of the request.
-                    unsafe {
-                        sizes
-                            .add(i)
-                            .write(c_int::try_from(*size).unwrap_or(c_int::MAX))
-                    };
-                }
-            }
+        if comm::test(request, &mut NcclSizes(sizes))? {
             // SAFETY: non-null (checked above).
             unsafe { done.write(1) };
             if let Some(profiler) = crate::profiler::callback() {

@@ -319,17 +319,42 @@ fn post_failed(err: VerbsError) -> NicError {
     }
 }
 
-/// The core's error for a failed poll (out of line, like [`post_failed`]).
+/// The core's error for a completion queue whose poll failed (a negative `ibv_poll_cq`; out of
+/// line, like [`post_failed`]).
 #[cold]
 #[inline(never)]
-fn poll_failed(err: VerbsError) -> NicError {
-    NicError::Poll {
-        code: post_errno(&err),
-    }
+fn cq_broken() -> NicError {
+    NicError::Poll { code: libc::EIO }
 }
 
 fn post_errno(err: &VerbsError) -> i32 {
     err.errno().unwrap_or(libc::EINVAL)
+}
+
+/// The core's view of a verbs work completion.
+#[inline(always)]
+fn completion(wc: &ibv_wc) -> Completion {
+    let status = WcStatus(wc.status);
+    // Failed completions carry no valid opcode: the core tells them apart by wr_id.
+    let op = if !status.is_success() {
+        RawOp::Unknown
+    } else if wc.opcode == wc_opcode::RECV_RDMA_WITH_IMM {
+        RawOp::RecvWriteImm {
+            imm: u32::from_be(wc.imm_data),
+        }
+    } else if wc.opcode & wc_opcode::RECV != 0 {
+        RawOp::RecvOther
+    } else {
+        RawOp::Send
+    };
+    classify(&RawCompletion {
+        wr_id: wc.wr_id,
+        status,
+        vendor_err: wc.vendor_err,
+        op,
+        byte_len: wc.byte_len,
+        queue: None,
+    })
 }
 
 impl<D: PortDevice> Nic for Endpoint<D> {
@@ -361,34 +386,31 @@ impl<D: PortDevice> Nic for Endpoint<D> {
 
     #[inline(always)]
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError> {
+        self.poll_take(out, |_| false).map(|(got, _)| got)
+    }
+
+    /// The first work completion (the only one, in the common case) is converted and offered
+    /// to `take` as it is, in registers; the rest, or all of them after a refusal, are stored to
+    /// `out`.
+    #[inline(always)]
+    fn poll_take(
+        &mut self,
+        out: &mut [Completion],
+        mut take: impl FnMut(&Completion) -> bool,
+    ) -> Result<(usize, usize), NicError> {
         let mut wcs = [MaybeUninit::<ibv_wc>::uninit(); MAX_POLL];
         let want = out.len().min(MAX_POLL);
-        let polled = self.cq.poll_into(&mut wcs[..want]).map_err(poll_failed)?;
-        let got = polled.len();
-        for (slot, wc) in out.iter_mut().zip(polled) {
-            let status = WcStatus(wc.status);
-            // Failed completions carry no valid opcode: the core tells them apart by wr_id.
-            let op = if !status.is_success() {
-                RawOp::Unknown
-            } else if wc.opcode == wc_opcode::RECV_RDMA_WITH_IMM {
-                RawOp::RecvWriteImm {
-                    imm: u32::from_be(wc.imm_data),
-                }
-            } else if wc.opcode & wc_opcode::RECV != 0 {
-                RawOp::RecvOther
-            } else {
-                RawOp::Send
-            };
-            *slot = classify(&RawCompletion {
-                wr_id: wc.wr_id,
-                status,
-                vendor_err: wc.vendor_err,
-                op,
-                byte_len: wc.byte_len,
-                queue: None,
-            });
+        let Some(polled) = self.cq.poll_wcs(&mut wcs[..want]) else {
+            return Err(cq_broken());
+        };
+        let rest = match polled {
+            [first, after @ ..] if take(&completion(first)) => after,
+            _ => polled,
+        };
+        for (slot, wc) in out.iter_mut().zip(rest) {
+            *slot = completion(wc);
         }
-        Ok(got)
+        Ok((polled.len(), rest.len()))
     }
 
     #[inline(always)]

@@ -25,7 +25,7 @@ use crate::log::{INIT_NET, info, warn};
 use crate::oob::socket::{self, Liveness};
 use core::ffi::c_int;
 use rivet_core::data::multi::{MultiRecv, MultiSend};
-use rivet_core::data::{Completed, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn};
+use rivet_core::data::{DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn, SizesOut};
 use rivet_core::event::WatchId;
 use rivet_core::flush::FlushId;
 use rivet_core::time::{Duration, Instant};
@@ -335,18 +335,18 @@ impl<Conn: Path> Side<Conn> {
     }
 
     #[inline(always)]
-    fn test(&self, req: RequestId) -> NetResult<Completed> {
+    fn test(&self, req: RequestId, sizes: &mut impl SizesOut) -> NetResult<bool> {
         let mut state = self.lock("test")?;
         let State {
             conn,
             endpoint,
             watch,
         } = &mut *state;
-        match conn.test(endpoint, req) {
-            Ok(Completed::Pending) => match watch.check(&self.port) {
+        match conn.test(endpoint, req, sizes) {
+            Ok(false) => match watch.check(&self.port) {
                 None => {
                     state.leave();
-                    Ok(Completed::Pending)
+                    Ok(false)
                 }
                 Some(err) => {
                     conn.handle_fatal(err);
@@ -496,12 +496,12 @@ fn irecv_lanes<Conn: RecvPath>(
 }
 
 #[inline(never)]
-fn test_lanes(entry: &DataComm, req: RequestId) -> NetResult<Completed> {
+fn test_lanes(entry: &DataComm, req: RequestId, sizes: &mut impl SizesOut) -> NetResult<bool> {
     match entry {
-        DataComm::SendMulti(side) => side.test(req),
-        DataComm::RecvMulti(side) => side.test(req),
-        DataComm::Send(side) => side.test(req),
-        DataComm::Recv(side) => side.test(req),
+        DataComm::SendMulti(side) => side.test(req, sizes),
+        DataComm::RecvMulti(side) => side.test(req, sizes),
+        DataComm::Send(side) => side.test(req, sizes),
+        DataComm::Recv(side) => side.test(req, sizes),
     }
 }
 
@@ -606,18 +606,12 @@ impl<Conn: RecvPath> Side<Conn> {
     }
 
     /// `test` of a flush request of this receive comm.
-    fn test_flush(&self, request: Ptr, flush_id: FlushId) -> NetResult<Completed> {
+    /// `Ok(true)` when it finished (a flush has no sizes).
+    fn test_flush(&self, request: Ptr, flush_id: FlushId) -> NetResult<bool> {
         let mut flush = self
             .flush("test")?
             .ok_or_else(|| unknown("test", "request", request))?;
-        Ok(if flush.test(flush_id)? {
-            Completed::Done {
-                n: 0,
-                sizes: [0; 8],
-            }
-        } else {
-            Completed::Pending
-        })
+        flush.test(flush_id)
     }
 }
 
@@ -681,9 +675,10 @@ fn device_keys(
     Ok(keys)
 }
 
-/// `test`: pending, or finished with its sizes (the request is gone; a flush reports none).
+/// `test`: `Ok(false)` pending, `Ok(true)` finished with its sizes written to `sizes` (the
+/// request is gone; a flush writes none).
 #[inline(always)]
-pub(crate) fn test(request: Ptr) -> NetResult<Completed> {
+pub(crate) fn test(request: Ptr, sizes: &mut impl SizesOut) -> NetResult<bool> {
     let (entry, id) = COMMS.lookup_request("test", "request", request)?;
     // A data request first (the common case); a flush id never unpacks as one (its mark is a
     // bit a request id keeps zero).
@@ -692,15 +687,15 @@ pub(crate) fn test(request: Ptr) -> NetResult<Completed> {
     };
     // Three arms, the several-lane comms behind one: a compare or two, not a jump table.
     match entry {
-        DataComm::Send(side) => side.test(req),
-        DataComm::Recv(side) => side.test(req),
-        lanes => test_lanes(lanes, req),
+        DataComm::Send(side) => side.test(req, sizes),
+        DataComm::Recv(side) => side.test(req, sizes),
+        lanes => test_lanes(lanes, req, sizes),
     }
 }
 
 /// `test` of a request that is not a data request: a flush, or an unknown request.
 #[inline(never)]
-fn test_other(entry: &DataComm, request: Ptr, id: u32) -> NetResult<Completed> {
+fn test_other(entry: &DataComm, request: Ptr, id: u32) -> NetResult<bool> {
     let Some(flush_id) = FlushId::from_bits(id) else {
         return Err(unknown("test", "request", request));
     };

@@ -44,7 +44,7 @@ pub(crate) mod internal {
     use crate::error::NetResult;
     use crate::handle::Ptr;
     use core::ffi::c_int;
-    use rivet_core::data::Completed;
+    use rivet_core::data::{CollectSizes, Completed};
 
     /// [`isend`](data::isend).
     #[inline(never)]
@@ -58,10 +58,12 @@ pub(crate) mod internal {
         data::irecv(comm, args)
     }
 
-    /// [`test`](data::test).
+    /// [`test`](data::test), the answer as one value.
     #[inline(never)]
     pub(crate) fn test(request: Ptr) -> NetResult<Completed> {
-        data::test(request)
+        let mut sizes = CollectSizes::default();
+        let done = data::test(request, &mut sizes)?;
+        Ok(sizes.completed(done))
     }
 }
 

@@ -13,8 +13,8 @@ use rivet_core::data::codec::CTS_ENTRY_LEN;
 use rivet_core::data::multi::flow_label;
 use rivet_core::data::multi::{MultiRecv, MultiSend};
 use rivet_core::data::{
-    Completed, Connection, DataError, OneRecv, OneSend, RecvBuf, RecvConn, RequestId, SendBuf,
-    SendConn,
+    Connection, DataError, OneRecv, OneSend, RecvBuf, RecvConn, RequestId, SendBuf, SendConn,
+    SizesOut,
 };
 use rivet_core::nic::Nic;
 use rivet_core::wire::EndpointInfo;
@@ -117,8 +117,14 @@ pub(crate) fn connect_lane(
 pub(crate) trait Path: Debug + Send {
     /// One endpoint or lanes.
     type Nics: Nics;
-    /// Report on `req` (as `rivet_core`'s `Connection::test`).
-    fn test(&mut self, nics: &mut Self::Nics, req: RequestId) -> Result<Completed, DataError>;
+    /// Report on `req`, its sizes written to `sizes` when it finished (as `rivet_core`'s
+    /// `Connection::test_into`).
+    fn test(
+        &mut self,
+        nics: &mut Self::Nics,
+        req: RequestId,
+        sizes: &mut impl SizesOut,
+    ) -> Result<bool, DataError>;
     /// Fail the connection with `err` unless it already failed.
     fn handle_fatal(&mut self, err: DataError);
     /// Poll what is posted; requests still outstanding.
@@ -181,8 +187,13 @@ macro_rules! single_path {
         impl Path for $conn {
             type Nics = Endpoint;
             #[inline(always)]
-            fn test(&mut self, nic: &mut Endpoint, req: RequestId) -> Result<Completed, DataError> {
-                Connection::test(self, nic, req)
+            fn test(
+                &mut self,
+                nic: &mut Endpoint,
+                req: RequestId,
+                sizes: &mut impl SizesOut,
+            ) -> Result<bool, DataError> {
+                Connection::test_into(self, nic, req, sizes)
             }
             fn handle_fatal(&mut self, err: DataError) {
                 Connection::handle_fatal(self, err)
@@ -263,8 +274,13 @@ macro_rules! multi_path {
     ($conn:ty) => {
         impl Path for $conn {
             type Nics = Lanes;
-            fn test(&mut self, lanes: &mut Lanes, req: RequestId) -> Result<Completed, DataError> {
-                <$conn>::test(self, &mut lanes.0, req)
+            fn test(
+                &mut self,
+                lanes: &mut Lanes,
+                req: RequestId,
+                sizes: &mut impl SizesOut,
+            ) -> Result<bool, DataError> {
+                Ok(<$conn>::test(self, &mut lanes.0, req)?.deliver(sizes))
             }
             fn handle_fatal(&mut self, err: DataError) {
                 <$conn>::handle_fatal(self, err)

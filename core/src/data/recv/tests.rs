@@ -8,7 +8,7 @@ use std::vec::Vec;
 use super::*;
 use crate::data::codec::SizeRecord;
 use crate::data::mock::{MockNic, peer_region};
-use crate::data::{MAX_RECVS, RECV_INBOUND_LEN, RECV_STAGING_LEN};
+use crate::data::{Completed, MAX_RECVS, RECV_INBOUND_LEN, RECV_STAGING_LEN};
 use crate::nic::{NicError, WcStatus};
 
 fn receiver(max_inline: usize) -> (RecvConn, MockNic) {

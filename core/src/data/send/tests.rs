@@ -7,9 +7,9 @@
 use std::vec::Vec;
 
 use super::*;
-use crate::data::MAX_REQUESTS;
 use crate::data::codec::{IMM_MISMATCH, IMM_RECORD};
 use crate::data::mock::{MockNic, peer_region};
+use crate::data::{Completed, MAX_REQUESTS};
 use crate::data::{RECV_INBOUND_LEN, SEND_INBOUND_LEN, SEND_QUEUE_DEPTH, SEND_STAGING_LEN};
 use crate::nic::{NicError, WcStatus};
 
