@@ -23,9 +23,9 @@ type Ptr = *mut c_void;
 ///
 /// # Safety
 /// `out` must be NULL or valid for a write of `T`.
-unsafe fn put<T>(out: *mut T, value: T, what: &str) -> NetResult<()> {
+unsafe fn put<T>(out: *mut T, value: T, what: &'static str) -> NetResult<()> {
     if out.is_null() {
-        return Err(NetError::misuse(format!("{what} is NULL")));
+        return Err(null_out(what));
     }
     // SAFETY: non-null, and the caller guarantees it is valid for writes.
     unsafe { out.write(value) };
@@ -47,13 +47,28 @@ fn size_from_int(size: c_int, what: &str) -> NetResult<usize> {
         .map_err(|_| NetError::invalid_argument(format!("{what}: negative size {size}")))
 }
 
-fn size_checked(size: usize, what: &str) -> NetResult<usize> {
+/// The error of a NULL out-pointer. Out of line, taking the name by value: formatted in the
+/// caller, the name's `&str` was stored to the stack on every call, error or not.
+#[cold]
+#[inline(never)]
+fn null_out(what: &'static str) -> NetError {
+    NetError::misuse(format!("{what} is NULL"))
+}
+
+fn size_checked(size: usize, what: &'static str) -> NetResult<usize> {
     if size > MAX_MESSAGE_BYTES {
-        return Err(NetError::invalid_argument(format!(
-            "{what}: size {size} exceeds the largest message Rivet advertises ({MAX_MESSAGE_BYTES} bytes, maxP2pBytes)"
-        )));
+        return Err(size_too_large(size, what));
     }
     Ok(size)
+}
+
+/// The error of a size above the largest message; out of line for the reason of [`null_out`].
+#[cold]
+#[inline(never)]
+fn size_too_large(size: usize, what: &'static str) -> NetError {
+    NetError::invalid_argument(format!(
+        "{what}: size {size} exceeds the largest message Rivet advertises ({MAX_MESSAGE_BYTES} bytes, maxP2pBytes)"
+    ))
 }
 
 fn traffic_class(config: *const NcclNetCommConfig) -> Option<i32> {
@@ -704,6 +719,14 @@ pub(super) unsafe extern "C" fn irecv_v9(
     unsafe { irecv_common(comm, n, data, sizes, tags, mhs, request, Ok) }
 }
 
+/// `irecv_v10`'s size conversion (none: `size_t` already). A function of its own, not the `Ok`
+/// that `irecv_v9` passes: `irecv_common`'s catch frame is then `irecv_v10`'s alone, with one
+/// caller, and is built into it; shared by both entries, it was called with its arguments and
+/// result passed through memory.
+fn size_t_v10(size: usize) -> NetResult<usize> {
+    Ok(size)
+}
+
 #[allow(clippy::too_many_arguments)] // the C signature
 /// `irecv` as NCCL's table calls it.
 ///
@@ -727,7 +750,7 @@ pub(super) unsafe extern "C" fn irecv_v10(
     request: *mut Ptr,
 ) -> NcclResult {
     // SAFETY: forwarded unchanged.
-    let rc = unsafe { irecv_common(comm, n, data, sizes, tags, mhs, request, Ok) };
+    let rc = unsafe { irecv_common(comm, n, data, sizes, tags, mhs, request, size_t_v10) };
     if let Some(profiler) = crate::profiler::callback() {
         // SAFETY: NCCL's arrays hold `n` elements; `request` was written by irecv_common.
         unsafe { crate::profiler::on_irecv(profiler, rc, comm, n, phandles, sizes, request) };
