@@ -489,6 +489,28 @@ fn test_lanes<Conn: Path>(side: &Side<Conn>, req: RequestId) -> NetResult<Comple
     side.test(req)
 }
 
+/// Post the receive of `bufs` on a fused device, with each buffer's key on every port (the
+/// registration must cover them all).
+#[inline(never)]
+fn irecv_keyed<Conn: RecvPath>(
+    conn: &mut Conn,
+    endpoint: &mut Conn::Nics,
+    bufs: &[RecvBuf],
+    mrs: &[Option<&mr::UserMr>],
+    tags: &[u32],
+) -> NetResult<Result<Option<RequestId>, DataError>> {
+    let devices = endpoint.devices();
+    // rkeys[d][b]: buffer b's key on port d.
+    let mut rkeys = [[0u32; 8]; 8];
+    for (b, (buf, mr)) in bufs.iter().zip(mrs).enumerate() {
+        let keys = device_keys("irecv", *mr, buf.addr, buf.len, true, devices)?;
+        for (d, key) in keys[..devices].iter().enumerate() {
+            rkeys[d][b] = *key;
+        }
+    }
+    Ok(conn.irecv_keyed(endpoint, bufs, &rkeys[..devices], tags))
+}
+
 /// `irecv`: the request, or NULL ("try later").
 #[inline]
 pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Ptr> {
@@ -506,7 +528,7 @@ pub(crate) fn irecv_one(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) 
     let (handle, entry) = COMMS.lookup("irecv", "recvComm", comm)?;
     let (buf, mr) = recv_buf(data, size, mh)?;
     match entry {
-        DataComm::Recv(side) => side.post_recv(handle, &[buf], &[mr], &[tag as u32]),
+        DataComm::Recv(side) => side.post_recv_one(handle, buf, mr, tag as u32),
         DataComm::RecvMulti(side) => irecv_one_lanes(side, handle, buf, mr, tag as u32),
         DataComm::Send(_) | DataComm::SendMulti(_) => Err(NetError::misuse("irecv on a send comm")),
     }
@@ -520,7 +542,7 @@ fn irecv_one_lanes<Conn: RecvPath>(
     mr: Option<&mr::UserMr>,
     tag: u32,
 ) -> NetResult<Ptr> {
-    side.post_recv(handle, &[buf], &[mr], &[tag])
+    side.post_recv_one(handle, buf, mr, tag)
 }
 
 impl<Conn: RecvPath> Side<Conn> {
@@ -529,7 +551,7 @@ impl<Conn: RecvPath> Side<Conn> {
         if args.n == 1 {
             // One-entry arrays, not eight.
             let (buf, mr) = recv_buf(args.data[0], args.sizes[0], args.mhandles[0])?;
-            return self.post_recv(handle, &[buf], &[mr], &[args.tags[0] as u32]);
+            return self.post_recv_one(handle, buf, mr, args.tags[0] as u32);
         }
         let mut bufs = [RecvBuf {
             addr: 0,
@@ -563,18 +585,32 @@ impl<Conn: RecvPath> Side<Conn> {
             watch: _,
         } = &mut *state;
         let posted = if endpoint.devices() > 1 {
-            let devices = endpoint.devices();
-            // rkeys[d][b]: buffer b's key on port d.
-            let mut rkeys = [[0u32; 8]; 8];
-            for (b, (buf, mr)) in bufs.iter().zip(mrs).enumerate() {
-                let keys = device_keys("irecv", *mr, buf.addr, buf.len, true, devices)?;
-                for (d, key) in keys[..devices].iter().enumerate() {
-                    rkeys[d][b] = *key;
-                }
-            }
-            conn.irecv_keyed(endpoint, bufs, &rkeys[..devices], tags)
+            irecv_keyed(conn, endpoint, bufs, mrs, tags)?
         } else {
             conn.irecv(endpoint, bufs, tags)
+        };
+        state.answer(self, "irecv", handle, posted)
+    }
+
+    /// [`post_recv`](Self::post_recv) of one buffer, by value.
+    #[inline(always)]
+    fn post_recv_one(
+        &self,
+        handle: Handle,
+        buf: RecvBuf,
+        mr: Option<&mr::UserMr>,
+        tag: u32,
+    ) -> NetResult<Ptr> {
+        let mut state = self.lock("irecv")?;
+        let State {
+            conn,
+            endpoint,
+            watch: _,
+        } = &mut *state;
+        let posted = if endpoint.devices() > 1 {
+            irecv_keyed(conn, endpoint, &[buf], &[mr], &[tag])?
+        } else {
+            conn.irecv_one(endpoint, buf, tag)
         };
         state.answer(self, "irecv", handle, posted)
     }

@@ -161,6 +161,17 @@ pub(crate) trait RecvPath: Path {
         tags: &[u32],
     ) -> Result<Option<RequestId>, DataError>;
 
+    /// [`irecv`](Self::irecv) of one buffer (NCCL's point-to-point receive), taken by value: no
+    /// one-element arrays in memory on the way.
+    fn irecv_one(
+        &mut self,
+        nics: &mut Self::Nics,
+        buf: RecvBuf,
+        tag: u32,
+    ) -> Result<Option<RequestId>, DataError> {
+        self.irecv(nics, &[buf], &[tag])
+    }
+
     /// [`irecv`](Self::irecv) over lanes of several ports: port `d` offers buffer `b` under
     /// `rkeys[d][b]`. Only connections whose [`Nics::devices`] is above 1 are given it.
     fn irecv_keyed(
@@ -233,28 +244,34 @@ impl SendPath for SendConn {
 }
 
 impl RecvPath for RecvConn {
-    /// A one-buffer receive decided by the core and posted here (`RecvConn::irecv_one`: the
-    /// empty receive, then the clear-to-send write); the core's general `irecv` for the rest.
-    #[inline(always)]
     fn irecv(
         &mut self,
         nic: &mut Endpoint,
         bufs: &[RecvBuf],
         tags: &[u32],
     ) -> Result<Option<RequestId>, DataError> {
-        if let ([buf], [tag]) = (bufs, tags) {
-            match self.irecv_one(*buf, *tag, nic.max_inline())? {
-                OneRecv::Post { req, recv, cts } => {
-                    let posted = nic.post_recv(recv).and_then(|()| nic.post_send(&[cts]));
-                    return match posted {
-                        Ok(()) => Ok(Some(req)),
-                        Err(err) => Err(self.post_failed(req, err)),
-                    };
-                }
-                OneRecv::General => {}
-            }
-        }
         Self::irecv(self, nic, bufs, tags)
+    }
+
+    /// The receive decided by the core and posted here (`RecvConn::irecv_one`: the empty
+    /// receive, then the clear-to-send write); the core's general `irecv` when it declines.
+    #[inline(always)]
+    fn irecv_one(
+        &mut self,
+        nic: &mut Endpoint,
+        buf: RecvBuf,
+        tag: u32,
+    ) -> Result<Option<RequestId>, DataError> {
+        match self.irecv_one(buf, tag, nic.max_inline())? {
+            OneRecv::Post { req, recv, cts } => {
+                let posted = nic.post_recv(recv).and_then(|()| nic.post_send(&[cts]));
+                match posted {
+                    Ok(()) => Ok(Some(req)),
+                    Err(err) => Err(self.post_failed(req, err)),
+                }
+            }
+            OneRecv::General => Self::irecv(self, nic, &[buf], &[tag]),
+        }
     }
 }
 
