@@ -497,21 +497,31 @@ pub(super) unsafe extern "C" fn dereg_mr(comm: Ptr, mh: Ptr) -> NcclResult {
 
 // ---- data path ----
 
-/// `isend` of every version, after the size was converted.
+/// The v10 entries' size conversion (none: `size_t` already). A function of its own, not the
+/// `Ok` that the v9 entries pass: `isend_common` and `irecv_common` (and their catch frames) are
+/// then instantiated for `isend_v10` and `irecv_v10` alone, with one caller each, and built into
+/// them; shared by two entries, they were called, with their arguments and result passed through
+/// memory.
+fn size_t_v10(size: usize) -> NetResult<usize> {
+    Ok(size)
+}
+
+/// `isend` of every version, with the size's C type converted by `size_of`.
 ///
 /// # Safety
 /// As the `isend` entries: `request` is NULL or valid for a write of a pointer; `comm` and `mh`
 /// are handles (checked); `data` is only handed to the NIC, inside the checked registration.
-unsafe fn isend_common(
+unsafe fn isend_common<S>(
     comm: Ptr,
     data: Ptr,
-    size: NetResult<usize>,
+    size: S,
     tag: c_int,
     mh: Ptr,
     request: *mut Ptr,
+    size_of: impl FnOnce(S) -> NetResult<usize>,
 ) -> NcclResult {
-    ffi_call("isend", || {
-        let size = size_checked(size?, "isend")?;
+    ffi_call("isend", move || {
+        let size = size_checked(size_of(size)?, "isend")?;
         let req = comm::isend(comm, data, size, tag, mh)?;
         // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
         unsafe { put(request, req, "isend: request") }
@@ -535,7 +545,11 @@ pub(super) unsafe extern "C" fn isend_int(
     request: *mut Ptr,
 ) -> NcclResult {
     // SAFETY: forwarded unchanged.
-    unsafe { isend_common(comm, data, size_from_int(size, "isend"), tag, mh, request) }
+    unsafe {
+        isend_common(comm, data, size, tag, mh, request, |s| {
+            size_from_int(s, "isend")
+        })
+    }
 }
 
 /// `isend` as NCCL's table calls it.
@@ -555,7 +569,7 @@ pub(super) unsafe extern "C" fn isend_v9(
     request: *mut Ptr,
 ) -> NcclResult {
     // SAFETY: forwarded unchanged.
-    unsafe { isend_common(comm, data, Ok(size), tag, mh, request) }
+    unsafe { isend_common(comm, data, size, tag, mh, request, Ok) }
 }
 
 /// `isend` as NCCL's table calls it.
@@ -577,7 +591,7 @@ pub(super) unsafe extern "C" fn isend_v10(
     request: *mut Ptr,
 ) -> NcclResult {
     // SAFETY: forwarded unchanged.
-    let rc = unsafe { isend_common(comm, data, Ok(size), tag, mh, request) };
+    let rc = unsafe { isend_common(comm, data, size, tag, mh, request, size_t_v10) };
     if let Some(profiler) = crate::profiler::callback() {
         // SAFETY: `request` was written by a successful isend_common.
         unsafe { crate::profiler::on_isend(profiler, rc, comm, phandle, request, size) };
@@ -717,14 +731,6 @@ pub(super) unsafe extern "C" fn irecv_v9(
 ) -> NcclResult {
     // SAFETY: forwarded unchanged.
     unsafe { irecv_common(comm, n, data, sizes, tags, mhs, request, Ok) }
-}
-
-/// `irecv_v10`'s size conversion (none: `size_t` already). A function of its own, not the `Ok`
-/// that `irecv_v9` passes: `irecv_common`'s catch frame is then `irecv_v10`'s alone, with one
-/// caller, and is built into it; shared by both entries, it was called with its arguments and
-/// result passed through memory.
-fn size_t_v10(size: usize) -> NetResult<usize> {
-    Ok(size)
 }
 
 #[allow(clippy::too_many_arguments)] // the C signature
