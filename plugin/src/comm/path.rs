@@ -264,8 +264,12 @@ impl RecvPath for RecvConn {
     ) -> Result<Option<RequestId>, DataError> {
         match self.irecv_one(buf, tag, nic.max_inline())? {
             OneRecv::Post { req, recv, cts } => {
-                let posted = nic.post_recv(recv).and_then(|()| nic.post_send(&[cts]));
-                match posted {
+                if let Err(err) = nic.post_recv(recv) {
+                    return Err(self.post_failed(req, err));
+                }
+                // Built after the receive's post, not kept across it.
+                let cts = self.one_cts_write(cts);
+                match nic.post_send(&[cts]) {
                     Ok(()) => Ok(Some(req)),
                     Err(err) => Err(self.post_failed(req, err)),
                 }
