@@ -76,6 +76,9 @@ pub(crate) struct Side<Conn: Path> {
     warned: AtomicBool,
     /// A receive comm's GPU flush (`None`: `iflush` has nothing to do on this port).
     flush: Option<Mutex<GpuFlush>>,
+    /// The endpoint's inline limit, fixed with its queue pair: asked of the endpoint, it is a
+    /// dispatch over the backends on every receive.
+    max_inline: usize,
 }
 
 #[derive(Debug)]
@@ -155,6 +158,7 @@ impl<Conn: Path> Side<Conn> {
         let port = Arc::clone(endpoint.port());
         let ports = endpoint.ports();
         let watch = Watch::new(socket, port.watch(endpoint.qp_num(), endpoint.cq_addr()));
+        let max_inline = endpoint.max_inline();
         Self {
             state: Exclusive::new(State {
                 conn,
@@ -166,6 +170,7 @@ impl<Conn: Path> Side<Conn> {
             peer,
             warned: AtomicBool::new(false),
             flush: None,
+            max_inline,
         }
     }
 
@@ -610,7 +615,7 @@ impl<Conn: RecvPath> Side<Conn> {
         let posted = if endpoint.devices() > 1 {
             irecv_keyed(conn, endpoint, &[buf], &[mr], &[tag])?
         } else {
-            conn.irecv_one(endpoint, buf, tag)
+            conn.irecv_one(endpoint, buf, tag, self.max_inline)
         };
         state.answer(self, "irecv", handle, posted)
     }

@@ -29,6 +29,8 @@ pub(crate) trait Nics: Debug + Send {
     fn qp_num(&self) -> u32;
     /// Lane 0's completion queue, for the event watch.
     fn cq_addr(&self) -> usize;
+    /// Lane 0's inline limit (fixed when its queue pair was made), read once per connection.
+    fn max_inline(&self) -> usize;
     /// Ports the lanes are spread over (a fused device's members); lane `i` is on port
     /// `i % devices()`.
     fn devices(&self) -> usize {
@@ -49,6 +51,9 @@ impl Nics for Endpoint {
     }
     fn cq_addr(&self) -> usize {
         conn_endpoint::ConnEndpoint::cq_addr(self)
+    }
+    fn max_inline(&self) -> usize {
+        Nic::max_inline(self)
     }
 }
 
@@ -80,6 +85,9 @@ impl Nics for Lanes {
     }
     fn cq_addr(&self) -> usize {
         self.first().cq_addr()
+    }
+    fn max_inline(&self) -> usize {
+        Nic::max_inline(self.first())
     }
     fn devices(&self) -> usize {
         self.1
@@ -162,13 +170,16 @@ pub(crate) trait RecvPath: Path {
     ) -> Result<Option<RequestId>, DataError>;
 
     /// [`irecv`](Self::irecv) of one buffer (NCCL's point-to-point receive), taken by value: no
-    /// one-element arrays in memory on the way.
+    /// one-element arrays in memory on the way. `max_inline` is the [`Nics::max_inline`] the
+    /// caller keeps.
     fn irecv_one(
         &mut self,
         nics: &mut Self::Nics,
         buf: RecvBuf,
         tag: u32,
+        max_inline: usize,
     ) -> Result<Option<RequestId>, DataError> {
+        let _ = max_inline;
         self.irecv(nics, &[buf], &[tag])
     }
 
@@ -261,8 +272,9 @@ impl RecvPath for RecvConn {
         nic: &mut Endpoint,
         buf: RecvBuf,
         tag: u32,
+        max_inline: usize,
     ) -> Result<Option<RequestId>, DataError> {
-        match self.irecv_one(buf, tag, nic.max_inline())? {
+        match self.irecv_one(buf, tag, max_inline)? {
             OneRecv::Post { req, recv, cts } => {
                 if let Err(err) = nic.post_recv(recv) {
                     return Err(self.post_failed(req, err));
