@@ -530,10 +530,9 @@ pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Ptr> {
 #[inline(always)]
 pub(crate) fn irecv_one(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> NetResult<Ptr> {
     let (handle, entry) = COMMS.lookup("irecv", "recvComm", comm)?;
-    let (buf, mr) = recv_buf(data, size, mh)?;
     match entry {
-        DataComm::Recv(side) => side.post_recv_one(handle, buf, mr, tag as u32),
-        DataComm::RecvMulti(side) => irecv_one_lanes(side, handle, buf, mr, tag as u32),
+        DataComm::Recv(side) => side.post_recv_one(handle, data, size, mh, tag as u32),
+        DataComm::RecvMulti(side) => irecv_one_lanes(side, handle, data, size, mh, tag as u32),
         // As in `isend`: one arm for both send kinds.
         _ => Err(NetError::misuse("irecv on a send comm")),
     }
@@ -543,11 +542,12 @@ pub(crate) fn irecv_one(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) 
 fn irecv_one_lanes<Conn: RecvPath>(
     side: &Side<Conn>,
     handle: Handle,
-    buf: RecvBuf,
-    mr: Option<&mr::UserMr>,
+    data: Ptr,
+    size: usize,
+    mh: Ptr,
     tag: u32,
 ) -> NetResult<Ptr> {
-    side.post_recv_one(handle, buf, mr, tag)
+    side.post_recv_one(handle, data, size, mh, tag)
 }
 
 impl<Conn: RecvPath> Side<Conn> {
@@ -555,8 +555,8 @@ impl<Conn: RecvPath> Side<Conn> {
     fn irecv(&self, handle: Handle, args: &RecvArgs) -> NetResult<Ptr> {
         if args.n == 1 {
             // One-entry arrays, not eight.
-            let (buf, mr) = recv_buf(args.data[0], args.sizes[0], args.mhandles[0])?;
-            return self.post_recv_one(handle, buf, mr, args.tags[0] as u32);
+            let (data, size, mh) = (args.data[0], args.sizes[0], args.mhandles[0]);
+            return self.post_recv_one(handle, data, size, mh, args.tags[0] as u32);
         }
         let mut bufs = [RecvBuf {
             addr: 0,
@@ -597,16 +597,20 @@ impl<Conn: RecvPath> Side<Conn> {
         state.answer(self, "irecv", handle, posted)
     }
 
-    /// [`post_recv`](Self::post_recv) of one buffer, by value.
+    /// [`post_recv`](Self::post_recv) of one buffer (`data`, `size` bytes, registered as `mh`),
+    /// by value. Its registration is looked up and checked once the comm is entered: before, its
+    /// key and range were held (in memory) across the entry.
     #[inline(always)]
     fn post_recv_one(
         &self,
         handle: Handle,
-        buf: RecvBuf,
-        mr: Option<&mr::UserMr>,
+        data: Ptr,
+        size: usize,
+        mh: Ptr,
         tag: u32,
     ) -> NetResult<Ptr> {
         let mut state = self.lock("irecv")?;
+        let (buf, mr) = recv_buf(data, size, mh)?;
         let State {
             conn,
             endpoint,
