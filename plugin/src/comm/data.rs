@@ -50,8 +50,12 @@ pub(crate) struct RecvArgs {
 
 /// A send or receive comm. Each lives in its own heap box inside the registry, so the size
 /// difference between the variants costs nothing.
+///
+/// `repr(u8)`: the variant is a tag byte at the start, one compare away; with the niche layout it
+/// was computed from a field of the largest variant first.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
+#[repr(u8)]
 pub(crate) enum DataComm {
     /// From `connect`.
     Send(Side<SendConn>),
