@@ -96,7 +96,7 @@ mod send;
 
 pub use codec::WrKind;
 pub use error::{DataError, ProtocolError};
-pub use recv::{CTS_BATCH, CTS_LOW_WATER, OneRecv, RecvConn};
+pub use recv::{CTS_BATCH, CTS_LOW_WATER, CtsWrite, OneRecv, RecvConn};
 pub use send::{OneSend, SendConn};
 
 use core::fmt;

@@ -113,6 +113,35 @@ impl CtsEntry {
         out
     }
 
+    /// The entry of a one-buffer receive (`n` 1, `index` 0) when `bytes` hold one that checks
+    /// and validates as [`decode`](Self::decode) would take it; `None` for any other bytes
+    /// (torn, grouped or malformed), which `decode` then sorts out. The sender's common case,
+    /// built into its caller: one 16-bit compare stands for the group checks.
+    #[inline(always)]
+    pub fn decode_single(bytes: &[u8; CTS_ENTRY_LEN]) -> Option<Self> {
+        let words = [
+            le_u64(bytes, 0),
+            le_u64(bytes, 8),
+            le_u64(bytes, 16),
+            le_u64(bytes, 24),
+        ];
+        let entry = Self {
+            addr: words[0],
+            size: words[1],
+            rkey: words[2] as u32,
+            tag: (words[2] >> 32) as u32,
+            n: 1,
+            index: 0,
+            stamp: (words[3] >> 32) as u32,
+        };
+        // Bytes 24 and 25: `n` = 1 and `index` = 0.
+        let single = words[3] as u16 == 1;
+        let valid = single
+            && (words[3] >> 16) as u16 == check_words(words)
+            && entry.addr.checked_add(entry.size).is_some();
+        valid.then_some(entry)
+    }
+
     /// Decode and validate one entry. The stamp is returned as read; whether it is fresh is the
     /// caller's question.
     pub fn decode(bytes: &[u8; CTS_ENTRY_LEN]) -> Result<Self, DecodeError> {
@@ -411,6 +440,7 @@ impl fmt::Display for DecodeError {
     }
 }
 
+#[inline(always)]
 fn le_u64(bytes: &[u8; CTS_ENTRY_LEN], at: usize) -> u64 {
     let mut raw = [0u8; 8];
     raw.copy_from_slice(&bytes[at..at + 8]);
@@ -494,6 +524,41 @@ mod tests {
             CtsEntry::decode(&e.encode()),
             Err(DecodeError::AddressOverflow)
         );
+    }
+
+    /// `decode_single` takes exactly the one-buffer entries `decode` takes, with the same fields.
+    #[test]
+    fn cts_entry_decode_single_takes_what_decode_takes_of_one_buffer() {
+        let single = CtsEntry {
+            n: 1,
+            index: 0,
+            ..entry()
+        };
+        let mut variants = alloc::vec![single.encode(), entry().encode(), [0; CTS_ENTRY_LEN]];
+        for (n, index) in [(0, 0), (1, 1), (2, 0), (9, 0), (1, 2)] {
+            let mut bytes = single.encode();
+            (bytes[24], bytes[25]) = (n, index);
+            recheck(&mut bytes);
+            variants.push(bytes);
+        }
+        let mut flipped = single.encode();
+        flipped[27] ^= 1;
+        variants.push(flipped);
+        let mut torn = single.encode();
+        torn[..16].fill(0);
+        variants.push(torn);
+        variants.push(
+            CtsEntry {
+                addr: u64::MAX - 10,
+                ..single
+            }
+            .encode(),
+        );
+        for bytes in variants {
+            let want = CtsEntry::decode(&bytes).ok().filter(|e| e.n == 1);
+            assert_eq!(CtsEntry::decode_single(&bytes), want, "{bytes:?}");
+        }
+        assert_eq!(CtsEntry::decode_single(&single.encode()), Some(single));
     }
 
     /// A fresh entry torn against what the slot held before (the previous lap's entry, or zeroed

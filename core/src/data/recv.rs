@@ -101,24 +101,35 @@ fn capacity32(len: u64) -> u32 {
 }
 
 /// What [`RecvConn::irecv_one`] decided for a one-buffer receive.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 #[must_use]
-pub enum OneRecv<'a> {
+pub enum OneRecv {
     /// The receive is taken: post the empty receive work request `recv`, then the clear-to-send
-    /// write `cts` (its entry inline, borrowed from the connection), in that order. A post that
-    /// fails must be reported with [`RecvConn::post_failed`]: the connection fails.
+    /// write that [`RecvConn::one_cts_write`] builds from `cts` (its entry inline, borrowed from the
+    /// connection), in that order. A post that fails must be reported with
+    /// [`RecvConn::post_failed`]: the connection fails.
     Post {
         /// The request NCCL gets.
         req: RequestId,
         /// The `wr_id` of the empty receive that the sender's write with immediate will consume.
         recv: u64,
-        /// The RDMA WRITE of the receive's clear-to-send entry.
-        cts: SendWr<'a>,
+        /// The RDMA WRITE of the receive's clear-to-send entry, to build once `recv` is posted.
+        cts: CtsWrite,
     },
     /// Not the common case (the slot or the send queue busy, entries deferred, a receiver being
     /// polled that may batch its entries, no inline room): the general [`RecvConn::irecv`]
     /// decides.
     General,
+}
+
+/// The clear-to-send write of the receive [`RecvConn::irecv_one`] just took, which
+/// [`RecvConn::one_cts_write`] turns into its work request. Built after the empty receive is posted,
+/// the write's fields are not held across that call (a driver keeps them in registers only so
+/// long). Neither copied nor made outside the core: one write per receive taken.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use]
+pub struct CtsWrite {
+    slot: u8,
 }
 
 /// The receiving side of one connection: posts receives and clear-to-send entries, and turns
@@ -196,7 +207,7 @@ impl RecvConn {
         buf: RecvBuf,
         tag: u32,
         max_inline: usize,
-    ) -> Result<OneRecv<'_>, DataError> {
+    ) -> Result<OneRecv, DataError> {
         self.health.check()?;
         if buf.addr.checked_add(buf.len).is_none() {
             return Err(DataError::InvalidArgument(
@@ -221,7 +232,6 @@ impl RecvConn {
         // `SEND_INBOUND_LEN` bytes without wrapping (else the health check above failed), and a
         // slot's first entry ends below that.
         const _: () = assert!((SLOTS - 1) * CTS_SLOT_LEN + CTS_ENTRY_LEN <= SEND_INBOUND_LEN);
-        let remote_addr = self.peer_fifo.addr + (usize::from(slot) * CTS_SLOT_LEN) as u64;
         self.polled = false;
         self.cts_out = CtsEntry {
             addr: buf.addr,
@@ -248,19 +258,28 @@ impl RecvConn {
             },
         );
         self.next_seq = seq.wrapping_add(1);
-        let posted = self.sq.next(WrKind::Cts, u16::from(slot), false);
         Ok(OneRecv::Post {
             req,
             recv,
-            cts: SendWr {
-                wr_id: posted.wr_id,
-                op: SendOp::Write,
-                payload: Payload::Inline(&self.cts_out),
-                remote_addr,
-                rkey: self.peer_fifo.rkey,
-                signaled: posted.signaled,
-            },
+            cts: CtsWrite { slot },
         })
+    }
+
+    /// The clear-to-send write of the receive [`irecv_one`](Self::irecv_one) took (`cts`, from
+    /// its [`OneRecv::Post`]): takes its send-queue position (room was checked there).
+    #[inline(always)]
+    pub fn one_cts_write(&mut self, cts: CtsWrite) -> SendWr<'_> {
+        let slot = cts.slot;
+        let remote_addr = self.peer_fifo.addr + (usize::from(slot) * CTS_SLOT_LEN) as u64;
+        let posted = self.sq.next(WrKind::Cts, u16::from(slot), false);
+        SendWr {
+            wr_id: posted.wr_id,
+            op: SendOp::Write,
+            payload: Payload::Inline(&self.cts_out),
+            remote_addr,
+            rkey: self.peer_fifo.rkey,
+            signaled: posted.signaled,
+        }
     }
 
     /// The driver could not post what [`irecv_one`](Self::irecv_one) returned for `req`: the

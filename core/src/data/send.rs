@@ -350,13 +350,12 @@ impl SendConn {
         if stamp != stamp_for(self.seq) {
             return Ok(OneSend::NotYet);
         }
-        let Ok(cts) = CtsEntry::decode(entry) else {
-            // Still landing, or malformed: the general path counts or reports it.
+        let Some(cts) = CtsEntry::decode_single(entry) else {
+            // Still landing, grouped, or malformed: the general path counts, takes or reports it.
             return Ok(OneSend::General);
         };
         self.torn_reads = 0;
-        if cts.n != 1
-            || cts.tag != tag
+        if cts.tag != tag
             || cts.stamp != stamp
             || buf.len == 0
             || buf.len > cts.size

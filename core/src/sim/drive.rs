@@ -59,8 +59,11 @@ pub fn irecv_direct(
                 recv: wr_id,
                 cts,
             } => {
-                let posted = nic.post_recv(wr_id).and_then(|()| nic.post_send(&[cts]));
-                return match posted {
+                if let Err(err) = nic.post_recv(wr_id) {
+                    return Err(recv.post_failed(req, err));
+                }
+                let cts = recv.one_cts_write(cts);
+                return match nic.post_send(&[cts]) {
                     Ok(()) => Ok(Some(req)),
                     Err(err) => Err(recv.post_failed(req, err)),
                 };

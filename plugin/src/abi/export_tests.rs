@@ -874,6 +874,22 @@ fn sizes_over_the_limits_are_refused() {
         (v12.isend)(send, shifted, 4096, 0, smh, &mut req),
         NCCL_INVALID_ARGUMENT
     );
+    // Starting below it (its offset from the registration's start wraps), on either side.
+    let below: Ptr = data.cast::<u8>().wrapping_sub(1).cast();
+    assert_eq!(
+        (v12.isend)(send, below, 1, 0, smh, &mut req),
+        NCCL_INVALID_ARGUMENT
+    );
+    let (mut d, mut size, mut tag, mut mh) = (below, 1, 0, rmh);
+    assert_eq!(
+        (v12.irecv)(recv, 1, &mut d, &mut size, &mut tag, &mut mh, &mut req),
+        NCCL_INVALID_ARGUMENT
+    );
+    let (mut d, mut size) = (shifted, 4096);
+    assert_eq!(
+        (v12.irecv)(recv, 1, &mut d, &mut size, &mut tag, &mut mh, &mut req),
+        NCCL_INVALID_ARGUMENT
+    );
     // irecv's n outside 1..=maxRecvs, and grouped buffers past the limit.
     let mut ds = [data; 9];
     let mut sizes = [16usize; 9];

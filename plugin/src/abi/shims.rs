@@ -23,9 +23,9 @@ type Ptr = *mut c_void;
 ///
 /// # Safety
 /// `out` must be NULL or valid for a write of `T`.
-unsafe fn put<T>(out: *mut T, value: T, what: &str) -> NetResult<()> {
+unsafe fn put<T>(out: *mut T, value: T, what: &'static str) -> NetResult<()> {
     if out.is_null() {
-        return Err(NetError::misuse(format!("{what} is NULL")));
+        return Err(null_out(what));
     }
     // SAFETY: non-null, and the caller guarantees it is valid for writes.
     unsafe { out.write(value) };
@@ -47,13 +47,28 @@ fn size_from_int(size: c_int, what: &str) -> NetResult<usize> {
         .map_err(|_| NetError::invalid_argument(format!("{what}: negative size {size}")))
 }
 
-fn size_checked(size: usize, what: &str) -> NetResult<usize> {
+/// The error of a NULL out-pointer. Out of line, taking the name by value: formatted in the
+/// caller, the name's `&str` was stored to the stack on every call, error or not.
+#[cold]
+#[inline(never)]
+fn null_out(what: &'static str) -> NetError {
+    NetError::misuse(format!("{what} is NULL"))
+}
+
+fn size_checked(size: usize, what: &'static str) -> NetResult<usize> {
     if size > MAX_MESSAGE_BYTES {
-        return Err(NetError::invalid_argument(format!(
-            "{what}: size {size} exceeds the largest message Rivet advertises ({MAX_MESSAGE_BYTES} bytes, maxP2pBytes)"
-        )));
+        return Err(size_too_large(size, what));
     }
     Ok(size)
+}
+
+/// The error of a size above the largest message; out of line for the reason of [`null_out`].
+#[cold]
+#[inline(never)]
+fn size_too_large(size: usize, what: &'static str) -> NetError {
+    NetError::invalid_argument(format!(
+        "{what}: size {size} exceeds the largest message Rivet advertises ({MAX_MESSAGE_BYTES} bytes, maxP2pBytes)"
+    ))
 }
 
 fn traffic_class(config: *const NcclNetCommConfig) -> Option<i32> {
@@ -482,21 +497,31 @@ pub(super) unsafe extern "C" fn dereg_mr(comm: Ptr, mh: Ptr) -> NcclResult {
 
 // ---- data path ----
 
-/// `isend` of every version, after the size was converted.
+/// The v10 entries' size conversion (none: `size_t` already). A function of its own, not the
+/// `Ok` that the v9 entries pass: `isend_common` and `irecv_common` (and their catch frames) are
+/// then instantiated for `isend_v10` and `irecv_v10` alone, with one caller each, and built into
+/// them; shared by two entries, they were called, with their arguments and result passed through
+/// memory.
+fn size_t_v10(size: usize) -> NetResult<usize> {
+    Ok(size)
+}
+
+/// `isend` of every version, with the size's C type converted by `size_of`.
 ///
 /// # Safety
 /// As the `isend` entries: `request` is NULL or valid for a write of a pointer; `comm` and `mh`
 /// are handles (checked); `data` is only handed to the NIC, inside the checked registration.
-unsafe fn isend_common(
+unsafe fn isend_common<S>(
     comm: Ptr,
     data: Ptr,
-    size: NetResult<usize>,
+    size: S,
     tag: c_int,
     mh: Ptr,
     request: *mut Ptr,
+    size_of: impl FnOnce(S) -> NetResult<usize>,
 ) -> NcclResult {
-    ffi_call("isend", || {
-        let size = size_checked(size?, "isend")?;
+    ffi_call("isend", move || {
+        let size = size_checked(size_of(size)?, "isend")?;
         let req = comm::isend(comm, data, size, tag, mh)?;
         // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
         unsafe { put(request, req, "isend: request") }
@@ -520,7 +545,11 @@ pub(super) unsafe extern "C" fn isend_int(
     request: *mut Ptr,
 ) -> NcclResult {
     // SAFETY: forwarded unchanged.
-    unsafe { isend_common(comm, data, size_from_int(size, "isend"), tag, mh, request) }
+    unsafe {
+        isend_common(comm, data, size, tag, mh, request, |s| {
+            size_from_int(s, "isend")
+        })
+    }
 }
 
 /// `isend` as NCCL's table calls it.
@@ -540,7 +569,7 @@ pub(super) unsafe extern "C" fn isend_v9(
     request: *mut Ptr,
 ) -> NcclResult {
     // SAFETY: forwarded unchanged.
-    unsafe { isend_common(comm, data, Ok(size), tag, mh, request) }
+    unsafe { isend_common(comm, data, size, tag, mh, request, Ok) }
 }
 
 /// `isend` as NCCL's table calls it.
@@ -562,7 +591,7 @@ pub(super) unsafe extern "C" fn isend_v10(
     request: *mut Ptr,
 ) -> NcclResult {
     // SAFETY: forwarded unchanged.
-    let rc = unsafe { isend_common(comm, data, Ok(size), tag, mh, request) };
+    let rc = unsafe { isend_common(comm, data, size, tag, mh, request, size_t_v10) };
     if let Some(profiler) = crate::profiler::callback() {
         // SAFETY: `request` was written by a successful isend_common.
         unsafe { crate::profiler::on_isend(profiler, rc, comm, phandle, request, size) };
@@ -727,7 +756,7 @@ pub(super) unsafe extern "C" fn irecv_v10(
     request: *mut Ptr,
 ) -> NcclResult {
     // SAFETY: forwarded unchanged.
-    let rc = unsafe { irecv_common(comm, n, data, sizes, tags, mhs, request, Ok) };
+    let rc = unsafe { irecv_common(comm, n, data, sizes, tags, mhs, request, size_t_v10) };
     if let Some(profiler) = crate::profiler::callback() {
         // SAFETY: NCCL's arrays hold `n` elements; `request` was written by irecv_common.
         unsafe { crate::profiler::on_irecv(profiler, rc, comm, n, phandles, sizes, request) };

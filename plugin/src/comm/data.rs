@@ -80,6 +80,9 @@ pub(crate) struct Side<Conn: Path> {
     warned: AtomicBool,
     /// A receive comm's GPU flush (`None`: `iflush` has nothing to do on this port).
     flush: Option<Mutex<GpuFlush>>,
+    /// The endpoint's inline limit, fixed with its queue pair: asked of the endpoint, it is a
+    /// dispatch over the backends on every receive.
+    max_inline: usize,
 }
 
 #[derive(Debug)]
@@ -159,6 +162,7 @@ impl<Conn: Path> Side<Conn> {
         let port = Arc::clone(endpoint.port());
         let ports = endpoint.ports();
         let watch = Watch::new(socket, port.watch(endpoint.qp_num(), endpoint.cq_addr()));
+        let max_inline = endpoint.max_inline();
         Self {
             state: Exclusive::new(State {
                 conn,
@@ -170,6 +174,7 @@ impl<Conn: Path> Side<Conn> {
             peer,
             warned: AtomicBool::new(false),
             flush: None,
+            max_inline,
         }
     }
 
@@ -505,6 +510,28 @@ fn test_lanes(entry: &DataComm, req: RequestId, sizes: &mut impl SizesOut) -> Ne
     }
 }
 
+/// Post the receive of `bufs` on a fused device, with each buffer's key on every port (the
+/// registration must cover them all).
+#[inline(never)]
+fn irecv_keyed<Conn: RecvPath>(
+    conn: &mut Conn,
+    endpoint: &mut Conn::Nics,
+    bufs: &[RecvBuf],
+    mrs: &[Option<&mr::UserMr>],
+    tags: &[u32],
+) -> NetResult<Result<Option<RequestId>, DataError>> {
+    let devices = endpoint.devices();
+    // rkeys[d][b]: buffer b's key on port d.
+    let mut rkeys = [[0u32; 8]; 8];
+    for (b, (buf, mr)) in bufs.iter().zip(mrs).enumerate() {
+        let keys = device_keys("irecv", *mr, buf.addr, buf.len, true, devices)?;
+        for (d, key) in keys[..devices].iter().enumerate() {
+            rkeys[d][b] = *key;
+        }
+    }
+    Ok(conn.irecv_keyed(endpoint, bufs, &rkeys[..devices], tags))
+}
+
 /// `irecv`: the request, or NULL ("try later").
 #[inline]
 pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Ptr> {
@@ -520,10 +547,10 @@ pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Ptr> {
 #[inline(always)]
 pub(crate) fn irecv_one(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> NetResult<Ptr> {
     let (handle, entry) = COMMS.lookup("irecv", "recvComm", comm)?;
-    let (buf, mr) = recv_buf(data, size, mh)?;
     match entry {
-        DataComm::Recv(side) => side.post_recv(handle, &[buf], &[mr], &[tag as u32]),
-        DataComm::RecvMulti(side) => irecv_one_lanes(side, handle, buf, mr, tag as u32),
+        DataComm::Recv(side) => side.post_recv_one(handle, data, size, mh, tag as u32),
+        DataComm::RecvMulti(side) => irecv_one_lanes(side, handle, data, size, mh, tag as u32),
+        // As in `isend`: a default arm for both send kinds.
         _ => Err(NetError::misuse("irecv on a send comm")),
     }
 }
@@ -532,11 +559,12 @@ pub(crate) fn irecv_one(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) 
 fn irecv_one_lanes<Conn: RecvPath>(
     side: &Side<Conn>,
     handle: Handle,
-    buf: RecvBuf,
-    mr: Option<&mr::UserMr>,
+    data: Ptr,
+    size: usize,
+    mh: Ptr,
     tag: u32,
 ) -> NetResult<Ptr> {
-    side.post_recv(handle, &[buf], &[mr], &[tag])
+    side.post_recv_one(handle, data, size, mh, tag)
 }
 
 impl<Conn: RecvPath> Side<Conn> {
@@ -544,8 +572,8 @@ impl<Conn: RecvPath> Side<Conn> {
     fn irecv(&self, handle: Handle, args: &RecvArgs) -> NetResult<Ptr> {
         if args.n == 1 {
             // One-entry arrays, not eight.
-            let (buf, mr) = recv_buf(args.data[0], args.sizes[0], args.mhandles[0])?;
-            return self.post_recv(handle, &[buf], &[mr], &[args.tags[0] as u32]);
+            let (data, size, mh) = (args.data[0], args.sizes[0], args.mhandles[0]);
+            return self.post_recv_one(handle, data, size, mh, args.tags[0] as u32);
         }
         let mut bufs = [RecvBuf {
             addr: 0,
@@ -579,18 +607,36 @@ impl<Conn: RecvPath> Side<Conn> {
             watch: _,
         } = &mut *state;
         let posted = if endpoint.devices() > 1 {
-            let devices = endpoint.devices();
-            // rkeys[d][b]: buffer b's key on port d.
-            let mut rkeys = [[0u32; 8]; 8];
-            for (b, (buf, mr)) in bufs.iter().zip(mrs).enumerate() {
-                let keys = device_keys("irecv", *mr, buf.addr, buf.len, true, devices)?;
-                for (d, key) in keys[..devices].iter().enumerate() {
-                    rkeys[d][b] = *key;
-                }
-            }
-            conn.irecv_keyed(endpoint, bufs, &rkeys[..devices], tags)
+            irecv_keyed(conn, endpoint, bufs, mrs, tags)?
         } else {
             conn.irecv(endpoint, bufs, tags)
+        };
+        state.answer(self, "irecv", handle, posted)
+    }
+
+    /// [`post_recv`](Self::post_recv) of one buffer (`data`, `size` bytes, registered as `mh`),
+    /// by value. Its registration is looked up and checked once the comm is entered: before, its
+    /// key and range were held (in memory) across the entry.
+    #[inline(always)]
+    fn post_recv_one(
+        &self,
+        handle: Handle,
+        data: Ptr,
+        size: usize,
+        mh: Ptr,
+        tag: u32,
+    ) -> NetResult<Ptr> {
+        let mut state = self.lock("irecv")?;
+        let (buf, mr) = recv_buf(data, size, mh)?;
+        let State {
+            conn,
+            endpoint,
+            watch: _,
+        } = &mut *state;
+        let posted = if endpoint.devices() > 1 {
+            irecv_keyed(conn, endpoint, &[buf], &[mr], &[tag])?
+        } else {
+            conn.irecv_one(endpoint, buf, tag, self.max_inline)
         };
         state.answer(self, "irecv", handle, posted)
     }

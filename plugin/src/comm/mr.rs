@@ -24,6 +24,10 @@ pub(crate) struct UserMr {
     share: Option<CachedMr>,
     addr: u64,
     len: u64,
+    /// `share`'s local and remote keys (0 without one), beside the range they are checked
+    /// against: the data path reads them with the range, not through the `Option`.
+    lkey: u32,
+    rkey: u32,
     /// The port whose protection domain (and cache) the registration belongs to.
     port: Arc<OpenPort>,
     /// On a fused device: the registrations on its other ports, in member order.
@@ -33,33 +37,33 @@ pub(crate) struct UserMr {
 impl UserMr {
     /// The local key, after checking `addr..addr+len` lies inside the registration.
     pub(crate) fn lkey_for(&self, addr: u64, len: u64) -> NetResult<u32> {
-        self.check(addr, len)
-            .map(|share| share.map_or(0, |s| s.lkey))
+        self.check(addr, len).map(|()| self.lkey)
     }
 
     /// The remote key, after the same check.
     pub(crate) fn rkey_for(&self, addr: u64, len: u64) -> NetResult<u32> {
-        self.check(addr, len)
-            .map(|share| share.map_or(0, |s| s.rkey))
+        self.check(addr, len).map(|()| self.rkey)
     }
 
-    fn check(&self, addr: u64, len: u64) -> NetResult<Option<&CachedMr>> {
-        if len == 0 {
-            return Ok(self.share.as_ref());
-        }
+    fn check(&self, addr: u64, len: u64) -> NetResult<()> {
         // Against what NCCL registered, not the (page-rounded, possibly shared) registration:
         // a buffer outside the handle's own range is NCCL's bug even where the NIC would take it.
-        let inside = addr >= self.addr
-            && addr
-                .checked_add(len)
-                .is_some_and(|end| end <= self.addr + self.len);
-        if !inside {
-            return Err(NetError::invalid_argument(format!(
-                "buffer {addr:#x}+{len} is not inside its registration {:#x}+{}",
-                self.addr, self.len
-            )));
+        // `offset` wraps above `self.len` for an `addr` below the range (which does not wrap:
+        // `reg_mr_on` refuses one that would), so two comparisons cover both ends.
+        let offset = addr.wrapping_sub(self.addr);
+        if len == 0 || (offset <= self.len && len <= self.len - offset) {
+            return Ok(());
         }
-        Ok(self.share.as_ref())
+        Err(self.outside(addr, len))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn outside(&self, addr: u64, len: u64) -> NetError {
+        NetError::invalid_argument(format!(
+            "buffer {addr:#x}+{len} is not inside its registration {:#x}+{}",
+            self.addr, self.len
+        ))
     }
 
     /// The local (`remote` false) or remote keys of every port of the registration, in member
@@ -73,7 +77,8 @@ impl UserMr {
     ) -> NetResult<usize> {
         let pick =
             |share: Option<&CachedMr>| share.map_or(0, |s| if remote { s.rkey } else { s.lkey });
-        keys[0] = pick(self.check(addr, len)?);
+        self.check(addr, len)?;
+        keys[0] = pick(self.share.as_ref());
         for (key, (_, share)) in keys[1..].iter_mut().zip(&self.others) {
             *key = pick(share.as_ref());
         }
@@ -132,12 +137,19 @@ pub(crate) fn reg_mr_on(
     if data.is_null() && size > 0 {
         return Err(NetError::invalid_argument("regMr: NULL buffer"));
     }
+    if (data as u64).checked_add(size as u64).is_none() {
+        return Err(NetError::invalid_argument(format!(
+            "regMr: {size} bytes at {data:p} wrap the address space"
+        )));
+    }
     let mut ports = ports.into_iter();
     let port = ports
         .next()
         .ok_or_else(|| NetError::misuse("regMr: no port"))?;
     let share = register(&port, data, size, kind, dmabuf)?;
     let mut entry = Box::new(UserMr {
+        lkey: share.as_ref().map_or(0, |s| s.lkey),
+        rkey: share.as_ref().map_or(0, |s| s.rkey),
         share,
         addr: data as u64,
         len: size as u64,

@@ -29,6 +29,8 @@ pub(crate) trait Nics: Debug + Send {
     fn qp_num(&self) -> u32;
     /// Lane 0's completion queue, for the event watch.
     fn cq_addr(&self) -> usize;
+    /// Lane 0's inline limit (fixed when its queue pair was made), read once per connection.
+    fn max_inline(&self) -> usize;
     /// Ports the lanes are spread over (a fused device's members); lane `i` is on port
     /// `i % devices()`.
     fn devices(&self) -> usize {
@@ -49,6 +51,9 @@ impl Nics for Endpoint {
     }
     fn cq_addr(&self) -> usize {
         conn_endpoint::ConnEndpoint::cq_addr(self)
+    }
+    fn max_inline(&self) -> usize {
+        Nic::max_inline(self)
     }
 }
 
@@ -80,6 +85,9 @@ impl Nics for Lanes {
     }
     fn cq_addr(&self) -> usize {
         self.first().cq_addr()
+    }
+    fn max_inline(&self) -> usize {
+        Nic::max_inline(self.first())
     }
     fn devices(&self) -> usize {
         self.1
@@ -167,6 +175,20 @@ pub(crate) trait RecvPath: Path {
         tags: &[u32],
     ) -> Result<Option<RequestId>, DataError>;
 
+    /// [`irecv`](Self::irecv) of one buffer (NCCL's point-to-point receive), taken by value: no
+    /// one-element arrays in memory on the way. `max_inline` is the [`Nics::max_inline`] the
+    /// caller keeps.
+    fn irecv_one(
+        &mut self,
+        nics: &mut Self::Nics,
+        buf: RecvBuf,
+        tag: u32,
+        max_inline: usize,
+    ) -> Result<Option<RequestId>, DataError> {
+        let _ = max_inline;
+        self.irecv(nics, &[buf], &[tag])
+    }
+
     /// [`irecv`](Self::irecv) over lanes of several ports: port `d` offers buffer `b` under
     /// `rkeys[d][b]`. Only connections whose [`Nics::devices`] is above 1 are given it.
     fn irecv_keyed(
@@ -244,28 +266,39 @@ impl SendPath for SendConn {
 }
 
 impl RecvPath for RecvConn {
-    /// A one-buffer receive decided by the core and posted here (`RecvConn::irecv_one`: the
-    /// empty receive, then the clear-to-send write); the core's general `irecv` for the rest.
-    #[inline(always)]
     fn irecv(
         &mut self,
         nic: &mut Endpoint,
         bufs: &[RecvBuf],
         tags: &[u32],
     ) -> Result<Option<RequestId>, DataError> {
-        if let ([buf], [tag]) = (bufs, tags) {
-            match self.irecv_one(*buf, *tag, nic.max_inline())? {
-                OneRecv::Post { req, recv, cts } => {
-                    let posted = nic.post_recv(recv).and_then(|()| nic.post_send(&[cts]));
-                    return match posted {
-                        Ok(()) => Ok(Some(req)),
-                        Err(err) => Err(self.post_failed(req, err)),
-                    };
-                }
-                OneRecv::General => {}
-            }
-        }
         Self::irecv(self, nic, bufs, tags)
+    }
+
+    /// The receive decided by the core and posted here (`RecvConn::irecv_one`: the empty
+    /// receive, then the clear-to-send write); the core's general `irecv` when it declines.
+    #[inline(always)]
+    fn irecv_one(
+        &mut self,
+        nic: &mut Endpoint,
+        buf: RecvBuf,
+        tag: u32,
+        max_inline: usize,
+    ) -> Result<Option<RequestId>, DataError> {
+        match self.irecv_one(buf, tag, max_inline)? {
+            OneRecv::Post { req, recv, cts } => {
+                if let Err(err) = nic.post_recv(recv) {
+                    return Err(self.post_failed(req, err));
+                }
+                // Built after the receive's post, not kept across it.
+                let cts = self.one_cts_write(cts);
+                match nic.post_send(&[cts]) {
+                    Ok(()) => Ok(Some(req)),
+                    Err(err) => Err(self.post_failed(req, err)),
+                }
+            }
+            OneRecv::General => Self::irecv(self, nic, &[buf], &[tag]),
+        }
     }
 }
 

@@ -591,7 +591,7 @@ impl Twins {
         let id_d = match d.irecv_one(buf, tag, nic_d.max_inline()).unwrap() {
             OneRecv::Post { req, recv, cts } => {
                 nic_d.post_recv(recv).unwrap();
-                nic_d.post_send(&[cts]).unwrap();
+                nic_d.post_send(&[d.one_cts_write(cts)]).unwrap();
                 self.taken_directly += 1;
                 req
             }
@@ -696,7 +696,7 @@ fn irecv_one_declines_what_it_does_not_decide() {
             panic!("a free slot");
         };
         nic.post_recv(recv).unwrap();
-        nic.post_send(&[cts]).unwrap();
+        nic.post_send(&[r.one_cts_write(cts)]).unwrap();
     }
     assert_eq!(r.irecv_one(bufs(&[8])[0], 0, 64), Ok(OneRecv::General));
     assert_eq!(r.irecv(&mut nic, &bufs(&[8]), &[0]), Ok(None));
