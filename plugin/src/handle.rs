@@ -18,14 +18,12 @@
 //!
 //! **Slots.** A table has one slot for each of the [`MAX_ENTRIES`] indices a 16-bit handle index
 //! addresses, in one array, so a lookup indexes it directly: no bounds check (every `u16` is in
-//! it) and no directory. Until its first insertion a table's slots are [`NO_SLOTS`], a static of
-//! zero words (empty slots) shared by every table and never written, in `.bss`: address space,
-//! not file size or memory, and the tables cost the library no initialised data. The first
-//! insertion (on the control path) gives the table its own zeroed allocation of 512 KiB; the
-//! allocator maps untouched zero pages for it, so memory is taken only by the pages of slots
-//! used so far (512 slots a page: the free-slot search covers the slots used so far and widens by
-//! [`CHUNK`] when they are all in use, so it stays in the first pages). Insertion and removal are
-//! control-path operations serialised by a mutex.
+//! it) and no directory. Each table's slots are a static of its own ([`registry!`] declares both),
+//! zero words (empty slots) in `.bss`: address space, not file size, and memory only for the
+//! pages of slots written (512 slots a page: the free-slot search covers the slots used so far and
+//! widens by [`CHUNK`] when they are all in use, so it stays in the first pages). Nothing is
+//! allocated for them, so nothing is left behind when NCCL unloads the library. Insertion and
+//! removal are control-path operations serialised by a mutex.
 //!
 //! **A slot is one atomic word**: the slot's generation in bits 48–63 (where a handle carries
 //! its generation too) and the object's address in bits 0–47 (0 while the slot is empty). A
@@ -45,12 +43,9 @@
 //! newer generation, or an empty slot, and answers "not live", or sees this handle's generation
 //! with an address, and then the object was published before that store and is not freed until
 //! a `remove`, which its callers promise happens only when no reference from a lookup is in use.
-//! The slots pointer changes once, from `NO_SLOTS` to the table's allocation (release, after it
-//! was zeroed), and the allocation is never freed: a stale handle may be looked up (lock-free) at
-//! any time, also while the last `finalize` tears objects down, and only slots that stay
-//! allocated make that lookup safe without a lock. They are reused by later objects; on `dlclose`
-//! they stay behind as an unreachable allocation, which frees nothing twice and leaves no thread
-//! or destructor that could run into unmapped code.
+//! The slots are statics: a stale handle may be looked up (lock-free) at any time, also while the
+//! last `finalize` tears objects down, and the slots it reads exist as long as the code reading
+//! them. They are reused by later objects.
 
 #![allow(unsafe_code)]
 
@@ -168,11 +163,20 @@ impl fmt::Display for Refused {
 }
 
 /// Every slot of a table: one word each, generation and address (see the module documentation).
-type Slots = [AtomicU64; MAX_ENTRIES];
+pub(crate) type Slots = [AtomicU64; MAX_ENTRIES];
 
-/// The slots of every table before its first insertion: all empty, never written. Zero bytes, so
-/// they cost the library address space (`.bss`), not file size or memory.
-static NO_SLOTS: Slots = [const { AtomicU64::new(0) }; MAX_ENTRIES];
+/// A static table of `T`s, `static COMMS: Registry<DataComm> = registry!(0xda7a, "live
+/// connections");`, with slots of its own: a static of zero words (every slot empty), so in
+/// `.bss`, which costs the library address space, not file size, and memory only for the pages
+/// of slots written.
+macro_rules! registry {
+    ($kind:expr, $what:expr) => {{
+        static SLOTS: $crate::handle::Slots =
+            [const { ::std::sync::atomic::AtomicU64::new(0) }; $crate::handle::MAX_ENTRIES];
+        $crate::handle::Registry::new($kind, $what, &SLOTS)
+    }};
+}
+pub(crate) use registry;
 
 /// The writer's view: where to look for a free slot next, and how many slots the search covers.
 struct Cursor {
@@ -182,9 +186,9 @@ struct Cursor {
 
 /// A table of boxed `T`s addressed by [`Handle`]s.
 pub(crate) struct Registry<T> {
-    /// [`NO_SLOTS`] until the first insertion, then the table's own zeroed allocation, never
-    /// changed or freed again (but by `drop`).
-    slots: AtomicPtr<Slots>,
+    /// The table's slots: a static of its own ([`registry!`]), never freed, so a lookup of any
+    /// handle may read them at any time while the library is loaded.
+    slots: &'static Slots,
     kind: u32,
     capacity: usize,
     what: &'static str,
@@ -196,17 +200,23 @@ pub(crate) struct Registry<T> {
 }
 
 impl<T> Registry<T> {
-    /// An empty table of up to [`MAX_ENTRIES`] `what`s whose handles carry `kind` in their low
-    /// bits. `kind` must be non-zero.
-    pub(crate) const fn new(kind: u32, what: &'static str) -> Self {
-        Self::with_capacity(kind, what, MAX_ENTRIES)
+    /// An empty table of up to [`MAX_ENTRIES`] `what`s in `slots` (all empty, used by no other
+    /// table) whose handles carry `kind` in their low bits. `kind` must be non-zero. Statics are
+    /// declared with [`registry!`].
+    pub(crate) const fn new(kind: u32, what: &'static str, slots: &'static Slots) -> Self {
+        Self::with_capacity(kind, what, MAX_ENTRIES, slots)
     }
 
     /// As [`Registry::new`], holding at most `capacity` (≤ [`MAX_ENTRIES`]) objects.
-    pub(crate) const fn with_capacity(kind: u32, what: &'static str, capacity: usize) -> Self {
+    pub(crate) const fn with_capacity(
+        kind: u32,
+        what: &'static str,
+        capacity: usize,
+        slots: &'static Slots,
+    ) -> Self {
         assert!(kind != 0 && capacity <= MAX_ENTRIES);
         Self {
-            slots: AtomicPtr::new((&raw const NO_SLOTS).cast_mut()),
+            slots,
             kind,
             capacity,
             what,
@@ -215,41 +225,17 @@ impl<T> Registry<T> {
         }
     }
 
-    #[inline(always)]
-    fn slots(&self) -> &Slots {
-        // SAFETY: the pointer is `NO_SLOTS` (a static) or the allocation `own_slots` made, which
-        // only `drop` frees, with the table exclusively.
-        unsafe { &*self.slots.load(Ordering::Acquire) }
-    }
-
     /// Slot `index`; any `u16` index is in the table.
     #[inline(always)]
     fn slot(&self, index: u16) -> &AtomicU64 {
-        &self.slots()[usize::from(index)]
-    }
-
-    /// The table's own slots, allocated (zeroed, so all empty) at the first insertion. Called
-    /// with the writer lock held.
-    fn own_slots(&self, _writer: &mut Cursor) -> &Slots {
-        if core::ptr::eq(self.slots(), &NO_SLOTS) {
-            let layout = std::alloc::Layout::new::<Slots>();
-            // SAFETY: the layout has a non-zero size. Zero bytes are empty slots (`AtomicU64` has
-            // the representation of `u64`); the allocator maps untouched zeroed pages for an
-            // allocation this large, so only the pages of slots in use take memory.
-            let fresh = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<Slots>();
-            if fresh.is_null() {
-                std::alloc::handle_alloc_error(layout);
-            }
-            self.slots.store(fresh, Ordering::Release);
-        }
-        self.slots()
+        &self.slots[usize::from(index)]
     }
 
     /// Store `value` in a free slot, widening the search by [`CHUNK`] slots when every slot it
     /// covers is in use; [`Refused`] at the capacity (or for an address a slot cannot hold).
     pub(crate) fn insert(&self, value: Box<T>) -> Result<Handle, Refused> {
         let mut cursor = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let slots = self.own_slots(&mut cursor);
+        let slots = self.slots;
         let free = (0..cursor.len)
             .map(|step| (cursor.next + step) % cursor.len)
             .find(|&index| slots[index].load(Ordering::Relaxed) & ADDRESS_BITS == 0);
@@ -385,28 +371,31 @@ impl<T> Drop for Registry<T> {
     /// Only tables that are not statics are ever dropped (tests); the exported ones live as long
     /// as the library.
     fn drop(&mut self) {
-        let slots = core::mem::replace(self.slots.get_mut(), (&raw const NO_SLOTS).cast_mut());
-        if core::ptr::eq(slots, &NO_SLOTS) {
-            return;
-        }
-        // SAFETY: not `NO_SLOTS`, so the allocation from `own_slots`; `&mut self` means no
-        // reference into it is alive, and it was just detached from the table.
-        for slot in unsafe { &*slots } {
-            let address = slot.load(Ordering::Relaxed) & ADDRESS_BITS;
+        for slot in self.slots {
+            let address = slot.swap(0, Ordering::Relaxed) & ADDRESS_BITS;
             if address != 0 {
                 // SAFETY: a non-zero slot address came from `Box::into_raw` in `insert` and was
                 // never removed; the table is being dropped, so this is its last owner.
                 drop(unsafe { Box::from_raw(address as usize as *mut T) });
             }
         }
-        // SAFETY: allocated by `own_slots` with this layout, and no longer reachable.
-        unsafe { std::alloc::dealloc(slots.cast(), std::alloc::Layout::new::<Slots>()) };
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Slots for a test's table: zeroed, leaked (a test's tables are dropped, their slots not).
+    fn test_slots() -> &'static Slots {
+        Box::leak(
+            (0..MAX_ENTRIES)
+                .map(|_| AtomicU64::new(0))
+                .collect::<Box<[_]>>()
+                .try_into()
+                .expect("MAX_ENTRIES slots"),
+        )
+    }
 
     /// Remove in a test that holds no reference into the table.
     fn remove<T>(table: &Registry<T>, handle: Handle) -> Option<Box<T>> {
@@ -416,7 +405,7 @@ mod tests {
 
     #[test]
     fn insert_get_remove_round_trip() {
-        let table: Registry<u32> = Registry::with_capacity(7, "numbers", 4);
+        let table: Registry<u32> = Registry::with_capacity(7, "numbers", 4, test_slots());
         let h = table.insert(Box::new(42)).expect("room");
         let p = h.to_ptr();
         let back = Handle::from_ptr(p).expect("non-null");
@@ -433,7 +422,7 @@ mod tests {
 
     #[test]
     fn reused_slot_gets_new_generation() {
-        let table: Registry<u32> = Registry::with_capacity(1, "numbers", 1);
+        let table: Registry<u32> = Registry::with_capacity(1, "numbers", 1, test_slots());
         let first = table.insert(Box::new(1)).expect("room");
         assert!(table.insert(Box::new(2)).is_err(), "full table refuses");
         drop(remove(&table, first));
@@ -446,7 +435,7 @@ mod tests {
 
     #[test]
     fn null_and_bogus_handles_do_not_resolve() {
-        let table: Registry<u32> = Registry::with_capacity(3, "numbers", 8);
+        let table: Registry<u32> = Registry::with_capacity(3, "numbers", 8, test_slots());
         assert!(Handle::from_ptr(core::ptr::null_mut()).is_none());
         let bogus = Handle::from_ptr(0xdead_beef_usize as *mut _).expect("non-null");
         assert!(table.find(bogus).is_none());
@@ -459,7 +448,7 @@ mod tests {
     /// (0 included, which no live slot has) never does.
     #[test]
     fn generation_and_occupancy_are_decided_by_one_word() {
-        let table: Registry<u32> = Registry::with_capacity(4, "numbers", 2);
+        let table: Registry<u32> = Registry::with_capacity(4, "numbers", 2, test_slots());
         let h = table.insert(Box::new(8)).expect("room");
         let index = h.index();
         for generation in [0, 2, u16::MAX] {
@@ -481,7 +470,7 @@ mod tests {
     /// (Only stale handles: a live one may not be looked up across its removal.)
     #[test]
     fn stale_handles_never_resolve_while_slots_are_reused() {
-        let table: Registry<u64> = Registry::with_capacity(6, "numbers", 2);
+        let table: Registry<u64> = Registry::with_capacity(6, "numbers", 2, test_slots());
         std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::channel::<Handle>();
             let table = &table;
@@ -507,15 +496,11 @@ mod tests {
     #[test]
     fn fills_up_to_the_capacity_and_names_the_limit() {
         let capacity = 2 * CHUNK + 3;
-        let table: Registry<usize> = Registry::with_capacity(5, "live things", capacity);
-        assert!(
-            core::ptr::eq(table.slots(), &NO_SLOTS),
-            "nothing until used"
-        );
+        let table: Registry<usize> =
+            Registry::with_capacity(5, "live things", capacity, test_slots());
         let handles: Vec<Handle> = (0..capacity)
             .map(|i| table.insert(Box::new(i)).expect("room below the capacity"))
             .collect();
-        assert!(!core::ptr::eq(table.slots(), &NO_SLOTS), "its own slots");
         for (i, h) in handles.iter().enumerate() {
             assert_eq!(table.find(*h).copied(), Some(i));
         }
@@ -542,12 +527,11 @@ mod tests {
     /// held 16 384), and allocate nothing until used.
     #[test]
     fn production_capacity_is_the_whole_index_space() {
-        let table: Registry<u8> = Registry::new(9, "bytes");
+        let table: Registry<u8> = Registry::new(9, "bytes", test_slots());
         assert_eq!(table.capacity, usize::from(u16::MAX) + 1);
         let last = Handle::new(u16::MAX, 1, 9);
         let found = table.find(last);
-        assert!(found.is_none(), "no slots yet: no object");
-        assert!(core::ptr::eq(table.slots(), &NO_SLOTS), "nothing allocated");
+        assert!(found.is_none(), "an empty slot: no object");
     }
 
     /// The typed lookup answers NULL, another table's handle, a stale handle and a request
@@ -555,8 +539,8 @@ mod tests {
     /// object with the id they carry.
     #[test]
     fn typed_lookup_checks_kind_and_generation() {
-        let comms: Registry<u32> = Registry::with_capacity(0xda7a, "comms", 4);
-        let others: Registry<u32> = Registry::with_capacity(0x3e3e, "others", 4);
+        let comms: Registry<u32> = Registry::with_capacity(0xda7a, "comms", 4, test_slots());
+        let others: Registry<u32> = Registry::with_capacity(0x3e3e, "others", 4, test_slots());
         let h = comms.insert(Box::new(5)).expect("room");
         let other = others.insert(Box::new(6)).expect("room");
         let (found, value) = comms.lookup("isend", "sendComm", h.to_ptr()).expect("live");

@@ -11,7 +11,7 @@ use crate::backend::device;
 use crate::config::Config;
 use crate::devices::{self, DeviceProps, FusedDevice, NoDevice, Port};
 use crate::error::{NetError, NetResult};
-use crate::handle::Registry;
+use crate::handle::{Registry, registry};
 use crate::log::{INIT_NET, info, warn};
 use crate::mesh::{self, MeshDevice};
 use crate::oob::iface;
@@ -45,7 +45,7 @@ struct Global {
 static GLOBAL: Mutex<Option<Global>> = Mutex::new(None);
 
 /// Live v11+ contexts.
-static CONTEXTS: Registry<NetContext> = Registry::new(0x0c7c, "live NCCL communicator contexts");
+static CONTEXTS: Registry<NetContext> = registry!(0x0c7c, "live NCCL communicator contexts");
 
 fn global() -> MutexGuard<'static, Option<Global>> {
     GLOBAL.lock().unwrap_or_else(|e| e.into_inner())

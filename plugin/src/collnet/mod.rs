@@ -22,7 +22,7 @@ mod scratch;
 use crate::comm;
 use crate::devices::DeviceProps;
 use crate::error::{NetError, NetResult};
-use crate::handle::{Handle, Ptr, Registry, unknown};
+use crate::handle::{Handle, Ptr, Registry, registry, unknown};
 use crate::log::{INIT_NET, info};
 use crate::net;
 use crate::sys::NCCL_PTR_HOST;
@@ -47,8 +47,8 @@ unsafe impl Send for CollListen {}
 // SAFETY: as above.
 unsafe impl Sync for CollListen {}
 
-static LISTENS: Registry<CollListen> = Registry::new(0xc011_157e, "live CollNet listen comms");
-static GROUPS: Registry<CollComm> = Registry::new(0xc011_c033, "live CollNet groups");
+static LISTENS: Registry<CollListen> = registry!(0xc011_157e, "live CollNet listen comms");
+static GROUPS: Registry<CollComm> = registry!(0xc011_c033, "live CollNet groups");
 
 /// `listen(ctx, dev, handle, &listenComm)`.
 pub(crate) fn listen(ctx: Ptr, dev: c_int, handle: &mut [u8; 128]) -> NetResult<Ptr> {

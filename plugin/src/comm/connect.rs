@@ -20,7 +20,7 @@ use crate::backend::endpoint::Role;
 use crate::clock;
 use crate::config::QpSettings;
 use crate::error::{NetError, NetResult};
-use crate::handle::{Handle, Ptr, Registry};
+use crate::handle::{Handle, Ptr, Registry, registry};
 use crate::log::{INIT_NET, info};
 use crate::mesh::{self, MeshDevice};
 use crate::net::{self, NetContext};
@@ -57,7 +57,7 @@ struct PendingConnect {
     settings: QpSettings,
 }
 
-static CONNECTS: Registry<PendingConnect> = Registry::new(0xc044, "connects in progress");
+static CONNECTS: Registry<PendingConnect> = registry!(0xc044, "connects in progress");
 
 fn read_token(handle: &[u8; 128]) -> Option<Handle> {
     let token = &handle[HANDLE_LEN..HANDLE_LEN + 16];

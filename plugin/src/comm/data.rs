@@ -20,7 +20,7 @@ use super::path::{Nics, Path, RecvPath, SendPath};
 use crate::backend::OpenPort;
 use crate::clock;
 use crate::error::{NetError, NetResult};
-use crate::handle::{Handle, Ptr, Registry, unknown};
+use crate::handle::{Handle, Ptr, Registry, registry, unknown};
 use crate::log::{INIT_NET, info, warn};
 use crate::oob::socket::{self, Liveness};
 use core::ffi::c_int;
@@ -367,8 +367,7 @@ impl<Conn: Path> Side<Conn> {
     }
 }
 
-static COMMS: Registry<DataComm> =
-    Registry::new(0xda7a, "live connections (send and receive comms)");
+static COMMS: Registry<DataComm> = registry!(0xda7a, "live connections (send and receive comms)");
 
 /// Register an established comm and return NCCL's handle for it.
 pub(crate) fn insert(comm: DataComm) -> NetResult<Ptr> {

@@ -24,7 +24,7 @@ use crate::clock;
 use crate::config::Config;
 use crate::config::QpSettings;
 use crate::error::{NetError, NetResult};
-use crate::handle::{Handle, Ptr, Registry, unknown};
+use crate::handle::{Handle, Ptr, Registry, registry, unknown};
 use crate::log::{INIT_NET, info, warn};
 use crate::mesh::MeshDevice;
 use crate::net::{self, NetContext};
@@ -98,7 +98,7 @@ struct PendingAccept {
     endpoints: Vec<Endpoint>,
 }
 
-static LISTENS: Registry<ListenComm> = Registry::new(0x1157, "live listen comms");
+static LISTENS: Registry<ListenComm> = registry!(0x1157, "live listen comms");
 
 pub(crate) fn listen(
     ctx: Option<&NetContext>,

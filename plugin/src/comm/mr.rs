@@ -9,7 +9,7 @@
 use crate::backend::OpenPort;
 use crate::backend::mr_cache::{CacheError, CachedMr, Memory};
 use crate::error::{NetError, NetResult};
-use crate::handle::{Handle, Ptr, Registry, unknown};
+use crate::handle::{Handle, Ptr, Registry, registry, unknown};
 use crate::sys::{NCCL_PTR_CUDA, NCCL_PTR_HOST};
 use core::ffi::c_int;
 use rivet_verbs_ffi::VerbsError;
@@ -105,7 +105,7 @@ impl Drop for UserMr {
     }
 }
 
-static MRS: Registry<UserMr> = Registry::new(0x3e3e, "live memory registrations");
+static MRS: Registry<UserMr> = registry!(0x3e3e, "live memory registrations");
 
 /// Look up a memory handle passed to isend/irecv.
 #[inline]
