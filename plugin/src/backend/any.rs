@@ -94,7 +94,17 @@ impl<D: PortDevice> Nic for AnyEndpoint<D> {
     fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
         match self {
             Self::Verbs(e) => e.post_send(chain),
-            Self::Mlx5(e) => e.post_send(chain),
+            // A one-request chain is copied in this arm and the copy handed on: the mlx5 post is
+            // out of line and takes the request by address, and were that the caller's array,
+            // the request would be written to memory before the match, for the verbs arm too
+            // (which reads its fields from registers).
+            Self::Mlx5(e) => match chain {
+                [wr] => {
+                    let wr = *wr;
+                    e.post_send(core::slice::from_ref(&wr))
+                }
+                _ => e.post_send(chain),
+            },
         }
     }
 
