@@ -152,6 +152,16 @@ impl<D: PortDevice> Nic for AnyEndpoint<D> {
         }
     }
 
+    // One match for both reads: after the first read's fence the variant would be loaded and
+    // tested again.
+    #[inline(always)]
+    fn read_inbound_stamped<const N: usize>(&self, offset: usize) -> (u32, [u8; N]) {
+        match self {
+            Self::Verbs(e) => e.read_inbound_stamped(offset),
+            Self::Mlx5(e) => e.read_inbound_stamped(offset),
+        }
+    }
+
     #[inline]
     fn write_staging(&mut self, offset: usize, bytes: &[u8]) {
         match self {

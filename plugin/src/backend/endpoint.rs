@@ -418,6 +418,11 @@ impl<D: PortDevice> Nic for Endpoint<D> {
         self.inbound.read_volatile(offset, out);
     }
 
+    #[inline(always)]
+    fn read_inbound_stamped<const N: usize>(&self, offset: usize) -> (u32, [u8; N]) {
+        self.inbound.read_stamped(offset)
+    }
+
     fn write_staging(&mut self, offset: usize, bytes: &[u8]) {
         // The core only stages inside the region it sized; a refusal here would surface as a
         // protocol error when the peer validates what arrives.
