@@ -97,14 +97,19 @@ impl<D: PortDevice> Nic for AnyEndpoint<D> {
             // A one-request chain is copied in this arm and the copy handed on: the mlx5 post is
             // out of line and takes the request by address, and were that the caller's array,
             // the request would be written to memory before the match, for the verbs arm too
-            // (which reads its fields from registers).
-            Self::Mlx5(e) => match chain {
-                [wr] => {
-                    let wr = *wr;
-                    e.post_send(core::slice::from_ref(&wr))
+            // (which reads its fields from registers). Its result is taken apart (`?`) and
+            // `Ok(())` built here: returned as it is, the out-of-line call would write it straight
+            // into the caller's result, which then lives in memory for the verbs arm too.
+            Self::Mlx5(e) => {
+                match chain {
+                    [wr] => {
+                        let wr = *wr;
+                        e.post_send(core::slice::from_ref(&wr))?;
+                    }
+                    _ => e.post_send(chain)?,
                 }
-                _ => e.post_send(chain),
-            },
+                Ok(())
+            }
         }
     }
 
