@@ -320,6 +320,22 @@ pub trait Nic {
     /// an acquire fence after, so a later read is not reordered before an earlier one.
     fn read_inbound(&self, offset: usize, out: &mut [u8]);
 
+    /// Read the `N`-byte entry at `offset` of the inbound control region whose last four bytes
+    /// are its stamp: the stamp on its own first, then the whole entry, ordered after it as two
+    /// [`read_inbound`](Self::read_inbound)s are (a stamp seen fresh is never paired with
+    /// fields older than it). Returns the stamp as first read (little-endian) and the entry.
+    ///
+    /// The provided method is those two reads; a backend may do them under one bounds check.
+    #[inline(always)]
+    fn read_inbound_stamped<const N: usize>(&self, offset: usize) -> (u32, [u8; N]) {
+        const { assert!(N >= 4, "an entry ends with its 4-byte stamp") };
+        let mut stamp = [0u8; 4];
+        self.read_inbound(offset + (N - 4), &mut stamp);
+        let mut entry = [0u8; N];
+        self.read_inbound(offset, &mut entry);
+        (u32::from_le_bytes(stamp), entry)
+    }
+
     /// Copy `bytes` into the outbound staging region at `offset`.
     fn write_staging(&mut self, offset: usize, bytes: &[u8]);
 }

@@ -7,6 +7,7 @@
 #![allow(unsafe_code)]
 
 use core::ffi::c_int;
+use core::mem::MaybeUninit;
 use core::ptr::{self, NonNull};
 use std::sync::Arc;
 
@@ -459,18 +460,20 @@ impl QueuePair {
 }
 
 impl QueuePair {
-    /// Posts the one work request `wr` (its `next` is set to null): [`Self::post_send`] without
-    /// the chain. A failure reports `bad_index` 0, the only request, which was not posted.
+    /// Posts the one work request `wr`: [`Self::post_send`] without the chain. A failure reports
+    /// `bad_index` 0, the only request, which was not posted.
     ///
     /// # Safety
-    /// As for [`Self::post_send`].
+    /// As for [`Self::post_send`], and `wr.next` must be null (the provider walks it): a caller
+    /// that keeps a request to post again leaves it null once, not at every post.
     #[inline]
     pub unsafe fn post_send_one(&self, wr: &mut ibv_send_wr) -> Result<(), VerbsError> {
-        wr.next = ptr::null_mut();
-        let mut bad: *mut ibv_send_wr = ptr::null_mut();
-        // SAFETY: live QP of this provider; a chain of one (caller's contract covers what the WR
-        // points at).
-        let ret = unsafe { (self.post_send_fn)(self.ptr.as_ptr(), wr, &mut bad) };
+        debug_assert!(wr.next.is_null(), "post_send_one posts a chain of one");
+        // Written by the provider on failure only, and not read: the request is the first.
+        let mut bad = MaybeUninit::<*mut ibv_send_wr>::uninit();
+        // SAFETY: live QP of this provider; a chain of one (`next` null, and the caller's
+        // contract covers what the WR points at); `bad` is writable.
+        let ret = unsafe { (self.post_send_fn)(self.ptr.as_ptr(), wr, bad.as_mut_ptr()) };
         if ret == 0 {
             return Ok(());
         }
@@ -480,13 +483,14 @@ impl QueuePair {
     /// Posts the one receive work request `wr`, like [`Self::post_send_one`].
     ///
     /// # Safety
-    /// As for [`Self::post_recv`].
+    /// As for [`Self::post_recv`], and `wr.next` must be null.
     #[inline]
     pub unsafe fn post_recv_one(&self, wr: &mut ibv_recv_wr) -> Result<(), VerbsError> {
-        wr.next = ptr::null_mut();
-        let mut bad: *mut ibv_recv_wr = ptr::null_mut();
+        debug_assert!(wr.next.is_null(), "post_recv_one posts a chain of one");
+        // As in post_send_one: written on failure only, not read.
+        let mut bad = MaybeUninit::<*mut ibv_recv_wr>::uninit();
         // SAFETY: as for post_send_one.
-        let ret = unsafe { (self.post_recv_fn)(self.ptr.as_ptr(), wr, &mut bad) };
+        let ret = unsafe { (self.post_recv_fn)(self.ptr.as_ptr(), wr, bad.as_mut_ptr()) };
         if ret == 0 {
             return Ok(());
         }

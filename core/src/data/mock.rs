@@ -160,3 +160,21 @@ impl Nic for MockNic {
         self.staging[offset..offset + bytes.len()].copy_from_slice(bytes);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::MockNic;
+    use crate::nic::Nic;
+
+    /// The provided stamped read: the stamp is the entry's last four bytes, little-endian.
+    #[test]
+    fn read_inbound_stamped_returns_stamp_and_entry() {
+        let mut nic = MockNic::new(0, 64, 0);
+        for (i, byte) in nic.inbound.iter_mut().enumerate() {
+            *byte = i as u8;
+        }
+        let (stamp, entry) = nic.read_inbound_stamped::<8>(32);
+        assert_eq!(entry, [32, 33, 34, 35, 36, 37, 38, 39]);
+        assert_eq!(stamp, u32::from_le_bytes([36, 37, 38, 39]));
+    }
+}

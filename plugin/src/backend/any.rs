@@ -94,7 +94,22 @@ impl<D: PortDevice> Nic for AnyEndpoint<D> {
     fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
         match self {
             Self::Verbs(e) => e.post_send(chain),
-            Self::Mlx5(e) => e.post_send(chain),
+            // A one-request chain is copied in this arm and the copy handed on: the mlx5 post is
+            // out of line and takes the request by address, and were that the caller's array,
+            // the request would be written to memory before the match, for the verbs arm too
+            // (which reads its fields from registers). Its result is taken apart (`?`) and
+            // `Ok(())` built here: returned as it is, the out-of-line call would write it straight
+            // into the caller's result, which then lives in memory for the verbs arm too.
+            Self::Mlx5(e) => {
+                match chain {
+                    [wr] => {
+                        let wr = *wr;
+                        e.post_send(core::slice::from_ref(&wr))?;
+                    }
+                    _ => e.post_send(chain)?,
+                }
+                Ok(())
+            }
         }
     }
 
@@ -139,6 +154,16 @@ impl<D: PortDevice> Nic for AnyEndpoint<D> {
         match self {
             Self::Verbs(e) => e.read_inbound(offset, out),
             Self::Mlx5(e) => e.read_inbound(offset, out),
+        }
+    }
+
+    // One match for both reads: after the first read's fence the variant would be loaded and
+    // tested again.
+    #[inline(always)]
+    fn read_inbound_stamped<const N: usize>(&self, offset: usize) -> (u32, [u8; N]) {
+        match self {
+            Self::Verbs(e) => e.read_inbound_stamped(offset),
+            Self::Mlx5(e) => e.read_inbound_stamped(offset),
         }
     }
 

@@ -57,8 +57,9 @@ pub(crate) struct Endpoint<D: PortDevice = VerbsDevice> {
 }
 
 /// The work requests of one-request posts, kept in the endpoint and initialised once (zeroed):
-/// a post writes only the fields that change (the rest of the 128-byte `ibv_send_wr` stays zero),
-/// instead of building a whole request on the stack. Boxed: it would more than double the
+/// a post writes only the fields that change (the rest of the 128-byte `ibv_send_wr` stays zero,
+/// `next` included, as the one-request posts require), instead of building a whole request on
+/// the stack. Boxed: it would more than double the
 /// endpoint (and the enums holding it).
 #[derive(Debug, Default)]
 struct Templates {
@@ -270,7 +271,8 @@ impl<D: PortDevice> Endpoint<D> {
             rkey: wr.rkey,
         };
         // SAFETY: as for the chain in `post_chain`; the SGE lives in the template, which
-        // `&mut self` keeps in place for the call.
+        // `&mut self` keeps in place for the call; `next` is null since the template was made
+        // (nothing writes it).
         unsafe { self.qp.post_send_one(&mut t.send) }.map_err(post_failed)
     }
 }
@@ -380,7 +382,7 @@ impl<D: PortDevice> Nic for Endpoint<D> {
         let wr = &mut self.posts.recv;
         wr.wr_id = wr_id;
         // SAFETY: an empty receive (no scatter entry, `num_sge` 0 since the template was made):
-        // nothing for the NIC to write but the CQE.
+        // nothing for the NIC to write but the CQE; `next` null since then too.
         unsafe { self.qp.post_recv_one(wr) }.map_err(post_failed)
     }
 
@@ -416,6 +418,11 @@ impl<D: PortDevice> Nic for Endpoint<D> {
     #[inline(always)]
     fn read_inbound(&self, offset: usize, out: &mut [u8]) {
         self.inbound.read_volatile(offset, out);
+    }
+
+    #[inline(always)]
+    fn read_inbound_stamped<const N: usize>(&self, offset: usize) -> (u32, [u8; N]) {
+        self.inbound.read_stamped(offset)
     }
 
     fn write_staging(&mut self, offset: usize, bytes: &[u8]) {

@@ -244,13 +244,10 @@ impl SendPath for SendConn {
         tag: u32,
     ) -> Result<Option<RequestId>, DataError> {
         if let Some(offset) = self.head_entry() {
-            // The stamp first, then the entry (`read_inbound` orders the reads): a stamp seen
-            // fresh is never paired with fields older than it.
-            let mut stamp = [0u8; 4];
-            nic.read_inbound(offset + CTS_ENTRY_LEN - 4, &mut stamp);
-            let mut entry = [0u8; CTS_ENTRY_LEN];
-            nic.read_inbound(offset, &mut entry);
-            match self.isend_one(u32::from_le_bytes(stamp), &entry, buf, tag)? {
+            // The stamp first, then the entry (`read_inbound_stamped` orders the reads): a stamp
+            // seen fresh is never paired with fields older than it.
+            let (stamp, entry) = nic.read_inbound_stamped::<CTS_ENTRY_LEN>(offset);
+            match self.isend_one(stamp, &entry, buf, tag)? {
                 OneSend::Post { req, wr } => {
                     return match nic.post_send(&[wr]) {
                         Ok(()) => Ok(Some(req)),

@@ -104,6 +104,15 @@ impl Nic for TestEndpoint {
         }
     }
 
+    // The library's reads on a verbs device (one bounds check); on the simulated port, the
+    // provided two reads (the simulation may land a write between them).
+    fn read_inbound_stamped<const N: usize>(&self, offset: usize) -> (u32, [u8; N]) {
+        match self {
+            Self::Device(e) => e.read_inbound_stamped(offset),
+            Self::Simulated(e) => e.read_inbound_stamped(offset),
+        }
+    }
+
     fn write_staging(&mut self, offset: usize, bytes: &[u8]) {
         match self {
             Self::Device(e) => e.write_staging(offset, bytes),
