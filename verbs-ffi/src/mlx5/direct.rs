@@ -665,13 +665,10 @@ impl<D: DoorbellRegister> DirectQp<D> {
                 // Not wrapping: one pointer walks the blocks.
                 let mut words = self.sq_bb(last_pi).cast::<u64>();
                 for _ in 0..bbs {
-                    for word in 0..SEND_WQE_BB / 8 {
-                        // SAFETY: inside the WQE's blocks, which lie in the send queue without
-                        // wrapping (tested above) and which this value just wrote.
-                        let value = unsafe { words.add(word).read_unaligned() };
-                        self.doorbell.store64(offset, value);
-                        offset += 8;
-                    }
+                    // SAFETY: one of the WQE's blocks, which lie in the send queue without
+                    // wrapping (tested above) and which this value just wrote.
+                    unsafe { self.doorbell.store_bb(offset, words) };
+                    offset += SEND_WQE_BB;
                     // SAFETY: at most one past the WQE's last block, still inside (or one past
                     // the end of) the send queue.
                     words = unsafe { words.add(SEND_WQE_BB / 8) };
@@ -679,13 +676,10 @@ impl<D: DoorbellRegister> DirectQp<D> {
             } else {
                 for bb in 0..bbs {
                     let words = self.sq_bb(last_pi.wrapping_add(bb)).cast::<u64>();
-                    for word in 0..SEND_WQE_BB / 8 {
-                        // SAFETY: inside the block `sq_bb` found in the send queue, which this
-                        // value just wrote.
-                        let value = unsafe { words.add(word).read_unaligned() };
-                        self.doorbell.store64(offset, value);
-                        offset += 8;
-                    }
+                    // SAFETY: the block `sq_bb` found in the send queue, which this value just
+                    // wrote.
+                    unsafe { self.doorbell.store_bb(offset, words) };
+                    offset += SEND_WQE_BB;
                 }
             }
         } else {
