@@ -27,11 +27,11 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use rivet_core::data::Connection;
 use rivet_core::data::{
-    CQ_DEPTH, Completed, RECV_INBOUND_LEN, RECV_STAGING_LEN, RecvBuf, RecvConn, SEND_INBOUND_LEN,
+    CQ_DEPTH, MAX_RECVS, RECV_INBOUND_LEN, RECV_STAGING_LEN, RecvBuf, RecvConn, SEND_INBOUND_LEN,
     SEND_STAGING_LEN, SendBuf, SendConn,
 };
+use rivet_core::data::{Connection, SizesOut};
 use rivet_core::nic::Nic;
 use rivet_core::sim::{DataPair, SimNic, irecv_direct, isend_direct};
 use rivet_verbs_ffi::mlx5::model::{Model, ModelPd, ModelQpConfig};
@@ -193,6 +193,19 @@ impl Harness for Mlx5Pair {
     }
 }
 
+/// Where a test writes a finished request's sizes, as the plugin's `test` writes them into NCCL's
+/// array (`Connection::test_into`, which the plugin's single-QP path calls).
+struct Sizes([i32; MAX_RECVS]);
+
+impl SizesOut for Sizes {
+    #[inline(always)]
+    fn put(&mut self, index: usize, size: u32) {
+        if let Some(slot) = self.0.get_mut(index) {
+            *slot = i32::try_from(size).unwrap_or(i32::MAX);
+        }
+    }
+}
+
 struct Bufs {
     send: SendBuf,
     recv: Vec<RecvBuf>,
@@ -210,6 +223,7 @@ fn bufs(h: &impl Harness, case: &Case) -> Bufs {
 /// `iters` receives of `case.group` messages each; returns the number of messages.
 fn run<H: Harness>(h: &mut H, bufs: &Bufs, iters: usize) -> usize {
     let mut sends = [None; 8];
+    let mut sizes = Sizes([0; MAX_RECVS]);
     for _ in 0..iters {
         let r = {
             let (_, recv, _, recv_nic) = h.parts();
@@ -234,7 +248,7 @@ fn run<H: Harness>(h: &mut H, bufs: &Bufs, iters: usize) -> usize {
             let id = id.take().expect("posted");
             loop {
                 let (send, _, send_nic, _) = h.parts();
-                if send.test(send_nic, id).expect("send test") != Completed::Pending {
+                if send.test_into(send_nic, id, &mut sizes).expect("send test") {
                     break;
                 }
                 h.step();
@@ -242,17 +256,13 @@ fn run<H: Harness>(h: &mut H, bufs: &Bufs, iters: usize) -> usize {
         }
         loop {
             let (_, recv, _, recv_nic) = h.parts();
-            match recv.test(recv_nic, r).expect("recv test") {
-                Completed::Pending => {
-                    h.step();
-                }
-                done => {
-                    black_box(done);
-                    break;
-                }
+            if recv.test_into(recv_nic, r, &mut sizes).expect("recv test") {
+                break;
             }
+            h.step();
         }
     }
+    black_box(&sizes);
     iters * bufs.tags.len()
 }
 

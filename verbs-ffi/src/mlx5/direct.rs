@@ -665,13 +665,10 @@ impl<D: DoorbellRegister> DirectQp<D> {
                 // Not wrapping: one pointer walks the blocks.
                 let mut words = self.sq_bb(last_pi).cast::<u64>();
                 for _ in 0..bbs {
-                    for word in 0..SEND_WQE_BB / 8 {
-                        // SAFETY: inside the WQE's blocks, which lie in the send queue without
-                        // wrapping (tested above) and which this value just wrote.
-                        let value = unsafe { words.add(word).read_unaligned() };
-                        self.doorbell.store64(offset, value);
-                        offset += 8;
-                    }
+                    // SAFETY: one of the WQE's blocks, which lie in the send queue without
+                    // wrapping (tested above) and which this value just wrote.
+                    unsafe { self.doorbell.store_bb(offset, words) };
+                    offset += SEND_WQE_BB;
                     // SAFETY: at most one past the WQE's last block, still inside (or one past
                     // the end of) the send queue.
                     words = unsafe { words.add(SEND_WQE_BB / 8) };
@@ -679,13 +676,10 @@ impl<D: DoorbellRegister> DirectQp<D> {
             } else {
                 for bb in 0..bbs {
                     let words = self.sq_bb(last_pi.wrapping_add(bb)).cast::<u64>();
-                    for word in 0..SEND_WQE_BB / 8 {
-                        // SAFETY: inside the block `sq_bb` found in the send queue, which this
-                        // value just wrote.
-                        let value = unsafe { words.add(word).read_unaligned() };
-                        self.doorbell.store64(offset, value);
-                        offset += 8;
-                    }
+                    // SAFETY: the block `sq_bb` found in the send queue, which this value just
+                    // wrote.
+                    unsafe { self.doorbell.store_bb(offset, words) };
+                    offset += SEND_WQE_BB;
                 }
             }
         } else {
@@ -734,13 +728,42 @@ impl<D: DoorbellRegister> DirectQp<D> {
         max: usize,
         mut sink: impl FnMut(DirectCompletion),
     ) -> Result<usize, DirectError> {
+        let start = self.poll_start();
         let mut got = 0;
-        let start_ci = self.cq_ci;
         let mut result = Ok(());
+        while got < max {
+            match self.poll_next() {
+                Ok(Some(c)) => {
+                    sink(c);
+                    got += 1;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.poll_end(start);
+        result.map(|()| got)
+    }
+
+    /// Begin a poll made of [`poll_next`](Self::poll_next) calls: what to hand to
+    /// [`poll_end`](Self::poll_end) after them. For a caller that handles each completion in line
+    /// (no sink closure holding its state by reference).
+    #[inline(always)]
+    pub fn poll_start(&self) -> u32 {
+        self.cq_ci
+    }
+
+    /// The next completion the device has handed over (`None`: the CQ holds no more). CQEs to
+    /// skip are skipped; an error consumes the CQE it is about.
+    #[inline(always)]
+    pub fn poll_next(&mut self) -> Result<Option<DirectCompletion>, DirectError> {
         let mask = self.layout.cqe_cnt - 1;
         let stride = self.layout.cqe_size as usize;
         let tail = stride - CQE64_LEN;
-        while got < max {
+        loop {
             let slot = (self.cq_ci & mask) as usize * stride + tail;
             // SAFETY: the slot lies inside the CQ buffer (`new`'s contract); the device writes it
             // concurrently, hence the volatile read of the ownership byte.
@@ -748,7 +771,7 @@ impl<D: DoorbellRegister> DirectQp<D> {
             // SAFETY: as above.
             let op_own = unsafe { cqe_ptr.add(cqe::offset::OP_OWN).read_volatile() };
             if !sw_owns(op_own, self.cq_ci, self.layout.cqe_cnt) {
-                break;
+                return Ok(None);
             }
             // The body is read only after ownership is seen.
             barrier::from_device();
@@ -756,19 +779,17 @@ impl<D: DoorbellRegister> DirectQp<D> {
             // SAFETY: a software-owned CQE the device no longer writes (ownership was seen before
             // the fence); `complete_at` reads its fields with plain loads (rdma-core reads it the
             // same way).
-            match unsafe { self.complete_at(cqe_ptr, op_own) } {
-                Ok(Some(c)) => {
-                    sink(c);
-                    got += 1;
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
+            if let Some(c) = unsafe { self.complete_at(cqe_ptr, op_own) }? {
+                return Ok(Some(c));
             }
         }
-        if self.cq_ci != start_ci {
+    }
+
+    /// End a poll begun at `start` ([`poll_start`](Self::poll_start)): when CQEs were consumed,
+    /// the CQ doorbell record says so.
+    #[inline(always)]
+    pub fn poll_end(&mut self, start: u32) {
+        if self.cq_ci != start {
             // The CQEs were read before the device may reuse their slots.
             barrier::to_device();
             // SAFETY: the CQ doorbell record is valid for the CQ's life.
@@ -779,7 +800,6 @@ impl<D: DoorbellRegister> DirectQp<D> {
                     .write_volatile((self.cq_ci & 0x00ff_ffff).to_be())
             };
         }
-        result.map(|()| got)
     }
 
     /// Turn the software-owned CQE at `cqe` (its 64-byte format) into a completion (None for CQEs

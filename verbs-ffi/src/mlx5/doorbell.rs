@@ -29,6 +29,21 @@ pub trait DoorbellRegister {
     fn wc_start(&mut self);
     /// One 64-bit store of `value` (already in wire byte order) at `offset` from the register base.
     fn store64(&mut self, offset: usize, value: u64);
+    /// The BlueFlame copy of one 64-byte basic block: the eight words at `src`, in order, as
+    /// [`store64`](Self::store64)s at `offset`, `offset + 8`, ... `offset + 56`. The provided
+    /// method is exactly that; a register whose stores are not plain inlined moves (the model's
+    /// recording ones) takes the block in one call.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of 64 bytes (no alignment needed).
+    #[inline(always)]
+    unsafe fn store_bb(&mut self, offset: usize, src: NonNull<u64>) {
+        for word in 0..8 {
+            // SAFETY: `word < 8`: inside the 64 bytes the caller promised.
+            let value = unsafe { src.add(word).read_unaligned() };
+            self.store64(offset + 8 * word, value);
+        }
+    }
     /// `mmio_flush_writes`: push the write-combining buffer out.
     fn wc_flush(&mut self);
 }

@@ -1187,6 +1187,14 @@ impl DoorbellRegister for ModelDoorbell {
         self.n += 1;
     }
 
+    unsafe fn store_bb(&mut self, offset: usize, src: NonNull<u64>) {
+        for word in 0..8 {
+            // SAFETY: `word < 8`: inside the 64 bytes the caller promised.
+            let value = unsafe { src.add(word).read_unaligned() };
+            self.store64(offset + 8 * word, value);
+        }
+    }
+
     fn wc_flush(&mut self) {
         assert!(self.started, "model: flush without wc_start");
         let n = std::mem::take(&mut self.n);

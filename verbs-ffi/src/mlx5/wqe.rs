@@ -178,13 +178,18 @@ pub fn inline_header(len: u32) -> [u8; 4] {
 }
 
 /// `ds` units an inline segment of `len` bytes occupies (header included, padded to 16).
+#[allow(clippy::manual_div_ceil)]
 pub const fn inline_ds(len: usize) -> usize {
-    (4 + len).div_ceil(DS_UNIT)
+    // `(4 + len).div_ceil(DS_UNIT)` as an add and a shift (no remainder test); `len` is at most
+    // an inline limit, far from overflowing.
+    (4 + len + DS_UNIT - 1) / DS_UNIT
 }
 
 /// Basic blocks a WQE of `ds` units occupies.
+#[allow(clippy::manual_div_ceil)]
 pub const fn wqe_bbs(ds: usize) -> usize {
-    (ds * DS_UNIT).div_ceil(SEND_WQE_BB)
+    // `(ds * DS_UNIT).div_ceil(SEND_WQE_BB)` as an add and a shift; `ds` is at most `MAX_DS`.
+    (ds * DS_UNIT + SEND_WQE_BB - 1) / SEND_WQE_BB
 }
 
 pub(crate) fn be32(bytes: &[u8], at: usize) -> u32 {

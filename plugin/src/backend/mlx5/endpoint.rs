@@ -232,6 +232,15 @@ impl<A: Attachment> Nic for Mlx5Endpoint<A> {
         self.nic.poll(out)
     }
 
+    #[inline(always)]
+    fn poll_take(
+        &mut self,
+        out: &mut [Completion],
+        take: impl FnMut(&Completion) -> bool,
+    ) -> Result<(usize, usize), NicError> {
+        self.nic.poll_take(out, take)
+    }
+
     fn read_inbound(&self, offset: usize, out: &mut [u8]) {
         self.nic.read_inbound(offset, out);
     }

@@ -116,14 +116,43 @@ impl<D: DoorbellRegister, R: ControlRegions> Nic for DirectNic<D, R> {
     }
 
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError> {
-        let mut slots = out.iter_mut();
-        self.qp
-            .poll(slots.len(), |c| {
-                if let Some(slot) = slots.next() {
-                    *slot = completion(&c);
+        self.poll_take(out, |_| false).map(|(got, _)| got)
+    }
+
+    /// The first completion (the only one, in the common case) is converted and offered to
+    /// `take` as the CQE is decoded, in registers; the rest, or all of them after a refusal, are
+    /// stored to `out`. The CQEs are taken one by one here (not through a sink closure), so
+    /// `take` is called in line and its captures need no address.
+    #[inline(always)]
+    fn poll_take(
+        &mut self,
+        out: &mut [Completion],
+        mut take: impl FnMut(&Completion) -> bool,
+    ) -> Result<(usize, usize), NicError> {
+        let start = self.qp.poll_start();
+        let (mut got, mut stored) = (0, 0);
+        let result = loop {
+            if got == out.len() {
+                break Ok(());
+            }
+            match self.qp.poll_next() {
+                Ok(Some(c)) => {
+                    let c = completion(&c);
+                    got += 1;
+                    if got == 1 && take(&c) {
+                        continue;
+                    }
+                    if let Some(slot) = out.get_mut(stored) {
+                        *slot = c;
+                    }
+                    stored += 1;
                 }
-            })
-            .map_err(|e| NicError::Poll { code: e.errno() })
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(NicError::Poll { code: e.errno() }),
+            }
+        };
+        self.qp.poll_end(start);
+        result.map(|()| (got, stored))
     }
 
     fn read_inbound(&self, offset: usize, out: &mut [u8]) {
