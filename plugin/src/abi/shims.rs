@@ -544,11 +544,11 @@ pub(super) unsafe extern "C" fn isend_int(
     mh: Ptr,
     request: *mut Ptr,
 ) -> NcclResult {
-    // SAFETY: forwarded unchanged.
-    unsafe {
-        isend_common(comm, data, size, tag, mh, request, |s| {
-            size_from_int(s, "isend")
-        })
+    // The `int` size widened, then the v9 entry: one body for both (the minimal build's size).
+    match size_from_int(size, "isend") {
+        // SAFETY: forwarded unchanged but for the size's type.
+        Ok(size) => unsafe { isend_v9(comm, data, size, tag, mh, request) },
+        Err(err) => ffi_call("isend", || Err(err)),
     }
 }
 
@@ -560,6 +560,7 @@ pub(super) unsafe extern "C" fn isend_int(
 /// - `data` .. `data + size` lies inside the registration `mh` (checked; the CPU never reads or
 ///   writes it).
 /// - `request` is NULL or valid for a write of a pointer.
+#[inline(never)] // `isend_int` calls it rather than carrying a copy
 pub(super) unsafe extern "C" fn isend_v9(
     comm: Ptr,
     data: Ptr,
@@ -702,12 +703,27 @@ pub(super) unsafe extern "C" fn irecv_int(
     mhs: *mut Ptr,
     request: *mut Ptr,
 ) -> NcclResult {
-    // SAFETY: forwarded unchanged.
-    unsafe {
-        irecv_common(comm, n, data, sizes, tags, mhs, request, |s| {
-            size_from_int(s, "irecv")
-        })
+    // The `int` sizes widened into `size_t`s, then the v9 entry: one body for both (the minimal
+    // build's size). Converted only when the v9 entry would read them (`n` in range, no NULL
+    // array); otherwise it reports what is wrong with its own message.
+    let mut wide = [0usize; MAX_RECVS as usize];
+    let mut wide_sizes: *mut usize = core::ptr::null_mut();
+    let readable = !(data.is_null() || sizes.is_null() || tags.is_null() || mhs.is_null());
+    if let Ok(count) = usize::try_from(n)
+        && readable
+        && (1..=MAX_RECVS as usize).contains(&count)
+    {
+        for (i, slot) in wide[..count].iter_mut().enumerate() {
+            // SAFETY: NCCL's `sizes` holds `n` elements (non-NULL, checked) and `i < n`.
+            match size_from_int(unsafe { *sizes.add(i) }, "irecv") {
+                Ok(size) => *slot = size,
+                Err(err) => return ffi_call("irecv", || Err(err)),
+            }
+        }
+        wide_sizes = wide.as_mut_ptr();
     }
+    // SAFETY: forwarded unchanged but for the sizes, `n` of them in `wide` when they are read.
+    unsafe { irecv_v9(comm, n, data, wide_sizes, tags, mhs, request) }
 }
 
 /// `irecv` as NCCL's table calls it.
@@ -720,6 +736,7 @@ pub(super) unsafe extern "C" fn irecv_int(
 /// - `tags` is NULL or an array of `n` elements readable for the call.
 /// - `mhs` is NULL or an array of `n` pointers readable for the call.
 /// - `request` is NULL or valid for a write of a pointer.
+#[inline(never)] // `irecv_int` calls it rather than carrying a copy
 pub(super) unsafe extern "C" fn irecv_v9(
     comm: Ptr,
     n: c_int,
