@@ -8,7 +8,7 @@
 //! declares modules and re-exports. `plugin/tests/module_graph.rs` reads this table and every
 //! source file and fails on an upward import or a cycle. A row names a module with everything
 //! under it; inside one (e.g. `comm`: `mr` → `data` → `listen`, `connect`) the same two rules
-//! hold file by file.
+//! hold module by module, a file's inline modules counted as modules of their own.
 //!
 //! `#![deny(unsafe_code)]` holds for the crate; the modules that need `unsafe` opt in with
 //! `#![allow(unsafe_code)]` and say why at the top (`plugin/tests/unsafe_docs.rs` checks that,

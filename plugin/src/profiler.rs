@@ -11,20 +11,21 @@
 //! so there is one event per send and one per receive buffer. `device` is the index within the
 //! comm's devices, always 0 (Rivet does not fuse NICs), as NCCL reports for a single-NIC comm.
 //!
-//! Built without the `profiler` feature, [`set`] ignores the callback and [`callback`] is a
-//! constant `None`, so the data path's call sites are unchanged and carry no event code.
+//! The callback `init` received is kept by the entry points (`abi/shims.rs`: `set_profiler`,
+//! `profiler_callback`), which branch on it; this module builds and reports the events. Built
+//! without the `profiler` feature, the callback is ignored and reads as a constant `None`, so the
+//! data path's call sites are unchanged and carry no event code.
 //!
-//! Cost when no profiler is attached: the shims load [`callback`] once (one relaxed atomic load)
+//! Cost when no profiler is attached: the shims load the callback once (one relaxed atomic load)
 //! and branch on it; nothing else runs. With a profiler the open events of live requests are kept
 //! in a table behind a mutex (the profiler itself allocates and locks per event too).
 
 #![allow(unsafe_code)]
 
 use core::ffi::{c_int, c_void};
-use core::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use crate::sys::{NcclProfilerCallback, NcclResult};
+use crate::sys::NcclResult;
 
 /// `NCCL_PROFILER_NET_TYPE_IB` (`1 << NCCL_PROFILER_NET_VER_BITS`, 16 bits of version).
 pub(crate) const NET_TYPE_IB: i64 = 1 << 16;
@@ -71,37 +72,11 @@ const _: () = {
     assert!(core::mem::offset_of!(NetIbDescr, qp) == 8);
 };
 
-type Callback =
+pub(crate) type Callback =
     unsafe extern "C" fn(*mut *mut c_void, c_int, *mut c_void, i64, *mut c_void) -> NcclResult;
-
-/// The callback `init` received (0 = none).
-static CALLBACK: AtomicUsize = AtomicUsize::new(0);
 
 /// Open events: `(request, event handle)`.
 static OPEN: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
-
-/// Remember (or forget, with `None`) the profiler callback `init` received.
-pub(crate) fn set(callback: NcclProfilerCallback) {
-    if !cfg!(feature = "profiler") {
-        return;
-    }
-    CALLBACK.store(callback.map_or(0, |f| f as usize), Ordering::Relaxed);
-}
-
-/// The callback, if a profiler is attached: the one branch on the data path.
-#[inline(always)]
-pub(crate) fn callback() -> Option<Callback> {
-    // Without the feature this is a constant `None`: the call sites stay as they are and the
-    // event code is compiled out behind them.
-    if !cfg!(feature = "profiler") {
-        return None;
-    }
-    match CALLBACK.load(Ordering::Relaxed) {
-        0 => None,
-        // SAFETY: the value was stored from a `Callback` by `set`.
-        f => Some(unsafe { core::mem::transmute::<usize, Callback>(f) }),
-    }
-}
 
 /// Start one QP event for `request` under NCCL's `p_handle` (skipped when NULL, as NCCL does).
 pub(crate) fn start(
@@ -223,7 +198,7 @@ pub(crate) unsafe fn on_irecv(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use core::sync::atomic::AtomicI64;
+    use core::sync::atomic::{AtomicI64, Ordering};
 
     static STARTED_LEN: AtomicI64 = AtomicI64::new(0);
     static STOPPED: AtomicI64 = AtomicI64::new(0);
@@ -283,11 +258,5 @@ mod tests {
         );
         stop(recorder, other);
         assert_eq!(STOPPED.load(Ordering::Relaxed), 2);
-    }
-
-    #[test]
-    fn no_callback_means_no_profiler() {
-        set(None);
-        assert!(callback().is_none());
     }
 }

@@ -8,10 +8,11 @@
 //! - a module no layer row names,
 //! - an import of a module in a higher layer (or of the crate root, which only declares modules
 //!   and re-exports), and
-//! - a cycle among the files (two modules importing each other, directly or round a circle).
+//! - a cycle among the modules (two modules importing each other, directly or round a circle).
 //!
-//! A file's `mod tests { … }` block (by convention its last item) is left out: unit tests may
-//! reach anywhere. Test-only files are checked like the rest.
+//! A module is a file or an inline `mod name { … }` inside one (checked as a module of its own:
+//! `backend/endpoint.rs` holds `endpoint::region` and `endpoint::any`). Every `mod tests { … }`
+//! block is left out: unit tests may reach anywhere. Test-only files are checked like the rest.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -45,12 +46,8 @@ fn module_path(src: &Path, file: &Path) -> ModPath {
     parts
 }
 
-/// The file's code without comments and without its `mod tests` block.
+/// The file's code without comments.
 fn code_of(text: &str) -> String {
-    let text = match text.find("\nmod tests {") {
-        Some(at) => &text[..at],
-        None => text,
-    };
     let mut out = String::new();
     for line in text.lines() {
         let code = match line.find("//") {
@@ -60,6 +57,77 @@ fn code_of(text: &str) -> String {
         out.push_str(code);
         out.push('\n');
     }
+    out
+}
+
+/// Where the block opened by the `{` at `open` closes (string and brace-character literals
+/// skipped), or the end of `s`.
+fn block_end(s: &[u8], open: usize) -> usize {
+    let mut depth = 0usize;
+    let mut i = open;
+    while i < s.len() {
+        match s[i] {
+            b'"' => {
+                i += 1;
+                while i < s.len() && s[i] != b'"' {
+                    i += if s[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'\'' if s.get(i + 2) == Some(&b'\'') => i += 2,
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    s.len()
+}
+
+/// `code` (comments already out) split into its modules: the file's own code first, then each
+/// inline `mod name { … }` as a module of its own under `module` (a file may hold several, e.g.
+/// `backend/endpoint.rs`). Every `mod tests { … }` block is left out: unit tests may reach
+/// anywhere.
+fn modules_in(module: &ModPath, code: &str) -> Vec<(ModPath, String)> {
+    let s = code.as_bytes();
+    let mut own = String::new();
+    let mut inner = Vec::new();
+    let mut copied = 0;
+    let mut search = 0;
+    while let Some(found) = code[search..].find("mod ") {
+        let at = search + found;
+        search = at + 4;
+        if at > 0 && is_ident(s[at - 1]) {
+            continue;
+        }
+        let mut i = at + 4;
+        skip_ws(s, &mut i);
+        let start = i;
+        while i < s.len() && is_ident(s[i]) {
+            i += 1;
+        }
+        let name = &code[start..i];
+        skip_ws(s, &mut i);
+        if name.is_empty() || s.get(i) != Some(&b'{') {
+            continue; // `mod name;`: a file of its own
+        }
+        let end = block_end(s, i);
+        own.push_str(&code[copied..at]);
+        copied = end;
+        search = end;
+        if name != "tests" {
+            let mut child = module.clone();
+            child.push(name.to_owned());
+            inner.extend(modules_in(&child, &code[i + 1..end - 1]));
+        }
+    }
+    own.push_str(&code[copied..]);
+    let mut out = vec![(module.clone(), own)];
+    out.extend(inner);
     out
 }
 
@@ -245,12 +313,14 @@ struct Graph {
 }
 
 fn graph(src: &Path) -> Graph {
-    let files = rust_files(src);
-    let modules: BTreeSet<ModPath> = files.iter().map(|f| module_path(src, f)).collect();
+    let mut chunks = Vec::new();
+    for file in rust_files(src) {
+        let code = code_of(&std::fs::read_to_string(&file).expect("read source"));
+        chunks.extend(modules_in(&module_path(src, &file), &code));
+    }
+    let modules: BTreeSet<ModPath> = chunks.iter().map(|(m, _)| m.clone()).collect();
     let mut edges = BTreeMap::new();
-    for file in &files {
-        let from = module_path(src, file);
-        let code = code_of(&std::fs::read_to_string(file).expect("read source"));
+    for (from, code) in chunks {
         let targets: BTreeSet<ModPath> = paths_in(&code)
             .iter()
             .filter_map(|p| resolve(&from, p, &modules))
@@ -261,7 +331,6 @@ fn graph(src: &Path) -> Graph {
     Graph { edges }
 }
 
-/// Every cycle's members (strongly connected components with more than one module).
 fn cycles(g: &Graph) -> Vec<Vec<ModPath>> {
     // Tarjan, recursive: the graph has a few dozen nodes.
     struct State<'a> {
@@ -395,11 +464,33 @@ fn no_upward_import_and_no_cycle() {
 /// The checker itself sees what it must: grouped, relative and inline paths, and a circle.
 #[test]
 fn the_checker_finds_paths_and_cycles() {
-    let code = code_of(
-        "use super::{Ptr, data::{self, Side}};\nuse crate::a::b as c; // crate::zzz\n\
-         pub(crate) use child::f;\nfn x() { crate::d::e(); }\n#[cfg(test)]\nmod tests {\n use crate::t;\n}\n",
+    let m = vec!["m".to_owned()];
+    let chunks = modules_in(
+        &m,
+        &code_of(
+            "use super::{Ptr, data::{self, Side}};\nuse crate::a::b as c; // crate::zzz\n\
+             pub(crate) use child::f;\nfn x() { crate::d::e(); }\n\
+             pub(crate) mod inner {\n    use super::super::q;\n    const S: &str = \"}\";\n\
+             #[cfg(test)]\n    mod tests {\n        use crate::u;\n    }\n}\nmod decl;\n\
+             #[cfg(test)]\nmod tests {\n use crate::t;\n}\n",
+        ),
     );
-    let paths = paths_in(&code);
+    // The file's own code, then its inline module (with the string's brace skipped); the test
+    // blocks at both depths left out.
+    let names: Vec<String> = chunks.iter().map(|(m, _)| name(m)).collect();
+    assert_eq!(names, ["m", "m::inner"]);
+    assert!(paths_in(&chunks[1].1).contains(&vec![
+        "super".to_owned(),
+        "super".to_owned(),
+        "q".to_owned()
+    ]));
+    assert!(
+        chunks
+            .iter()
+            .all(|(_, c)| !c.contains("crate::u") && !c.contains("crate::t"))
+    );
+    let code = &chunks[0].1;
+    let paths = paths_in(code);
     let modules: BTreeSet<ModPath> = [
         vec![],
         vec!["m".to_owned()],

@@ -9,8 +9,8 @@
 
 #![allow(unsafe_code)]
 
-use super::guard::ffi_call;
 use super::props::{MAX_MESSAGE_BYTES, VersionedProps};
+use super::shims::guard::ffi_call;
 use crate::collnet::{self, MAX_PARTS};
 use crate::error::{NetError, NetResult};
 use crate::log;

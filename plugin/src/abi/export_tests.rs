@@ -1271,3 +1271,30 @@ fn init_logs_the_version_line_through_the_logger() {
         "the version line names the tables exported"
     );
 }
+
+/// `init`'s profiler argument is what the data path's entries read; NULL forgets it again.
+#[test]
+fn profiler_callback_follows_init() {
+    /// A profiler that records nothing.
+    ///
+    /// # Safety
+    /// None: it reads none of its arguments (it is never called here).
+    unsafe extern "C" fn recorder(
+        _: *mut *mut c_void,
+        _: c_int,
+        _: *mut c_void,
+        _: i64,
+        _: *mut c_void,
+    ) -> NcclResult {
+        NCCL_SUCCESS
+    }
+    let _serial = serial();
+    super::shims::set_profiler(Some(recorder));
+    // Kept only in a build with the profiler feature; a constant `None` without it.
+    assert_eq!(
+        super::shims::profiler_callback().is_some(),
+        cfg!(feature = "profiler")
+    );
+    super::shims::set_profiler(None);
+    assert!(super::shims::profiler_callback().is_none());
+}

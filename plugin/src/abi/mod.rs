@@ -1,6 +1,6 @@
 //! The top layer, what NCCL sees: the exported tables ([`tables`]), the per-version
-//! `extern "C"` entry points they point at (`shims`), the boundary every entry runs its body
-//! through (`guard`: no panic and no Rust error crosses into C) and the per-version device
+//! `extern "C"` entry points they point at (`shims`, with the boundary every entry runs its body
+//! through, `shims::guard`: no panic and no Rust error crosses into C) and the per-version device
 //! properties ([`props`]). The C layouts they fill are in [`crate::sys`], at the bottom. The
 //! CollNet tables ([`collnet_tables`]) and their shims (`collnet_shims`) sit beside the net ones
 //! (feature `collnet`: without it the library exports the net tables alone).
@@ -11,7 +11,6 @@ mod collnet_shims;
 pub mod collnet_tables;
 #[cfg(test)]
 mod export_tests;
-mod guard;
 pub mod props;
 mod shims;
 pub mod tables;

@@ -7,17 +7,48 @@
 
 #![allow(unsafe_code)]
 
-use super::guard::ffi_call;
 use crate::abi::props::{MAX_MESSAGE_BYTES, MAX_RECVS, VDeviceRequest, VersionedProps};
 use crate::comm;
 use crate::error::{NetError, NetResult};
 use crate::log;
 use crate::net;
+use crate::profiler::Callback;
 use crate::sys::*;
 use core::ffi::{c_int, c_void};
+use core::sync::atomic::{AtomicUsize, Ordering};
+use guard::ffi_call;
 use rivet_core::data::SizesOut;
 
 type Ptr = *mut c_void;
+
+// The profiler callback `init` received, kept here where every entry point reads it (the
+// event code is `crate::profiler`'s).
+
+/// The callback `init` received (0 = none).
+static CALLBACK: AtomicUsize = AtomicUsize::new(0);
+
+/// Remember (or forget, with `None`) the profiler callback `init` received.
+pub(super) fn set_profiler(callback: NcclProfilerCallback) {
+    if !cfg!(feature = "profiler") {
+        return;
+    }
+    CALLBACK.store(callback.map_or(0, |f| f as usize), Ordering::Relaxed);
+}
+
+/// The callback, if a profiler is attached: the one branch on the data path.
+#[inline(always)]
+pub(super) fn profiler_callback() -> Option<Callback> {
+    // Without the feature this is a constant `None`: the call sites stay as they are and the
+    // event code is compiled out behind them.
+    if !cfg!(feature = "profiler") {
+        return None;
+    }
+    match CALLBACK.load(Ordering::Relaxed) {
+        0 => None,
+        // SAFETY: the value was stored from a `Callback` by `set_profiler`.
+        f => Some(unsafe { core::mem::transmute::<usize, Callback>(f) }),
+    }
+}
 
 /// Write `value` through the out-pointer `out`, or fail with a misuse error naming `what`.
 ///
@@ -100,7 +131,7 @@ pub(super) unsafe extern "C" fn init_v10(
     profiler: NcclProfilerCallback,
 ) -> NcclResult {
     log::set_logger(logger);
-    crate::profiler::set(profiler);
+    set_profiler(profiler);
     ffi_call("init", net::init)
 }
 
@@ -120,7 +151,7 @@ pub(super) unsafe extern "C" fn init_v11(
     profiler: NcclProfilerCallback,
 ) -> NcclResult {
     log::set_logger(logger);
-    crate::profiler::set(profiler);
+    set_profiler(profiler);
     ffi_call("init", || {
         if ctx.is_null() {
             return Err(NetError::misuse("init: ctx out-pointer is NULL"));
@@ -593,7 +624,7 @@ pub(super) unsafe extern "C" fn isend_v10(
 ) -> NcclResult {
     // SAFETY: forwarded unchanged.
     let rc = unsafe { isend_common(comm, data, size, tag, mh, request, size_t_v10) };
-    if let Some(profiler) = crate::profiler::callback() {
+    if let Some(profiler) = profiler_callback() {
         // SAFETY: `request` was written by a successful isend_common.
         unsafe { crate::profiler::on_isend(profiler, rc, comm, phandle, request, size) };
     }
@@ -774,7 +805,7 @@ pub(super) unsafe extern "C" fn irecv_v10(
 ) -> NcclResult {
     // SAFETY: forwarded unchanged.
     let rc = unsafe { irecv_common(comm, n, data, sizes, tags, mhs, request, size_t_v10) };
-    if let Some(profiler) = crate::profiler::callback() {
+    if let Some(profiler) = profiler_callback() {
         // SAFETY: NCCL's arrays hold `n` elements; `request` was written by irecv_common.
         unsafe { crate::profiler::on_irecv(profiler, rc, comm, n, phandles, sizes, request) };
     }
@@ -877,7 +908,7 @@ pub(super) unsafe extern "C" fn test(
         if comm::test(request, &mut NcclSizes(sizes))? {
             // SAFETY: non-null (checked above).
             unsafe { done.write(1) };
-            if let Some(profiler) = crate::profiler::callback() {
+            if let Some(profiler) = profiler_callback() {
                 crate::profiler::stop(profiler, request);
             }
         }
@@ -910,4 +941,61 @@ pub(super) unsafe extern "C" fn close_recv(comm: Ptr) -> NcclResult {
 /// them and never dereferences them.
 pub(super) unsafe extern "C" fn close_listen(comm: Ptr) -> NcclResult {
     ffi_call("closeListen", || comm::close_listen(comm))
+}
+
+pub(super) mod guard {
+    //! The C boundary guard: no panic and no Rust error crosses into NCCL.
+    //!
+    //! Every exported function runs its body through [`ffi_call`], which catches unwinding panics
+    //! (turning them into `ncclInternalError` plus one WARN line) and maps [`NetError`] onto
+    //! `ncclResult_t`, logging it once.
+
+    use crate::error::{NetError, NetResult};
+    use crate::log::warn;
+    use crate::sys::{NCCL_INTERNAL_ERROR, NCCL_SUCCESS, NcclResult};
+    use std::any::Any;
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+
+    /// Run `body` for the exported function `name` and convert the outcome to `ncclResult_t`.
+    ///
+    /// Inlined into each entry point, with the error and panic reports out of line (cold): the
+    /// success path is the catch frame and one test.
+    #[inline(always)]
+    pub(crate) fn ffi_call(name: &'static str, body: impl FnOnce() -> NetResult<()>) -> NcclResult {
+        // AssertUnwindSafe: after a panic the plugin reports an internal error; state touched by the
+        // panicking call is inside a comm whose cell is poisoned, and later calls on it fail.
+        match catch_unwind(AssertUnwindSafe(body)) {
+            Ok(Ok(())) => NCCL_SUCCESS,
+            Ok(Err(err)) => failed(name, &err),
+            Err(payload) => panicked(name, &*payload),
+        }
+    }
+
+    /// Log `err` (unless it was logged where it happened) and return its `ncclResult_t`.
+    #[cold]
+    #[inline(never)]
+    fn failed(name: &str, err: &NetError) -> NcclResult {
+        if !err.was_logged() {
+            // Most messages already start with the call's name; do not say it twice.
+            if err.message().starts_with(name) {
+                warn!("{err}");
+            } else {
+                warn!("{name}: {err}");
+            }
+        }
+        err.class().code()
+    }
+
+    /// Log a panic caught at the boundary.
+    #[cold]
+    #[inline(never)]
+    fn panicked(name: &str, payload: &(dyn Any + Send)) -> NcclResult {
+        let what = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(no message)");
+        warn!("{name}: internal error: a panic was caught at the C boundary: {what}");
+        NCCL_INTERNAL_ERROR
+    }
 }

@@ -1,6 +1,6 @@
 //! [`ConnEndpoint`]: the endpoint a connection drives, as the comm layer sees it. Connections
 //! are written once over it; which type they drive is chosen in one place, `backend::DataEndpoint`
-//! (the library's [`AnyEndpoint`](super::any::AnyEndpoint); the unit tests' wrapper that also
+//! (the library's [`AnyEndpoint`](super::endpoint::any::AnyEndpoint); the unit tests' wrapper that also
 //! drives the simulated port).
 
 use super::device::OpenPort;

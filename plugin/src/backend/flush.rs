@@ -12,9 +12,9 @@
 #![allow(unsafe_code)]
 
 use super::device::OpenPort;
+use super::endpoint::region::Region;
 use super::port_device::PortDevice;
 use super::qp_params;
-use super::region::Region;
 use crate::config::QpSettings;
 use rivet_core::flush::MAX_FLUSHES;
 use rivet_core::nic::WcStatus;

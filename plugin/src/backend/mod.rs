@@ -3,12 +3,11 @@
 //!
 //! The seam (issue #30): the rest of the plugin names the endpoint its connections drive as
 //! [`DataEndpoint`] and the port type as [`OpenPort`], both chosen here and nowhere else. In the
-//! library that is [`any::AnyEndpoint`] on [`device::OpenPort`] over a verbs device; the unit
+//! library that is [`endpoint::any::AnyEndpoint`] on [`device::OpenPort`] over a verbs device; the unit
 //! tests plug in `sim::TestEndpoint`, which also drives the simulated port. The backend's code is
 //! generic over the two traits that meet there ([`conn_endpoint::ConnEndpoint`],
 //! [`port_device::PortDevice`]), so nothing in it has an arm for the tests.
 
-pub(crate) mod any;
 pub(crate) mod conn_endpoint;
 pub(crate) mod device;
 pub(crate) mod endpoint;
@@ -17,13 +16,12 @@ pub(crate) mod mlx5;
 pub(crate) mod mr_cache;
 pub(crate) mod port_device;
 pub(crate) mod qp_params;
-pub(crate) mod region;
 #[cfg(test)]
 pub(crate) mod sim;
 
-/// The endpoint every connection drives: [`any::AnyEndpoint`] (mlx5 direct or libibverbs).
+/// The endpoint every connection drives: [`endpoint::any::AnyEndpoint`] (mlx5 direct or libibverbs).
 #[cfg(not(test))]
-pub(crate) type DataEndpoint = any::AnyEndpoint;
+pub(crate) type DataEndpoint = endpoint::any::AnyEndpoint;
 /// The endpoint every connection drives: in the unit tests, the library's on a verbs port and
 /// the simulated one on the simulated port.
 #[cfg(test)]

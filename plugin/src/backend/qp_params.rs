@@ -3,7 +3,7 @@
 //! choices: min_rnr_timer 12, hop limit 255, one outstanding read, the local port in the address
 //! vector, the smaller of the two MTUs).
 
-use super::region::Region;
+use super::endpoint::region::Region;
 use crate::config::QpSettings;
 use crate::log::warn;
 use rivet_core::nic::RemoteRegion;

@@ -4,9 +4,12 @@
 //! Bottom to top (each file imports only the ones before it):
 //! - [`mr`]: memory registrations and their table.
 //! - [`flush`]: a receive comm's GPU flush (`iflush`).
-//! - [`path`]: a connection of one queue pair or of several, behind one interface.
-//! - [`exclusive`]: the one-thread-at-a-time cell a data comm's state lives in.
-//! - [`data`]: established send/receive comms and the data path (isend/irecv/test).
+//! - [`path`]: a connection of one queue pair or of several, behind one interface (the traits
+//!   and the multi-lane shapes).
+//! - [`data`]: established send/receive comms and the data path (isend/irecv/test), with what
+//!   only it runs written beside it: the one-thread-at-a-time cell a comm's state lives in
+//!   (`data::exclusive`), the single-queue-pair drivers that post what the core decided, and a
+//!   registration's range checks.
 //! - [`listen`]: listen comms and `accept` (one handshake machine per incoming TCP connection).
 //! - [`connect`]: `connect`, resumable across NCCL's polling calls.
 //!
@@ -15,7 +18,6 @@
 
 mod connect;
 mod data;
-mod exclusive;
 mod flush;
 mod listen;
 mod mr;

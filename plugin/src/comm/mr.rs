@@ -22,12 +22,12 @@ pub(crate) struct UserMr {
     /// `None` for a zero-length registration (the NIC cannot register 0 bytes; nothing is ever
     /// read from or written to it).
     share: Option<CachedMr>,
-    addr: u64,
-    len: u64,
+    pub(super) addr: u64,
+    pub(super) len: u64,
     /// `share`'s local and remote keys (0 without one), beside the range they are checked
     /// against: the data path reads them with the range, not through the `Option`.
-    lkey: u32,
-    rkey: u32,
+    pub(super) lkey: u32,
+    pub(super) rkey: u32,
     /// The port whose protection domain (and cache) the registration belongs to.
     port: Arc<OpenPort>,
     /// On a fused device: the registrations on its other ports, in member order.
@@ -35,39 +35,8 @@ pub(crate) struct UserMr {
 }
 
 impl UserMr {
-    /// The local key, after checking `addr..addr+len` lies inside the registration.
-    pub(crate) fn lkey_for(&self, addr: u64, len: u64) -> NetResult<u32> {
-        self.check(addr, len).map(|()| self.lkey)
-    }
-
-    /// The remote key, after the same check.
-    pub(crate) fn rkey_for(&self, addr: u64, len: u64) -> NetResult<u32> {
-        self.check(addr, len).map(|()| self.rkey)
-    }
-
-    fn check(&self, addr: u64, len: u64) -> NetResult<()> {
-        // Against what NCCL registered, not the (page-rounded, possibly shared) registration:
-        // a buffer outside the handle's own range is NCCL's bug even where the NIC would take it.
-        // `offset` wraps above `self.len` for an `addr` below the range (which does not wrap:
-        // `reg_mr_on` refuses one that would), so two comparisons cover both ends.
-        let offset = addr.wrapping_sub(self.addr);
-        if len == 0 || (offset <= self.len && len <= self.len - offset) {
-            return Ok(());
-        }
-        Err(self.outside(addr, len))
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn outside(&self, addr: u64, len: u64) -> NetError {
-        NetError::invalid_argument(format!(
-            "buffer {addr:#x}+{len} is not inside its registration {:#x}+{}",
-            self.addr, self.len
-        ))
-    }
-
     /// The local (`remote` false) or remote keys of every port of the registration, in member
-    /// order, into `keys`; how many. After the same range check as [`lkey_for`](Self::lkey_for).
+    /// order, into `keys`; how many. After the same range check as `lkey_for` (written with the data path, in `data.rs`).
     pub(crate) fn keys_for(
         &self,
         addr: u64,

@@ -9,8 +9,8 @@
 use crate::backend::DataEndpoint;
 use crate::backend::conn_endpoint::ConnEndpoint;
 use crate::backend::endpoint::Role;
+use crate::backend::endpoint::region::Region;
 use crate::backend::port_device::PortDevice;
-use crate::backend::region::Region;
 use crate::config::QpSettings;
 use crate::devices;
 use rivet_core::data::multi::{MultiRecv, MultiSend, QpPolicy, flow_label};

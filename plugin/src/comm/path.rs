@@ -9,12 +9,10 @@ use crate::backend::DataEndpoint as Endpoint;
 use crate::backend::OpenPort;
 use crate::backend::conn_endpoint;
 use crate::config::QpSettings;
-use rivet_core::data::codec::CTS_ENTRY_LEN;
 use rivet_core::data::multi::flow_label;
 use rivet_core::data::multi::{MultiRecv, MultiSend};
 use rivet_core::data::{
-    Connection, DataError, OneRecv, OneSend, RecvBuf, RecvConn, RequestId, SendBuf, SendConn,
-    SizesOut,
+    Connection, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn, SizesOut,
 };
 use rivet_core::nic::Nic;
 use rivet_core::wire::EndpointInfo;
@@ -232,72 +230,6 @@ macro_rules! single_path {
 
 single_path!(SendConn);
 single_path!(RecvConn);
-
-impl SendPath for SendConn {
-    /// The one-buffer send decided by the core from the entry this side reads, and posted here
-    /// (`SendConn::isend_one`); the core's general `isend` for everything else.
-    #[inline(always)]
-    fn isend(
-        &mut self,
-        nic: &mut Endpoint,
-        buf: SendBuf,
-        tag: u32,
-    ) -> Result<Option<RequestId>, DataError> {
-        if let Some(offset) = self.head_entry() {
-            // The stamp first, then the entry (`read_inbound_stamped` orders the reads): a stamp
-            // seen fresh is never paired with fields older than it.
-            let (stamp, entry) = nic.read_inbound_stamped::<CTS_ENTRY_LEN>(offset);
-            match self.isend_one(stamp, &entry, buf, tag)? {
-                OneSend::Post { req, wr } => {
-                    return match nic.post_send(&[wr]) {
-                        Ok(()) => Ok(Some(req)),
-                        Err(err) => Err(self.post_failed(req, err)),
-                    };
-                }
-                OneSend::NotYet => return Ok(None),
-                OneSend::General => {}
-            }
-        }
-        Self::isend(self, nic, buf, tag)
-    }
-}
-
-impl RecvPath for RecvConn {
-    fn irecv(
-        &mut self,
-        nic: &mut Endpoint,
-        bufs: &[RecvBuf],
-        tags: &[u32],
-    ) -> Result<Option<RequestId>, DataError> {
-        Self::irecv(self, nic, bufs, tags)
-    }
-
-    /// The receive decided by the core and posted here (`RecvConn::irecv_one`: the empty
-    /// receive, then the clear-to-send write); the core's general `irecv` when it declines.
-    #[inline(always)]
-    fn irecv_one(
-        &mut self,
-        nic: &mut Endpoint,
-        buf: RecvBuf,
-        tag: u32,
-        max_inline: usize,
-    ) -> Result<Option<RequestId>, DataError> {
-        match self.irecv_one(buf, tag, max_inline)? {
-            OneRecv::Post { req, recv, cts } => {
-                if let Err(err) = nic.post_recv(recv) {
-                    return Err(self.post_failed(req, err));
-                }
-                // Built after the receive's post, not kept across it.
-                let cts = self.one_cts_write(cts);
-                match nic.post_send(&[cts]) {
-                    Ok(()) => Ok(Some(req)),
-                    Err(err) => Err(self.post_failed(req, err)),
-                }
-            }
-            OneRecv::General => Self::irecv(self, nic, &[buf], &[tag]),
-        }
-    }
-}
 
 /// Several queue pairs: the core's multi-QP connection on its lanes.
 macro_rules! multi_path {

@@ -23,9 +23,9 @@ use rivet_verbs_ffi::{CompletionQueue, QpCaps, RcTransitions, VerbsError};
 use super::nic::{ControlRegions, DirectNic};
 use crate::backend::device::OpenPort;
 use crate::backend::endpoint::Role;
+use crate::backend::endpoint::region::Region;
 use crate::backend::port_device::{PortDevice, VerbsDevice};
 use crate::backend::qp_params;
-use crate::backend::region::Region;
 use crate::config::QpSettings;
 
 /// Inline sizes tried when creating the QP, largest first. 220 is the most an RDMA WRITE WQE

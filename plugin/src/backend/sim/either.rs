@@ -3,10 +3,10 @@
 
 use super::device::TestDevice;
 use super::endpoint::SimEndpoint;
-use crate::backend::any::AnyEndpoint;
 use crate::backend::conn_endpoint::ConnEndpoint;
 use crate::backend::device::OpenPort;
 use crate::backend::endpoint::Role;
+use crate::backend::endpoint::any::AnyEndpoint;
 use crate::config::QpSettings;
 use rivet_core::nic::{Completion, Nic, NicError, SendWr};
 use rivet_core::wire::EndpointInfo;
