@@ -552,16 +552,8 @@ mod pool {
 
         /// End the request in slot `index` (nothing if it is free): its id goes stale.
         pub(super) fn release(&mut self, index: usize) {
-            let slot = &mut self.slots[index];
-            if slot.state.is_free() {
-                return;
-            }
-            slot.state = S::FREE;
-            slot.id = slot.id.next_generation();
-            self.in_use -= 1;
-            if FREE_LIST && self.free_len < MAX_REQUESTS {
-                self.free[self.free_len] = index as u8;
-                self.free_len += 1;
+            if !self.slots[index].state.is_free() {
+                self.end_in_use(index);
             }
         }
 

@@ -61,12 +61,7 @@ pub struct CtsEntry {
 /// therefore read as "not landed yet", not as a malformed entry. (An all-zero entry does not
 /// check either: the state starts from a seed whose check is not zero.)
 pub fn entry_check(bytes: &[u8; CTS_ENTRY_LEN]) -> u16 {
-    check_words([
-        le_u64(bytes, 0),
-        le_u64(bytes, 8),
-        le_u64(bytes, 16),
-        le_u64(bytes, 24),
-    ])
+    check_words(entry_words(bytes))
 }
 
 /// Bits of the last word that hold the check field (bytes 26..28).
@@ -119,21 +114,8 @@ impl CtsEntry {
     /// built into its caller: one 16-bit compare stands for the group checks.
     #[inline(always)]
     pub fn decode_single(bytes: &[u8; CTS_ENTRY_LEN]) -> Option<Self> {
-        let words = [
-            le_u64(bytes, 0),
-            le_u64(bytes, 8),
-            le_u64(bytes, 16),
-            le_u64(bytes, 24),
-        ];
-        let entry = Self {
-            addr: words[0],
-            size: words[1],
-            rkey: words[2] as u32,
-            tag: (words[2] >> 32) as u32,
-            n: 1,
-            index: 0,
-            stamp: (words[3] >> 32) as u32,
-        };
+        let words = entry_words(bytes);
+        let entry = Self::from_words(words);
         // Bytes 24 and 25: `n` = 1 and `index` = 0.
         let single = words[3] as u16 == 1;
         let valid = single
@@ -145,24 +127,11 @@ impl CtsEntry {
     /// Decode and validate one entry. The stamp is returned as read; whether it is fresh is the
     /// caller's question.
     pub fn decode(bytes: &[u8; CTS_ENTRY_LEN]) -> Result<Self, DecodeError> {
-        let words = [
-            le_u64(bytes, 0),
-            le_u64(bytes, 8),
-            le_u64(bytes, 16),
-            le_u64(bytes, 24),
-        ];
+        let words = entry_words(bytes);
         if (words[3] >> 16) as u16 != check_words(words) {
             return Err(DecodeError::Checksum);
         }
-        let entry = Self {
-            addr: words[0],
-            size: words[1],
-            rkey: words[2] as u32,
-            tag: (words[2] >> 32) as u32,
-            n: words[3] as u8,
-            index: (words[3] >> 8) as u8,
-            stamp: (words[3] >> 32) as u32,
-        };
+        let entry = Self::from_words(words);
         if entry.n == 0 || usize::from(entry.n) > MAX_RECVS {
             return Err(DecodeError::GroupSize(entry.n));
         }
@@ -176,6 +145,20 @@ impl CtsEntry {
             return Err(DecodeError::AddressOverflow);
         }
         Ok(entry)
+    }
+
+    /// The fields as they lie in the entry's words (the layout table above), unvalidated.
+    #[inline(always)]
+    fn from_words(words: [u64; 4]) -> Self {
+        Self {
+            addr: words[0],
+            size: words[1],
+            rkey: words[2] as u32,
+            tag: (words[2] >> 32) as u32,
+            n: words[3] as u8,
+            index: (words[3] >> 8) as u8,
+            stamp: (words[3] >> 32) as u32,
+        }
     }
 }
 
@@ -438,6 +421,18 @@ impl fmt::Display for DecodeError {
             Self::IndexRange(index) => write!(f, "index {index} out of range"),
         }
     }
+}
+
+/// The entry's four little-endian 64-bit words, the unit [`check_words`] and
+/// [`CtsEntry::from_words`] work in.
+#[inline(always)]
+fn entry_words(bytes: &[u8; CTS_ENTRY_LEN]) -> [u64; 4] {
+    [
+        le_u64(bytes, 0),
+        le_u64(bytes, 8),
+        le_u64(bytes, 16),
+        le_u64(bytes, 24),
+    ]
 }
 
 #[inline(always)]
