@@ -483,7 +483,10 @@ impl<D: DoorbellRegister> DirectQp<D> {
     ///
     /// WQEs are written straight into free ring space; on an error the producer index is rolled
     /// back before the doorbell record moves, so the device never sees them.
-    #[inline]
+    ///
+    /// Always in line, with [`post_one`](Self::post_one): a caller's one-request post then folds
+    /// what it fixes (the chain length, the payload's kind, an inline length) into the stores.
+    #[inline(always)]
     pub fn post_send_with<'a>(
         &mut self,
         n: usize,
@@ -498,7 +501,7 @@ impl<D: DoorbellRegister> DirectQp<D> {
 
     /// Post one work request and ring the doorbell (a chain of one, without the chain's
     /// bookkeeping: nothing is written before every check has passed).
-    #[inline]
+    #[inline(always)]
     pub fn post_one(&mut self, wr: &DirectWr<'_>) -> Result<(), DirectError> {
         let ds = self.wqe_ds(wr)?;
         let free = self.layout.sq_wqe_cnt - self.sq_outstanding();
