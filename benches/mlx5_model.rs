@@ -231,6 +231,10 @@ fn run<H: Harness>(h: &mut H, bufs: &Bufs, iters: usize) -> usize {
                 .expect("irecv")
                 .expect("slot free")
         };
+        // The device delivers the clear-to-send write before the sender looks for it, as when
+        // NCCL has posted its receives ahead of the sends (a sender that looks too early gets no
+        // request and asks again: the loop below).
+        h.run_until_idle();
         for (t, slot) in sends.iter_mut().enumerate().take(bufs.tags.len()) {
             let id = loop {
                 let (send, _, send_nic, _) = h.parts();

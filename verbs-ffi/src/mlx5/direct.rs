@@ -483,7 +483,10 @@ impl<D: DoorbellRegister> DirectQp<D> {
     ///
     /// WQEs are written straight into free ring space; on an error the producer index is rolled
     /// back before the doorbell record moves, so the device never sees them.
-    #[inline]
+    ///
+    /// Always in line, with [`post_one`](Self::post_one): a caller's one-request post then folds
+    /// what it fixes (the chain length, the payload's kind, an inline length) into the stores.
+    #[inline(always)]
     pub fn post_send_with<'a>(
         &mut self,
         n: usize,
@@ -498,7 +501,7 @@ impl<D: DoorbellRegister> DirectQp<D> {
 
     /// Post one work request and ring the doorbell (a chain of one, without the chain's
     /// bookkeeping: nothing is written before every check has passed).
-    #[inline]
+    #[inline(always)]
     pub fn post_one(&mut self, wr: &DirectWr<'_>) -> Result<(), DirectError> {
         let ds = self.wqe_ds(wr)?;
         let free = self.layout.sq_wqe_cnt - self.sq_outstanding();
@@ -707,7 +710,9 @@ impl<D: DoorbellRegister> DirectQp<D> {
                 .cast::<[u8; 16]>()
                 .write_unaligned(RECV_TERMINATOR)
         };
-        self.rq_wr_ids[index as usize] = wr_id;
+        // SAFETY: `rq_wr_ids` has `rq_wqe_cnt` (a power of two) entries and `index` is masked
+        // below it.
+        unsafe { *self.rq_wr_ids.get_unchecked_mut(index as usize) = wr_id };
         self.rq_head = self.rq_head.wrapping_add(1);
         barrier::to_device();
         // SAFETY: the QP doorbell record is valid for the QP's life.
@@ -813,10 +818,6 @@ impl<D: DoorbellRegister> DirectQp<D> {
         cqe: NonNull<u8>,
         op_own: u8,
     ) -> Result<Option<DirectCompletion>, DirectError> {
-        // SAFETY: inside the 64 bytes (the caller's promise).
-        let byte = |at: usize| unsafe { cqe.add(at).read() };
-        // SAFETY: as above, `at + 4 <= 64`.
-        let be32 = |at: usize| u32::from_be(unsafe { cqe.add(at).cast::<u32>().read_unaligned() });
         let opcode = op_own >> 4;
         if (op_own >> 2) & 3 == 3 {
             // As `complete` reports it: opcode, format and owner (the solicited bit dropped).
@@ -824,109 +825,151 @@ impl<D: DoorbellRegister> DirectQp<D> {
                 op_own: op_own & !2,
             });
         }
+        // The two completions of every message (a requester's, a write with immediate's) are
+        // tested for first, each as a range of `op_own` (as tests of `opcode` the compiler would
+        // fold them into the full match's table).
+        if op_own < (cqe::opcode::REQ + 1) << 4 {
+            // SAFETY: the caller's promise.
+            return unsafe { self.complete_send(cqe, cqe::opcode::REQ) };
+        }
+        if op_own & 0xf0 == cqe::opcode::RESP_WR_IMM << 4 {
+            // SAFETY: the caller's promise.
+            return unsafe { self.complete_recv(cqe, opcode) };
+        }
         match opcode {
-            cqe::opcode::REQ | cqe::opcode::REQ_ERR => {
-                // SAFETY: inside the 64 bytes.
-                let wqe_counter = u16::from_be(unsafe {
-                    cqe.add(cqe::offset::WQE_COUNTER)
-                        .cast::<u16>()
-                        .read_unaligned()
-                });
-                let outstanding = self.sq_outstanding();
-                if u32::from(wqe_counter.wrapping_sub(self.sq_ci)) >= outstanding {
-                    return Err(DirectError::UnknownWqe { wqe_counter });
-                }
-                let index = usize::from(wqe_counter) & (self.layout.sq_wqe_cnt as usize - 1);
-                // SAFETY: `sq_entries` has `sq_wqe_cnt` (a power of two) entries and `index` is
-                // masked below it.
-                let entry = unsafe { *self.sq_entries.get_unchecked(index) };
-                self.sq_ci = entry.next_pi;
-                self.sq_completed = entry.posted;
-                let (status, vendor_err, op) = if opcode == cqe::opcode::REQ {
-                    let op = match byte(cqe::offset::SOP_DROP_QPN) {
-                        wqe::opcode::RDMA_WRITE => CompletedOp::Write,
-                        wqe::opcode::RDMA_WRITE_IMM => CompletedOp::WriteImm,
-                        wqe::opcode::RDMA_READ => CompletedOp::Read,
-                        other => CompletedOp::OtherSend(other),
-                    };
-                    (0, 0, op)
-                } else {
-                    (
-                        syndrome_status(byte(cqe::offset::SYNDROME)),
-                        u32::from(byte(cqe::offset::VENDOR_ERR_SYND)),
-                        CompletedOp::Failed,
-                    )
-                };
-                Ok(Some(DirectCompletion {
-                    wr_id: entry.wr_id,
-                    status,
-                    vendor_err,
-                    queue: WorkQueue::Send,
-                    op,
-                    imm: None,
-                    byte_len: if op == CompletedOp::Read {
-                        be32(cqe::offset::BYTE_CNT)
-                    } else {
-                        0
-                    },
-                }))
-            }
-            cqe::opcode::RESP_WR_IMM
-            | cqe::opcode::RESP_SEND
+            // SAFETY: the caller's promise.
+            cqe::opcode::REQ_ERR => unsafe { self.complete_send(cqe, opcode) },
+            cqe::opcode::RESP_SEND
             | cqe::opcode::RESP_SEND_IMM
             | cqe::opcode::RESP_SEND_INV
-            | cqe::opcode::RESP_ERR => {
-                if self.rq_outstanding() == 0 {
-                    return Err(DirectError::NoReceivePosted);
-                }
-                // RC receives complete in order: the oldest posted one (rdma-core uses its tail too).
-                let index = (self.rq_tail & (self.layout.rq_wqe_cnt - 1)) as usize;
-                self.rq_tail = self.rq_tail.wrapping_add(1);
-                // SAFETY: `rq_wr_ids` has `rq_wqe_cnt` (a power of two) entries and `index` is
-                // masked below it.
-                let wr_id = unsafe { *self.rq_wr_ids.get_unchecked(index) };
-                let (status, vendor_err, op, imm) = match opcode {
-                    cqe::opcode::RESP_WR_IMM => (
-                        0,
-                        0,
-                        CompletedOp::RecvWriteImm,
-                        Some(be32(cqe::offset::IMM_INVAL_PKEY)),
-                    ),
-                    cqe::opcode::RESP_SEND_IMM => (
-                        0,
-                        0,
-                        CompletedOp::RecvSend,
-                        Some(be32(cqe::offset::IMM_INVAL_PKEY)),
-                    ),
-                    cqe::opcode::RESP_SEND | cqe::opcode::RESP_SEND_INV => {
-                        (0, 0, CompletedOp::RecvSend, None)
-                    }
-                    _ => (
-                        syndrome_status(byte(cqe::offset::SYNDROME)),
-                        u32::from(byte(cqe::offset::VENDOR_ERR_SYND)),
-                        CompletedOp::Failed,
-                        None,
-                    ),
-                };
-                Ok(Some(DirectCompletion {
-                    wr_id,
-                    status,
-                    vendor_err,
-                    queue: WorkQueue::Recv,
-                    op,
-                    imm,
-                    byte_len: if status == 0 {
-                        be32(cqe::offset::BYTE_CNT)
-                    } else {
-                        0
-                    },
-                }))
-            }
+            // SAFETY: the caller's promise.
+            | cqe::opcode::RESP_ERR => unsafe { self.complete_recv(cqe, opcode) },
             cqe::opcode::RESIZE_CQ => Ok(None),
             _ => Err(DirectError::UnexpectedCqe {
                 op_own: op_own & !2,
             }),
         }
+    }
+
+    /// A requester CQE ([`cqe::opcode::REQ`] or [`cqe::opcode::REQ_ERR`]) as a completion.
+    ///
+    /// # Safety
+    /// As [`complete_at`](Self::complete_at).
+    #[inline(always)]
+    unsafe fn complete_send(
+        &mut self,
+        cqe: NonNull<u8>,
+        opcode: u8,
+    ) -> Result<Option<DirectCompletion>, DirectError> {
+        // SAFETY: inside the 64 bytes (the caller's promise).
+        let byte = |at: usize| unsafe { cqe.add(at).read() };
+        // SAFETY: as above, `at + 4 <= 64`.
+        let be32 = |at: usize| u32::from_be(unsafe { cqe.add(at).cast::<u32>().read_unaligned() });
+        // SAFETY: inside the 64 bytes.
+        let wqe_counter = u16::from_be(unsafe {
+            cqe.add(cqe::offset::WQE_COUNTER)
+                .cast::<u16>()
+                .read_unaligned()
+        });
+        let outstanding = self.sq_outstanding();
+        if u32::from(wqe_counter.wrapping_sub(self.sq_ci)) >= outstanding {
+            return Err(DirectError::UnknownWqe { wqe_counter });
+        }
+        let index = usize::from(wqe_counter) & (self.layout.sq_wqe_cnt as usize - 1);
+        // SAFETY: `sq_entries` has `sq_wqe_cnt` (a power of two) entries and `index` is
+        // masked below it.
+        let entry = unsafe { *self.sq_entries.get_unchecked(index) };
+        self.sq_ci = entry.next_pi;
+        self.sq_completed = entry.posted;
+        let (status, vendor_err, op) = if opcode == cqe::opcode::REQ {
+            let op = match byte(cqe::offset::SOP_DROP_QPN) {
+                wqe::opcode::RDMA_WRITE => CompletedOp::Write,
+                wqe::opcode::RDMA_WRITE_IMM => CompletedOp::WriteImm,
+                wqe::opcode::RDMA_READ => CompletedOp::Read,
+                other => CompletedOp::OtherSend(other),
+            };
+            (0, 0, op)
+        } else {
+            (
+                syndrome_status(byte(cqe::offset::SYNDROME)),
+                u32::from(byte(cqe::offset::VENDOR_ERR_SYND)),
+                CompletedOp::Failed,
+            )
+        };
+        Ok(Some(DirectCompletion {
+            wr_id: entry.wr_id,
+            status,
+            vendor_err,
+            queue: WorkQueue::Send,
+            op,
+            imm: None,
+            byte_len: if op == CompletedOp::Read {
+                be32(cqe::offset::BYTE_CNT)
+            } else {
+                0
+            },
+        }))
+    }
+
+    /// A responder CQE (the `RESP_*` opcodes) as a completion.
+    ///
+    /// # Safety
+    /// As [`complete_at`](Self::complete_at).
+    #[inline(always)]
+    unsafe fn complete_recv(
+        &mut self,
+        cqe: NonNull<u8>,
+        opcode: u8,
+    ) -> Result<Option<DirectCompletion>, DirectError> {
+        // SAFETY: inside the 64 bytes (the caller's promise).
+        let byte = |at: usize| unsafe { cqe.add(at).read() };
+        // SAFETY: as above, `at + 4 <= 64`.
+        let be32 = |at: usize| u32::from_be(unsafe { cqe.add(at).cast::<u32>().read_unaligned() });
+        if self.rq_outstanding() == 0 {
+            return Err(DirectError::NoReceivePosted);
+        }
+        // RC receives complete in order: the oldest posted one (rdma-core uses its tail too).
+        let index = (self.rq_tail & (self.layout.rq_wqe_cnt - 1)) as usize;
+        self.rq_tail = self.rq_tail.wrapping_add(1);
+        // SAFETY: `rq_wr_ids` has `rq_wqe_cnt` (a power of two) entries and `index` is
+        // masked below it.
+        let wr_id = unsafe { *self.rq_wr_ids.get_unchecked(index) };
+        let (status, vendor_err, op, imm) = match opcode {
+            cqe::opcode::RESP_WR_IMM => (
+                0,
+                0,
+                CompletedOp::RecvWriteImm,
+                Some(be32(cqe::offset::IMM_INVAL_PKEY)),
+            ),
+            cqe::opcode::RESP_SEND_IMM => (
+                0,
+                0,
+                CompletedOp::RecvSend,
+                Some(be32(cqe::offset::IMM_INVAL_PKEY)),
+            ),
+            cqe::opcode::RESP_SEND | cqe::opcode::RESP_SEND_INV => {
+                (0, 0, CompletedOp::RecvSend, None)
+            }
+            _ => (
+                syndrome_status(byte(cqe::offset::SYNDROME)),
+                u32::from(byte(cqe::offset::VENDOR_ERR_SYND)),
+                CompletedOp::Failed,
+                None,
+            ),
+        };
+        Ok(Some(DirectCompletion {
+            wr_id,
+            status,
+            vendor_err,
+            queue: WorkQueue::Recv,
+            op,
+            imm,
+            byte_len: if status == 0 {
+                be32(cqe::offset::BYTE_CNT)
+            } else {
+                0
+            },
+        }))
     }
 }
 

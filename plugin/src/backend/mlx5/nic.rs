@@ -102,6 +102,9 @@ impl<D: DoorbellRegister, R: ControlRegions> Nic for DirectNic<D, R> {
         self.qp.max_inline()
     }
 
+    /// In line, down to the WQE stores: what the caller fixes (one request, the payload's kind,
+    /// an inline length) then folds, and the request stays in registers.
+    #[inline(always)]
     fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
         let Self { qp, regions } = self;
         let regions = &*regions;
