@@ -710,9 +710,7 @@ impl<D: DoorbellRegister> DirectQp<D> {
                 .cast::<[u8; 16]>()
                 .write_unaligned(RECV_TERMINATOR)
         };
-        // SAFETY: `rq_wr_ids` has `rq_wqe_cnt` (a power of two) entries and `index` is masked
-        // below it.
-        unsafe { *self.rq_wr_ids.get_unchecked_mut(index as usize) = wr_id };
+        self.rq_wr_ids[index as usize] = wr_id;
         self.rq_head = self.rq_head.wrapping_add(1);
         barrier::to_device();
         // SAFETY: the QP doorbell record is valid for the QP's life.
