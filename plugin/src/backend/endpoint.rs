@@ -753,10 +753,10 @@ pub(crate) mod any {
         fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
             match self {
                 Self::Verbs(e) => e.post_send(chain),
-                // A one-request chain is copied in this arm and the copy handed on: the mlx5 post is
-                // out of line and takes the request by address, and were that the caller's array,
-                // the request would be written to memory before the match, for the verbs arm too
-                // (which reads its fields from registers). Its result is taken apart (`?`) and
+                // A one-request chain is copied in this arm and the copy handed on: the mlx5 post
+                // takes the request by address, and were that the caller's array, the request
+                // would be written to memory before the match, for the verbs arm too (which reads
+                // its fields from registers; the figure says so, also with the post in line). Its result is taken apart (`?`) and
                 // `Ok(())` built here: returned as it is, the out-of-line call would write it straight
                 // into the caller's result, which then lives in memory for the verbs arm too.
                 Self::Mlx5(e) => {
