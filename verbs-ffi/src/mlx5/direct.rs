@@ -617,7 +617,9 @@ impl<D: DoorbellRegister> DirectQp<D> {
         if !contiguous {
             self.copy_wrapping(pi, ds);
         }
-        let index = usize::from(pi) & (self.layout.sq_wqe_cnt as usize - 1);
+        // The WQE's first block, masked above: masking `pi` again here would load the queue size
+        // again (for the compiler, the WQE stores may have changed the layout).
+        let index = slot as usize;
         self.sq_posted = self.sq_posted.wrapping_add(1);
         let entry = SqEntry {
             wr_id: wr.wr_id,
