@@ -617,7 +617,9 @@ impl<D: DoorbellRegister> DirectQp<D> {
         if !contiguous {
             self.copy_wrapping(pi, ds);
         }
-        let index = usize::from(pi) & (self.layout.sq_wqe_cnt as usize - 1);
+        // The WQE's first block, masked above: masking `pi` again here would load the queue size
+        // again (for the compiler, the WQE stores may have changed the layout).
+        let index = slot as usize;
         self.sq_posted = self.sq_posted.wrapping_add(1);
         let entry = SqEntry {
             wr_id: wr.wr_id,
@@ -825,23 +827,25 @@ impl<D: DoorbellRegister> DirectQp<D> {
         }
         // The two completions of every message (a requester's, a write with immediate's) are
         // tested for first, each as a range of `op_own` (as tests of `opcode` the compiler would
-        // fold them into the full match's table).
-        if op_own < (cqe::opcode::REQ + 1) << 4 {
+        // fold them into one table with the rest); each decoder has one call site, so the poll,
+        // in line wherever it is used, carries one copy of each.
+        if op_own < (cqe::opcode::REQ + 1) << 4 || opcode == cqe::opcode::REQ_ERR {
             // SAFETY: the caller's promise.
-            return unsafe { self.complete_send(cqe, cqe::opcode::REQ) };
+            return unsafe { self.complete_send(cqe, opcode) };
         }
-        if op_own & 0xf0 == cqe::opcode::RESP_WR_IMM << 4 {
+        if op_own & 0xf0 == cqe::opcode::RESP_WR_IMM << 4
+            || matches!(
+                opcode,
+                cqe::opcode::RESP_SEND
+                    | cqe::opcode::RESP_SEND_IMM
+                    | cqe::opcode::RESP_SEND_INV
+                    | cqe::opcode::RESP_ERR
+            )
+        {
             // SAFETY: the caller's promise.
             return unsafe { self.complete_recv(cqe, opcode) };
         }
         match opcode {
-            // SAFETY: the caller's promise.
-            cqe::opcode::REQ_ERR => unsafe { self.complete_send(cqe, opcode) },
-            cqe::opcode::RESP_SEND
-            | cqe::opcode::RESP_SEND_IMM
-            | cqe::opcode::RESP_SEND_INV
-            // SAFETY: the caller's promise.
-            | cqe::opcode::RESP_ERR => unsafe { self.complete_recv(cqe, opcode) },
             cqe::opcode::RESIZE_CQ => Ok(None),
             _ => Err(DirectError::UnexpectedCqe {
                 op_own: op_own & !2,
