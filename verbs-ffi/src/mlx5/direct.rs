@@ -818,6 +818,8 @@ impl<D: DoorbellRegister> DirectQp<D> {
         cqe: NonNull<u8>,
         op_own: u8,
     ) -> Result<Option<DirectCompletion>, DirectError> {
+        // SAFETY: the caller's promise.
+        let read = unsafe { OwnedCqe::new(cqe) };
         let opcode = op_own >> 4;
         if (op_own >> 2) & 3 == 3 {
             // As `complete` reports it: opcode, format and owner (the solicited bit dropped).
@@ -830,8 +832,7 @@ impl<D: DoorbellRegister> DirectQp<D> {
         // fold them into one table with the rest); each decoder has one call site, so the poll,
         // in line wherever it is used, carries one copy of each.
         if op_own < (cqe::opcode::REQ + 1) << 4 || opcode == cqe::opcode::REQ_ERR {
-            // SAFETY: the caller's promise.
-            return unsafe { self.complete_send(cqe, opcode) };
+            return self.complete_send(read, opcode);
         }
         if op_own & 0xf0 == cqe::opcode::RESP_WR_IMM << 4
             || matches!(
@@ -842,8 +843,7 @@ impl<D: DoorbellRegister> DirectQp<D> {
                     | cqe::opcode::RESP_ERR
             )
         {
-            // SAFETY: the caller's promise.
-            return unsafe { self.complete_recv(cqe, opcode) };
+            return self.complete_recv(read, opcode);
         }
         match opcode {
             cqe::opcode::RESIZE_CQ => Ok(None),
@@ -854,25 +854,13 @@ impl<D: DoorbellRegister> DirectQp<D> {
     }
 
     /// A requester CQE ([`cqe::opcode::REQ`] or [`cqe::opcode::REQ_ERR`]) as a completion.
-    ///
-    /// # Safety
-    /// As [`complete_at`](Self::complete_at).
     #[inline(always)]
-    unsafe fn complete_send(
+    fn complete_send(
         &mut self,
-        cqe: NonNull<u8>,
+        cqe: OwnedCqe,
         opcode: u8,
     ) -> Result<Option<DirectCompletion>, DirectError> {
-        // SAFETY: inside the 64 bytes (the caller's promise).
-        let byte = |at: usize| unsafe { cqe.add(at).read() };
-        // SAFETY: as above, `at + 4 <= 64`.
-        let be32 = |at: usize| u32::from_be(unsafe { cqe.add(at).cast::<u32>().read_unaligned() });
-        // SAFETY: inside the 64 bytes.
-        let wqe_counter = u16::from_be(unsafe {
-            cqe.add(cqe::offset::WQE_COUNTER)
-                .cast::<u16>()
-                .read_unaligned()
-        });
+        let wqe_counter = u16::from_be_bytes(cqe.bytes::<{ cqe::offset::WQE_COUNTER }, 2>());
         let outstanding = self.sq_outstanding();
         if u32::from(wqe_counter.wrapping_sub(self.sq_ci)) >= outstanding {
             return Err(DirectError::UnknownWqe { wqe_counter });
@@ -884,7 +872,7 @@ impl<D: DoorbellRegister> DirectQp<D> {
         self.sq_ci = entry.next_pi;
         self.sq_completed = entry.posted;
         let (status, vendor_err, op) = if opcode == cqe::opcode::REQ {
-            let op = match byte(cqe::offset::SOP_DROP_QPN) {
+            let op = match cqe.bytes::<{ cqe::offset::SOP_DROP_QPN }, 1>()[0] {
                 wqe::opcode::RDMA_WRITE => CompletedOp::Write,
                 wqe::opcode::RDMA_WRITE_IMM => CompletedOp::WriteImm,
                 wqe::opcode::RDMA_READ => CompletedOp::Read,
@@ -892,11 +880,8 @@ impl<D: DoorbellRegister> DirectQp<D> {
             };
             (0, 0, op)
         } else {
-            (
-                syndrome_status(byte(cqe::offset::SYNDROME)),
-                u32::from(byte(cqe::offset::VENDOR_ERR_SYND)),
-                CompletedOp::Failed,
-            )
+            let (status, vendor_err) = cqe.error();
+            (status, vendor_err, CompletedOp::Failed)
         };
         Ok(Some(DirectCompletion {
             wr_id: entry.wr_id,
@@ -906,7 +891,7 @@ impl<D: DoorbellRegister> DirectQp<D> {
             op,
             imm: None,
             byte_len: if op == CompletedOp::Read {
-                be32(cqe::offset::BYTE_CNT)
+                cqe.byte_cnt()
             } else {
                 0
             },
@@ -914,19 +899,12 @@ impl<D: DoorbellRegister> DirectQp<D> {
     }
 
     /// A responder CQE (the `RESP_*` opcodes) as a completion.
-    ///
-    /// # Safety
-    /// As [`complete_at`](Self::complete_at).
     #[inline(always)]
-    unsafe fn complete_recv(
+    fn complete_recv(
         &mut self,
-        cqe: NonNull<u8>,
+        cqe: OwnedCqe,
         opcode: u8,
     ) -> Result<Option<DirectCompletion>, DirectError> {
-        // SAFETY: inside the 64 bytes (the caller's promise).
-        let byte = |at: usize| unsafe { cqe.add(at).read() };
-        // SAFETY: as above, `at + 4 <= 64`.
-        let be32 = |at: usize| u32::from_be(unsafe { cqe.add(at).cast::<u32>().read_unaligned() });
         if self.rq_outstanding() == 0 {
             return Err(DirectError::NoReceivePosted);
         }
@@ -937,27 +915,15 @@ impl<D: DoorbellRegister> DirectQp<D> {
         // masked below it.
         let wr_id = unsafe { *self.rq_wr_ids.get_unchecked(index) };
         let (status, vendor_err, op, imm) = match opcode {
-            cqe::opcode::RESP_WR_IMM => (
-                0,
-                0,
-                CompletedOp::RecvWriteImm,
-                Some(be32(cqe::offset::IMM_INVAL_PKEY)),
-            ),
-            cqe::opcode::RESP_SEND_IMM => (
-                0,
-                0,
-                CompletedOp::RecvSend,
-                Some(be32(cqe::offset::IMM_INVAL_PKEY)),
-            ),
+            cqe::opcode::RESP_WR_IMM => (0, 0, CompletedOp::RecvWriteImm, Some(cqe.imm())),
+            cqe::opcode::RESP_SEND_IMM => (0, 0, CompletedOp::RecvSend, Some(cqe.imm())),
             cqe::opcode::RESP_SEND | cqe::opcode::RESP_SEND_INV => {
                 (0, 0, CompletedOp::RecvSend, None)
             }
-            _ => (
-                syndrome_status(byte(cqe::offset::SYNDROME)),
-                u32::from(byte(cqe::offset::VENDOR_ERR_SYND)),
-                CompletedOp::Failed,
-                None,
-            ),
+            _ => {
+                let (status, vendor_err) = cqe.error();
+                (status, vendor_err, CompletedOp::Failed, None)
+            }
         };
         Ok(Some(DirectCompletion {
             wr_id,
@@ -966,12 +932,54 @@ impl<D: DoorbellRegister> DirectQp<D> {
             queue: WorkQueue::Recv,
             op,
             imm,
-            byte_len: if status == 0 {
-                be32(cqe::offset::BYTE_CNT)
-            } else {
-                0
-            },
+            byte_len: if status == 0 { cqe.byte_cnt() } else { 0 },
         }))
+    }
+}
+
+/// A software-owned CQE (its ownership seen, then the fence: the device no longer writes it),
+/// read field by field with plain loads, as rdma-core reads it. Offsets are constants checked at
+/// compile time against the 64-byte format, so the reads need no promise beyond the one made
+/// when the reader is built.
+#[derive(Clone, Copy)]
+struct OwnedCqe(NonNull<u8>);
+
+impl OwnedCqe {
+    /// # Safety
+    /// `cqe` must point at the 64 readable bytes of a CQE the device no longer writes, for as long
+    /// as the reader is used.
+    #[inline(always)]
+    unsafe fn new(cqe: NonNull<u8>) -> Self {
+        Self(cqe)
+    }
+
+    /// The `N` bytes at offset `AT`.
+    #[inline(always)]
+    fn bytes<const AT: usize, const N: usize>(self) -> [u8; N] {
+        const { assert!(AT + N <= CQE64_LEN) };
+        // SAFETY: `AT + N` is inside the 64 bytes `new`'s caller vouched for.
+        unsafe { self.0.add(AT).cast::<[u8; N]>().read_unaligned() }
+    }
+
+    /// The immediate (big-endian on the wire).
+    #[inline(always)]
+    fn imm(self) -> u32 {
+        u32::from_be_bytes(self.bytes::<{ cqe::offset::IMM_INVAL_PKEY }, 4>())
+    }
+
+    /// The byte count (big-endian on the wire).
+    #[inline(always)]
+    fn byte_cnt(self) -> u32 {
+        u32::from_be_bytes(self.bytes::<{ cqe::offset::BYTE_CNT }, 4>())
+    }
+
+    /// An error CQE's work-completion status (from its syndrome) and vendor syndrome.
+    #[inline(always)]
+    fn error(self) -> (u32, u32) {
+        (
+            syndrome_status(self.bytes::<{ cqe::offset::SYNDROME }, 1>()[0]),
+            u32::from(self.bytes::<{ cqe::offset::VENDOR_ERR_SYND }, 1>()[0]),
+        )
     }
 }
 
