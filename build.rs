@@ -27,6 +27,7 @@ fn main() {
         println!("cargo:rerun-if-changed=tests/c/harness.h");
         println!("cargo:rerun-if-changed=tests/c/nccl_net_abi.h");
         println!("cargo:rerun-if-changed=tests/c/nccl_collnet_abi.h");
+        println!("cargo:rerun-if-changed=tests/c/nccl_rma_abi.h");
         let exe = out.join(name);
         let compiler = cc::Build::new().cargo_metadata(false).get_compiler();
         let status = compiler

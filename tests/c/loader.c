@@ -3,9 +3,12 @@
  * init/devices behaviour, getProperties writing exactly sizeof(props) bytes, errors (not crashes)
  * for NULL and bogus handles, no thread left behind, and unload/reload. The CollNet tables
  * (ncclCollNetPlugin_vN) are checked the same way, and against the net table of their version:
- * the same devices and properties, reduceSupport for every type and operation.
+ * the same devices and properties, reduceSupport for every type and operation. The RMA tables
+ * (ncclRmaPlugin_v13 ... v16, host-proxy one-sided operations) are checked for their name, every
+ * entry set, init/devices/getProperties(0) answering as NCCL's RMA loader wants (a GIN_PROXY
+ * device), and errors for bogus handles; with --minimal, the CollNet and RMA tables must be absent.
  *
- * usage: loader LIB {no-device|devices}
+ * usage: loader LIB {no-device|devices} [--minimal]
  * Results go to stderr ("PASS ..."/"FAIL ..."), so a test can assert the plugin printed nothing
  * on stdout. Exit status 0 only if every check passed. */
 #define _GNU_SOURCE
@@ -16,9 +19,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include "nccl_collnet_abi.h"
+#include "nccl_rma_abi.h"
 
 static int failures;
 static int expect_devices;
+/* --minimal: the library built without the default features (scripts/build-dist.sh --minimal):
+ * the net tables alone, no CollNet and no RMA table. */
+static int expect_minimal;
 
 #define CHECK(cond, ...)                                   \
   do {                                                     \
@@ -229,6 +236,111 @@ static void run_collnet(void* lib) {
   }
 }
 
+/* RMA table of version v (ncclRmaPlugin_vN): every entry set (Rivet implements them all, v13's
+ * GIN layout included); init, devices and getProperties(0) as NCCL's RMA loader calls them, which
+ * keeps the table only when device 0 is a GIN_PROXY device; bogus handles refused; init/finalize
+ * per communicator. `bogus_iput` is an iput on a bogus context in version v's spelling. */
+#define CHECK_RMA(v, t, bogus_iput)                                                              \
+  do {                                                                                          \
+    CHECK(t != NULL, "rma v%d symbol ncclRmaPlugin_v%d resolves", v, v);                        \
+    if (!t) break;                                                                              \
+    CHECK(t->name && strcmp(t->name, "Rivet") == 0, "rma v%d name is \"Rivet\"", v);            \
+    CHECK(t->init && t->devices && t->get_properties && t->listen && t->connect &&              \
+              t->create_context && t->reg_mr_sym && t->reg_mr_sym_dma_buf && t->dereg_mr_sym && \
+              t->destroy_context && t->close_coll && t->close_listen && t->iput &&              \
+              t->iput_signal && t->iget && t->iflush && t->test && t->progress &&               \
+              t->query_last_error && t->finalize,                                               \
+          "rma v%d every entry is set", v);                                                     \
+    void* ctx = NULL;                                                                           \
+    reset_log();                                                                                \
+    nccl_result ri = t->init(&ctx, 0x5100 + v, logger);                                         \
+    int ndev = -1;                                                                              \
+    nccl_result rd = ri == NCCL_OK ? t->devices(&ndev) : NCCL_INTERNAL_ERROR;                   \
+    if (!expect_devices) {                                                                      \
+      CHECK(ri != NCCL_OK || (rd == NCCL_OK && ndev == 0),                                      \
+            "rma v%d without RDMA devices: init fails or devices() is 0 (init %d, devices %d, n %d)", \
+            v, ri, rd, ndev);                                                                   \
+    } else {                                                                                    \
+      CHECK(ri == NCCL_OK && ctx != NULL, "rma v%d init succeeds (got %d: %s)", v, ri, last_line); \
+      CHECK(rd == NCCL_OK && ndev >= 1, "rma v%d devices() >= 1 (r=%d n=%d)", v, rd, ndev);     \
+      unsigned char buf[sizeof(props_v12) + 64];                                                \
+      memset(buf, 0xa5, sizeof buf);                                                            \
+      nccl_result rp = t->get_properties(0, (props_v12*)buf);                                   \
+      props_v12 p;                                                                              \
+      memcpy(&p, buf, sizeof p);                                                                \
+      int untouched = 1;                                                                        \
+      for (size_t i = sizeof(props_v12); i < sizeof buf; i++) untouched &= buf[i] == 0xa5;      \
+      CHECK(rp == NCCL_OK && untouched, "rma v%d getProperties(0) succeeds, writes no byte past %zu", \
+            v, sizeof(props_v12));                                                              \
+      CHECK(rp == NCCL_OK && p.dev_type == NET_DEVICE_GIN_PROXY,                                \
+            "rma v%d device 0 is a GIN_PROXY device (netDeviceType %d, want %d)", v, p.dev_type, \
+            NET_DEVICE_GIN_PROXY);                                                              \
+      CHECK(rp == NCCL_OK && p.name && p.name[0] && (p.ptr_support & RMA_PTR_HOST) && p.speed > 0, \
+            "rma v%d device 0: a name (%s), host memory, speed %d Mb/s", v,                     \
+            rp == NCCL_OK && p.name ? p.name : "(null)", p.speed);                              \
+      if (ndev >= 1)                                                                            \
+        CHECK(t->get_properties(ndev, (props_v12*)buf) != NCCL_OK,                              \
+              "rma v%d getProperties(out of range) is an error", v);                            \
+    }                                                                                           \
+    void* bogus = (void*)0x12345678;                                                            \
+    void* req = (void*)0x5a5a5a5a;                                                              \
+    int done = 0;                                                                               \
+    bool has_error = false;                                                                     \
+    char handle[RMA_HANDLE_MAXSIZE];                                                            \
+    void* lc = NULL;                                                                            \
+    CHECK(t->test(bogus, bogus, &done) != NCCL_OK && t->test(NULL, NULL, &done) != NCCL_OK,     \
+          "rma v%d test(bogus/NULL) is an error", v);                                           \
+    CHECK(t->close_coll(bogus) != NCCL_OK && t->close_listen(bogus) != NCCL_OK &&               \
+              t->dereg_mr_sym(bogus, bogus) != NCCL_OK && t->destroy_context(bogus) != NCCL_OK,  \
+          "rma v%d closeColl/closeListen/deregMrSym/destroyContext on bogus handles are errors", v); \
+    CHECK(t->query_last_error(bogus, &has_error) != NCCL_OK && t->progress(bogus) != NCCL_OK,    \
+          "rma v%d queryLastError/progress on a bogus context are errors", v);                  \
+    CHECK(t->iflush(bogus, 0, bogus, 0, &req) != NCCL_OK && (bogus_iput) != NCCL_OK &&          \
+              (req == NULL || req == (void*)0x5a5a5a5a),                                        \
+          "rma v%d iput/iflush on a bogus context are errors and hand out no request", v);      \
+    CHECK(t->listen(bogus, 0, handle, &lc) != NCCL_OK || t->close_listen(lc) == NCCL_OK,        \
+          "rma v%d listen on a bogus context is an error (or harmless)", v);                    \
+    if (ctx) {                                                                                  \
+      CHECK(t->finalize(ctx) == NCCL_OK, "rma v%d finalize", v);                                \
+      CHECK(t->finalize(ctx) != NCCL_OK, "rma v%d finalize twice is an error", v);              \
+    }                                                                                           \
+    CHECK(t->finalize(bogus) != NCCL_OK, "rma v%d finalize(bogus) is an error", v);             \
+    if (expect_devices) {                                                                       \
+      int ok = 1;                                                                               \
+      for (int i = 0; i < 50; i++) {                                                            \
+        void* c = NULL;                                                                         \
+        ok &= t->init(&c, (uint64_t)i, logger) == NCCL_OK && c != NULL && t->finalize(c) == NCCL_OK; \
+      }                                                                                         \
+      CHECK(ok, "rma v%d init/finalize per communicator, 50 times", v);                         \
+    }                                                                                           \
+  } while (0)
+
+static void run_rma(void* lib) {
+  static const char* names[] = {"ncclRmaPlugin_v13", "ncclRmaPlugin_v14", "ncclRmaPlugin_v15",
+                                "ncclRmaPlugin_v16"};
+  if (expect_minimal) {
+    int none = 1;
+    for (int i = 0; i < 4; i++) none &= dlsym(lib, names[i]) == NULL;
+    CHECK(none, "minimal build: no ncclRmaPlugin_v13 ... v16 table");
+    return;
+  }
+  rma_v13* t13 = dlsym(lib, "ncclRmaPlugin_v13");
+  CHECK_RMA(13, t13, t13->iput(bogus, 0, 0, bogus, 8, 0, bogus, 0, &req));
+  rma_v14* t14 = dlsym(lib, "ncclRmaPlugin_v14");
+  CHECK_RMA(14, t14, t14->iput(bogus, 0, 0, bogus, 8, 0, bogus, 0, &req));
+  rma_v15* t15 = dlsym(lib, "ncclRmaPlugin_v15");
+  CHECK_RMA(15, t15, t15->iput(bogus, 0, 0, bogus, 8, 0, bogus, 0, RMA_OPT_DEFAULT, &req));
+  rma_v16* t16 = dlsym(lib, "ncclRmaPlugin_v16");
+  CHECK_RMA(16, t16, t16->iput(bogus, 0, 0, bogus, 8, 0, bogus, 0, RMA_OPT_AGGREGATE_REQUESTS, &req));
+  if (t16) {
+    rma_properties_v16 props = {0};
+    CHECK(t16->get_rma_properties != NULL, "rma v16 getRmaProperties is set");
+    if (t16->get_rma_properties)
+      CHECK(t16->get_rma_properties((void*)0x12345678, &props) != NCCL_OK,
+            "rma v16 getRmaProperties on a bogus collComm is an error");
+  }
+}
+
 static void run(void* lib) {
   int threads_before = thread_count();
 
@@ -356,17 +468,30 @@ static void run(void* lib) {
     if (ctx) CHECK(v12->finalize(ctx) == NCCL_OK, "v12 finalize");
   }
 
-  run_collnet(lib);
+  if (expect_minimal) {
+    int none = 1;
+    for (int v = 6; v <= 12; v++) {
+      char sym[32];
+      snprintf(sym, sizeof sym, "ncclCollNetPlugin_v%d", v);
+      none &= dlsym(lib, sym) == NULL;
+    }
+    CHECK(none, "minimal build: no ncclCollNetPlugin_v6 ... v12 table");
+  } else {
+    run_collnet(lib);
+  }
+  run_rma(lib);
 
   CHECK(thread_count() == threads_before, "no thread left behind (%d before, %d after)", threads_before,
         thread_count());
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3 || (strcmp(argv[2], "no-device") && strcmp(argv[2], "devices"))) {
-    fprintf(stderr, "usage: %s LIB {no-device|devices}\n", argv[0]);
+  if (argc < 3 || argc > 4 || (strcmp(argv[2], "no-device") && strcmp(argv[2], "devices")) ||
+      (argc == 4 && strcmp(argv[3], "--minimal"))) {
+    fprintf(stderr, "usage: %s LIB {no-device|devices} [--minimal]\n", argv[0]);
     return 2;
   }
+  expect_minimal = argc == 4;
   expect_devices = strcmp(argv[2], "devices") == 0;
   for (int round = 1; round <= 2; round++) {
     void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
