@@ -20,6 +20,7 @@ pub mod handshake;
 pub mod mesh;
 pub mod nic;
 pub mod regcache;
+pub mod rma;
 pub mod route;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
