@@ -15,6 +15,7 @@ fn main() {
         ),
         ("faults", "tests/c/faults.c", "RIVET_C_FAULTS"),
         ("collnet", "tests/c/collnet.c", "RIVET_C_COLLNET"),
+        ("rma", "tests/c/rma.c", "RIVET_C_RMA"),
         (
             "all_connect",
             "tests/c/all_connect.c",
