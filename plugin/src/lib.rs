@@ -50,6 +50,8 @@ mod net;
 mod oob;
 mod profiler;
 mod random;
+#[cfg(feature = "rma")]
+mod rma;
 pub mod sys;
 pub mod version;
 

@@ -16,6 +16,8 @@ pub(crate) mod mlx5;
 pub(crate) mod mr_cache;
 pub(crate) mod port_device;
 pub(crate) mod qp_params;
+#[cfg(feature = "rma")]
+pub(crate) mod rma_lane;
 #[cfg(test)]
 pub(crate) mod sim;
 

@@ -16,8 +16,8 @@
 #![allow(unsafe_code)]
 
 mod engine;
-mod group;
-mod scratch;
+pub(crate) mod group;
+pub(crate) mod scratch;
 
 use crate::comm;
 use crate::devices::DeviceProps;
@@ -98,6 +98,7 @@ pub(crate) fn connect(handles: Vec<[u8; 128]>, rank: c_int, listen: Ptr) -> NetR
         scratch.len(),
         NCCL_PTR_HOST,
         None,
+        false,
     )?;
     let connections = match group::establish(
         listen_comm.ctx,
@@ -184,7 +185,7 @@ pub(crate) fn reg_mr(
             if dmabuf.is_some() { " (dma-buf)" } else { "" }
         )));
     }
-    comm::reg_mr_on_port(group.port.clone(), data, size, kind, dmabuf)
+    comm::reg_mr_on_port(group.port.clone(), data, size, kind, dmabuf, false)
 }
 
 /// `deregMr`.

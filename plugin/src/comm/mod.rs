@@ -77,7 +77,7 @@ pub(crate) fn reg_mr(
     kind: c_int,
     dmabuf: Option<(u64, c_int)>,
 ) -> NetResult<Ptr> {
-    mr::reg_mr_on(data::ports_of("regMr", comm)?, data, size, kind, dmabuf)
+    mr::reg_mr_on(data::ports_of("regMr", comm)?, data, size, kind, dmabuf, false)
 }
 
 /// `deregMr` of a registration on the port of data comm `comm`.
@@ -94,8 +94,16 @@ pub(crate) fn reg_mr_on_port(
     size: usize,
     kind: c_int,
     dmabuf: Option<(u64, c_int)>,
+    strong_order: bool,
 ) -> NetResult<Ptr> {
-    mr::reg_mr(port, data, size, kind, dmabuf)
+    mr::reg_mr(port, data, size, kind, dmabuf, strong_order)
+}
+
+/// The local and remote keys of registration `mh` (0 for a zero-length one), for RMA windows
+/// whose keys every rank learns.
+#[cfg(feature = "rma")]
+pub(crate) fn keys_of(call: &str, mh: Ptr) -> NetResult<(u32, u32)> {
+    mr::lookup(call, mh).map(|mr| (mr.lkey, mr.rkey))
 }
 
 /// `deregMr` of a registration made with [`reg_mr_on_port`].

@@ -90,18 +90,22 @@ pub(crate) fn reg_mr(
     size: usize,
     kind: c_int,
     dmabuf: Option<(u64, c_int)>,
+    strong_order: bool,
 ) -> NetResult<Ptr> {
-    reg_mr_on(vec![port], data, size, kind, dmabuf)
+    reg_mr_on(vec![port], data, size, kind, dmabuf, strong_order)
 }
 
 /// Register `size` bytes at `data` in the protection domain of every port of `ports` (a fused
-/// device's members, in order; at least one).
+/// device's members, in order; at least one). `strong_order`: no relaxed ordering (NCCL's
+/// `NCCL_NET_MR_FLAG_FORCE_SO`; like NCCL's IB transport, honoured when the pages are registered
+/// anew, not for a range the cache already holds).
 pub(crate) fn reg_mr_on(
     ports: Vec<Arc<OpenPort>>,
     data: Ptr,
     size: usize,
     kind: c_int,
     dmabuf: Option<(u64, c_int)>,
+    strong_order: bool,
 ) -> NetResult<Ptr> {
     if data.is_null() && size > 0 {
         return Err(NetError::invalid_argument("regMr: NULL buffer"));
@@ -115,7 +119,7 @@ pub(crate) fn reg_mr_on(
     let port = ports
         .next()
         .ok_or_else(|| NetError::misuse("regMr: no port"))?;
-    let share = register(&port, data, size, kind, dmabuf)?;
+    let share = register(&port, data, size, kind, dmabuf, strong_order)?;
     let mut entry = Box::new(UserMr {
         lkey: share.as_ref().map_or(0, |s| s.lkey),
         rkey: share.as_ref().map_or(0, |s| s.rkey),
@@ -127,7 +131,7 @@ pub(crate) fn reg_mr_on(
     });
     for other in ports {
         // A failure drops `entry`, releasing what was registered so far.
-        let share = register(&other, data, size, kind, dmabuf)?;
+        let share = register(&other, data, size, kind, dmabuf, strong_order)?;
         entry.others.push((other, share));
     }
     MRS.insert(entry)
@@ -142,11 +146,15 @@ fn register(
     size: usize,
     kind: c_int,
     dmabuf: Option<(u64, c_int)>,
+    strong_order: bool,
 ) -> NetResult<Option<CachedMr>> {
-    // NCCL's access flags; relaxed ordering where the port's decision allows it (the library
-    // drops the bit where the device cannot honour it).
-    let mut flags = access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ;
-    if port.gpu.relaxed_ordering {
+    // NCCL's access flags (remote atomics too: the RMA tables' signals are fetch-and-adds into
+    // registered memory); relaxed ordering where the port's decision allows it and the caller
+    // did not force strong ordering (the library drops the bit where the device cannot honour
+    // it).
+    let mut flags =
+        access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC;
+    if port.gpu.relaxed_ordering && !strong_order {
         flags |= access::RELAXED_ORDERING;
     }
     let memory = match dmabuf {
