@@ -199,7 +199,7 @@ impl fmt::Display for RmaError {
                 status,
             } => write!(
                 f,
-                "the queue pair to rank {rank} (context {context}) failed earlier: {status}"
+                "the queue pair to rank {rank} (context {context}) failed: {status}"
             ),
             Self::LaneFull { rank, requests } => write!(
                 f,
@@ -376,10 +376,12 @@ pub fn plan_put(
     target: u32,
     max_inline: u32,
 ) -> Result<Plan, RmaError> {
-    Ok(match transfer_to(src, src_off, size, dst, dst_off, target, max_inline)? {
-        Some(t) => Plan::Put(t),
-        None => Plan::Nothing,
-    })
+    Ok(
+        match transfer_to(src, src_off, size, dst, dst_off, target, max_inline)? {
+            Some(t) => Plan::Put(t),
+            None => Plan::Nothing,
+        },
+    )
 }
 
 /// A put (as [`plan_put`]; none when `size` is 0 and no windows are given), then `op` on the
@@ -525,7 +527,9 @@ enum State {
     Free,
     /// Posted; its last completion has not come. `failed`: it is known failed already (an
     /// earlier piece or another request on its lane failed).
-    Posted { failed: Option<RmaError> },
+    Posted {
+        failed: Option<RmaError>,
+    },
     /// Its last completion came: success.
     Done,
     /// Its last completion came: failure.

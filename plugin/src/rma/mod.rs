@@ -122,8 +122,10 @@ struct Lanes {
     lanes: Vec<Option<Lane>>,
     shared: LaneShared,
     requests: Requests,
-    /// Lanes whose failure was reported with a WARN.
-    warned: Vec<bool>,
+    /// Lanes whose failure was seen (their queue pair moved to the error state).
+    seen: Vec<bool>,
+    /// Peers whose failure was reported with a WARN.
+    warned_peers: Vec<bool>,
     max_inline: u32,
 }
 
@@ -215,9 +217,7 @@ pub(crate) fn connect(handles: Vec<[u8; 128]>, rank: c_int, listen: Ptr) -> NetR
     };
     info!(
         INIT_NET,
-        "RMA: rank {rank} of {nranks} connected on {} port {}",
-        port.info.name,
-        port.info.port
+        "RMA: rank {rank} of {nranks} connected on {} port {}", port.info.name, port.info.port
     );
     let control = Control::new(nranks, rank, sends, recvs, scratch, mh);
     GROUPS
@@ -334,7 +334,8 @@ pub(crate) fn dereg_mr_sym(coll: Ptr, mh: Ptr) -> NetResult<()> {
     }
     // SAFETY: NCCL deregisters a window after the operations using it completed, and never
     // concurrently with a call using it.
-    let w = unsafe { WINDOWS.remove(handle) }.ok_or_else(|| unknown("deregMrSym", "mhandle", mh))?;
+    let w =
+        unsafe { WINDOWS.remove(handle) }.ok_or_else(|| unknown("deregMrSym", "mhandle", mh))?;
     comm::dereg_mr_on_port(&g.port, w.mr)
 }
 
@@ -365,15 +366,17 @@ pub(crate) fn create_context(coll: Ptr, config: ContextConfig) -> NetResult<Ptr>
         .ok()
         .filter(|&s| s >= 1)
         .ok_or_else(|| {
-            NetError::invalid_argument(format!(
-                "createContext: rankStride {}",
-                config.rank_stride
-            ))
+            NetError::invalid_argument(format!("createContext: rankStride {}", config.rank_stride))
         })?;
     let tc = (0..=255)
         .contains(&config.traffic_class)
         .then_some(config.traffic_class)
-        .or_else(|| net::context(g.ctx).ok().flatten().and_then(|c| c.traffic_class));
+        .or_else(|| {
+            net::context(g.ctx)
+                .ok()
+                .flatten()
+                .and_then(|c| c.traffic_class)
+        });
     let settings = net::config()?.qp_settings(tc);
     let n = g.nranks;
     let lanes_total = contexts * n;
@@ -426,7 +429,12 @@ pub(crate) fn create_context(coll: Ptr, config: ContextConfig) -> NetResult<Ptr>
     // Every lane of every rank is connected before any rank posts.
     ctl.exchange("createContext", Kind::Ready, &|_| Vec::new())?;
     drop(ctl);
-    let max_inline = lanes.iter().flatten().map(Lane::max_inline).min().unwrap_or(0);
+    let max_inline = lanes
+        .iter()
+        .flatten()
+        .map(Lane::max_inline)
+        .min()
+        .unwrap_or(0);
     let requests = Requests::new(contexts, n, g.rank, stride, shared.depth());
     info!(
         INIT_NET,
@@ -440,7 +448,8 @@ pub(crate) fn create_context(coll: Ptr, config: ContextConfig) -> NetResult<Ptr>
         group: coll,
         rank: g.rank,
         state: Mutex::new(Lanes {
-            warned: vec![false; lanes.len()],
+            seen: vec![false; lanes.len()],
+            warned_peers: vec![false; n as usize],
             lanes,
             shared,
             requests,
@@ -545,7 +554,7 @@ impl Op {
             Self::Put { .. } => "iput",
             Self::PutSignal { .. } => "iputSignal",
             Self::Get { .. } => "iget",
-            Self::Flush { .. } => "iflush",
+            Self::Flush { .. } => "RMA iflush",
         }
     }
 }
@@ -568,7 +577,10 @@ pub(crate) fn issue(rma_ctx: Ptr, context: c_int, rank: u32, op: Op) -> NetResul
     let st = &mut *guard;
     // A flush reads the own memory over the lane to the own rank, whatever rank NCCL named
     // (that rank is still checked).
-    let lane = st.requests.lane(context, rank).map_err(|e| rma_error(call, e))?;
+    let lane = st
+        .requests
+        .lane(context, rank)
+        .map_err(|e| rma_error(call, e))?;
     let lane = match op {
         Op::Flush { .. } => st
             .requests
@@ -635,7 +647,12 @@ fn plan(c: &RmaContext, op: &Op, rank: u32, max_inline: u32) -> Result<Plan, Pla
             let put = if size == 0 && (src.is_null() || dst.is_null()) {
                 None
             } else {
-                Some((win("srcMhandle", src)?, src_off, win("dstMhandle", dst)?, dst_off))
+                Some((
+                    win("srcMhandle", src)?,
+                    src_off,
+                    win("dstMhandle", dst)?,
+                    dst_off,
+                ))
             };
             rma::plan_put_signal(
                 put,
@@ -671,10 +688,11 @@ fn plan(c: &RmaContext, op: &Op, rank: u32, max_inline: u32) -> Result<Plan, Pla
 fn poll(st: &mut Lanes, call: &str) -> NetResult<()> {
     let mut out = [(0u64, WcStatus::SUCCESS); MAX_POLL];
     loop {
-        let n = st
-            .shared
-            .poll(&mut out)
-            .map_err(|errno| NetError::system(format!("{call}: polling the completion queue failed (errno {errno})")))?;
+        let n = st.shared.poll(&mut out).map_err(|errno| {
+            NetError::system(format!(
+                "{call}: polling the completion queue failed (errno {errno})"
+            ))
+        })?;
         for &(wr_id, status) in &out[..n] {
             st.requests.handle_completion(wr_id, status);
         }
@@ -684,19 +702,28 @@ fn poll(st: &mut Lanes, call: &str) -> NetResult<()> {
     }
 }
 
-/// One WARN per failed lane, naming the peer and the operation that saw it.
+/// Move every newly failed lane's queue pair to the error state (what is still outstanding on it
+/// completes flushed now), with one WARN per peer, naming it and the call that saw it.
 fn warn_failures(st: &mut Lanes, call: &str) {
-    for lane in 0..st.warned.len() {
-        if st.warned[lane] {
+    let n = st.warned_peers.len().max(1);
+    for lane in 0..st.seen.len() {
+        if st.seen[lane] {
             continue;
         }
-        if let Some(e) = st.requests.lane_failure(lane as u32) {
-            st.warned[lane] = true;
-            // Whatever else is outstanding on the queue pair is flushed now.
-            if let Some(l) = &st.lanes[lane] {
-                l.fail();
-            }
-            warn!("RMA {call}: {e}; requests to that rank fail from now on, other ranks keep working");
+        let Some(e) = st.requests.lane_failure(lane as u32) else {
+            continue;
+        };
+        st.seen[lane] = true;
+        if let Some(l) = &st.lanes[lane] {
+            l.fail();
+        }
+        let peer = lane % n;
+        if !st.warned_peers[peer] {
+            st.warned_peers[peer] = true;
+            warn!(
+                "RMA {call}: {e}; its requests fail, later ones to that rank are refused, other \
+                 ranks keep working"
+            );
         }
     }
 }
@@ -717,7 +744,7 @@ pub(crate) fn test(coll: Ptr, request: Ptr) -> NetResult<bool> {
     match st.requests.test(id) {
         Ok(Tested::Done) => Ok(true),
         Ok(Tested::Pending) => Ok(false),
-        Err(e) => Err(rma_error("test", e)),
+        Err(e) => Err(rma_error("RMA test", e)),
     }
 }
 
@@ -752,5 +779,12 @@ fn rma_error(call: &str, e: RmaError) -> NetError {
         RmaError::UnknownRequest => ErrorClass::Internal,
         RmaError::Post { .. } => ErrorClass::System,
     };
-    NetError::new(class, format!("RMA {call}: {e}"))
+    let err = NetError::new(class, format!("{call}: {e}"));
+    // A failed lane had its one WARN when the failure was seen (`warn_failures`); the requests
+    // and calls it fails afterwards say nothing more.
+    if matches!(e, RmaError::PeerFailed { .. }) {
+        err.logged()
+    } else {
+        err
+    }
 }
