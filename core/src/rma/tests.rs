@@ -127,8 +127,7 @@ fn signals_check_op_alignment_and_window() {
         )
     );
     assert_eq!(plan.work_requests(), 1);
-    let Plan::PutSignal(_, s) =
-        plan_put_signal(None, 0, 1, &w, 8, SIGNAL_OP_ADD, 99, 64).unwrap()
+    let Plan::PutSignal(_, s) = plan_put_signal(None, 0, 1, &w, 8, SIGNAL_OP_ADD, 99, 64).unwrap()
     else {
         panic!()
     };

@@ -427,7 +427,11 @@ pub(super) unsafe extern "C" fn iput_opt(
     request: *mut Ptr,
 ) -> NcclResult {
     // SAFETY: the caller's contract.
-    unsafe { iput(rma_ctx, context, src_off, src, size, dst_off, dst, rank, request) }
+    unsafe {
+        iput(
+            rma_ctx, context, src_off, src, size, dst_off, dst, rank, request,
+        )
+    }
 }
 
 /// `iputSignal` of v14 (`isStrongSignal`: every Rivet signal is strong).
@@ -571,7 +575,11 @@ pub(super) unsafe extern "C" fn iget_opt(
     request: *mut Ptr,
 ) -> NcclResult {
     // SAFETY: the caller's contract.
-    unsafe { iget(rma_ctx, context, remote_off, remote, size, local_off, local, rank, request) }
+    unsafe {
+        iget(
+            rma_ctx, context, remote_off, remote, size, local_off, local, rank, request,
+        )
+    }
 }
 
 /// `iflush(rmaCtx, context, mhandle, rank, &request)`.
@@ -627,4 +635,3 @@ pub(super) unsafe extern "C" fn query_last_error(rma_ctx: Ptr, has_error: *mut b
         unsafe { put(has_error, e, "queryLastError: hasError") }
     })
 }
-

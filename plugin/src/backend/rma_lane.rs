@@ -178,31 +178,27 @@ impl Lane {
     /// Post `plan` for request `id`: its work requests in order, the last one signaled. An
     /// errno when the provider refused (nothing of a refused chain was posted past the refused
     /// request; the core withdraws the request).
-    pub(crate) fn post(
-        &self,
-        shared: &LaneShared,
-        id: RequestId,
-        plan: &Plan,
-    ) -> Result<(), i32> {
+    pub(crate) fn post(&self, shared: &LaneShared, id: RequestId, plan: &Plan) -> Result<(), i32> {
         let mut sges = [ibv_sge::default(); MAX_CHAIN];
         let mut wrs: [ibv_send_wr; MAX_CHAIN] = Default::default();
         let mut n = 0;
-        let mut push = |n: &mut usize, sge: ibv_sge, opcode: u32, flags: u32, wr: ibv_send_wr_wr| {
-            if *n == MAX_CHAIN {
-                return Err(libc::E2BIG);
-            }
-            sges[*n] = sge;
-            wrs[*n] = ibv_send_wr {
-                wr_id: id.piece_wr_id(),
-                num_sge: i32::from(sge.length > 0),
-                opcode,
-                send_flags: flags,
-                wr,
-                ..ibv_send_wr::default()
+        let mut push =
+            |n: &mut usize, sge: ibv_sge, opcode: u32, flags: u32, wr: ibv_send_wr_wr| {
+                if *n == MAX_CHAIN {
+                    return Err(libc::E2BIG);
+                }
+                sges[*n] = sge;
+                wrs[*n] = ibv_send_wr {
+                    wr_id: id.piece_wr_id(),
+                    num_sge: i32::from(sge.length > 0),
+                    opcode,
+                    send_flags: flags,
+                    wr,
+                    ..ibv_send_wr::default()
+                };
+                *n += 1;
+                Ok(())
             };
-            *n += 1;
-            Ok(())
-        };
         let rdma = |remote_addr, rkey| ibv_send_wr_wr {
             rdma: ibv_rdma_wr { remote_addr, rkey },
         };
@@ -216,7 +212,13 @@ impl Lane {
                         length: p.len,
                         lkey: if t.inline { 0 } else { t.lkey },
                     };
-                    push(&mut n, sge, wr_opcode::RDMA_WRITE, inline, rdma(p.remote, t.rkey))?;
+                    push(
+                        &mut n,
+                        sge,
+                        wr_opcode::RDMA_WRITE,
+                        inline,
+                        rdma(p.remote, t.rkey),
+                    )?;
                 }
             }
             Plan::Get(t) => {

@@ -77,7 +77,14 @@ pub(crate) fn reg_mr(
     kind: c_int,
     dmabuf: Option<(u64, c_int)>,
 ) -> NetResult<Ptr> {
-    mr::reg_mr_on(data::ports_of("regMr", comm)?, data, size, kind, dmabuf, false)
+    mr::reg_mr_on(
+        data::ports_of("regMr", comm)?,
+        data,
+        size,
+        kind,
+        dmabuf,
+        false,
+    )
 }
 
 /// `deregMr` of a registration on the port of data comm `comm`.

@@ -221,9 +221,8 @@ impl Control {
         // SAFETY: the receive of this slot completed; no transfer writes it until the next
         // exchange posts a receive.
         let bytes = unsafe { self.scratch.bytes(self.recv_slot(peer), SLOT) };
-        let word = |i: usize| {
-            u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap_or([0; 4]))
-        };
+        let word =
+            |i: usize| u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap_or([0; 4]));
         let len = word(3) as usize;
         if word(0) != MAGIC || word(1) != seq || word(2) != kind as u32 || len > MAX_PAYLOAD {
             return Err(NetError::remote(format!(

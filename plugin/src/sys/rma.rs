@@ -82,8 +82,9 @@ pub type RegMrSymDmaBufFn =
 /// `deregMrSym(collComm, mhandle)`.
 pub type DeregMrSymFn = Option<unsafe extern "C" fn(Ptr, Ptr) -> NcclResult>;
 /// `iput(rmaCtx, context, srcOff, srcMh, size, dstOff, dstMh, rank, request)` (v13, v14).
-pub type IputFn =
-    Option<unsafe extern "C" fn(Ptr, c_int, u64, Ptr, usize, u64, Ptr, u32, *mut Ptr) -> NcclResult>;
+pub type IputFn = Option<
+    unsafe extern "C" fn(Ptr, c_int, u64, Ptr, usize, u64, Ptr, u32, *mut Ptr) -> NcclResult,
+>;
 /// `iput(…, rank, optFlags, request)` (v15+).
 pub type IputOptFn = Option<
     unsafe extern "C" fn(Ptr, c_int, u64, Ptr, usize, u64, Ptr, u32, u32, *mut Ptr) -> NcclResult,
