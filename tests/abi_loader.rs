@@ -30,8 +30,7 @@ fn c_loader_accepts_every_exported_version() {
     if minimal_build() {
         command.arg("--minimal");
     }
-    let output = command.output()
-        .expect("run the C loader");
+    let output = command.output().expect("run the C loader");
     let report = String::from_utf8_lossy(&output.stderr);
     let failures: Vec<&str> = report.lines().filter(|l| l.starts_with("FAIL")).collect();
     assert!(
@@ -72,7 +71,10 @@ fn c_loader_accepts_every_exported_version() {
             }
             if mode == "devices" {
                 let gin_proxy = format!("PASS rma v{version} device 0 is a GIN_PROXY device");
-                assert!(report.contains(&gin_proxy), "missing {gin_proxy:?}:\n{report}");
+                assert!(
+                    report.contains(&gin_proxy),
+                    "missing {gin_proxy:?}:\n{report}"
+                );
             }
         }
         assert!(

@@ -5,6 +5,8 @@
 //! helper through the same discovery), the conformance suite between two processes (the same checks
 //! as the Soft-RoCE lane, `common::check_conformance`), the 64 MiB / grouped / many-small
 //! transfers, `rivet bench` (its figures printed), an all-to-all connect of 8 and of 32 ranks,
+//! the RMA conformance (`tests/c/rma.c`: 2, 3 and 8 ranks through `ncclRmaPlugin_v16`, the v13,
+//! v14 and v15 tables once each, a killed member),
 //! the faults that make sense on one host: a peer killed in either role, hostile handshake
 //! clients, a handshake that times out, bad memory, fork after init, connect/close cycles and
 //! closes with receives in flight; and the relocatable tarballs (`scripts/package.sh`, default and
@@ -408,4 +410,101 @@ fn faults_end_in_errors_not_hangs() {
         stderr_all.contains("failed: the peer closed the connection or died"),
         "no peer-death line"
     );
+}
+
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn c_loader_with_the_fabric_device_checks_the_rma_tables() {
+    // With a device, the RMA tables must init, list it and call it a GIN_PROXY device (NCCL
+    // drops the table otherwise): checks the no-device run of tests/abi_loader.rs cannot make.
+    let (out, _, stderr) = run(
+        "loader devices",
+        &mut over_fabric(env!("RIVET_C_LOADER"), &[&lib(), "devices"]),
+    );
+    assert!(
+        out.status.success() && !stderr.lines().any(|l| l.starts_with("FAIL")),
+        "the C loader with the fabric's device failed"
+    );
+    for version in 13..=16 {
+        for needle in [
+            format!("PASS rma v{version} init succeeds"),
+            format!("PASS rma v{version} device 0 is a GIN_PROXY device"),
+            format!("PASS rma v{version} init/finalize per communicator, 50 times"),
+        ] {
+            assert!(stderr.contains(&needle), "loader: missing {needle:?}");
+        }
+    }
+}
+
+/// `tests/c/rma.c` over the fabric with `args` after the library; its stderr, after checking the
+/// exit status, that no check failed and that the summary line names the run.
+fn rma(args: &[&str], summary: &str) -> String {
+    let mut all = vec![lib()];
+    all.extend(args.iter().map(|a| (*a).to_owned()));
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    let mut command = over_fabric(env!("RIVET_C_RMA"), &all);
+    if args.contains(&"--kill") {
+        // Short transport retries: the survivors must see the death within the bound.
+        command
+            .env("NCCL_IB_TIMEOUT", "12")
+            .env("NCCL_IB_RETRY_CNT", "2");
+    }
+    let (out, _, stderr) = run(&format!("rma {}", args.join(" ")), &mut command);
+    assert!(
+        !stderr.lines().any(|l| l.starts_with("FAIL ")),
+        "rma {args:?}: a check failed"
+    );
+    assert!(out.status.success(), "rma {args:?}: exit status");
+    let last = stderr.lines().rev().find(|l| l.starts_with("rma: "));
+    assert!(
+        last.is_some_and(|l| l.starts_with(summary) && l.contains(", 0 rank(s) failed")),
+        "rma {args:?}: summary {last:?}, want it to start with {summary:?}"
+    );
+    stderr
+}
+
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn rma_conformance_of_2_ranks() {
+    let stderr = rma(&["--ranks", "2", "--quick"], "rma: v16, 2 ranks");
+    common::check_rma(&stderr, 16);
+}
+
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn rma_conformance_of_3_ranks() {
+    let stderr = rma(&["--ranks", "3", "--quick"], "rma: v16, 3 ranks");
+    common::check_rma(&stderr, 16);
+}
+
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn rma_conformance_of_8_ranks() {
+    let stderr = rma(&["--ranks", "8", "--quick"], "rma: v16, 8 ranks");
+    common::check_rma(&stderr, 16);
+}
+
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn rma_conformance_through_the_v13_v14_and_v15_tables() {
+    for version in ["13", "14", "15"] {
+        let stderr = rma(
+            &["--ranks", "2", "--quick", "--version", version],
+            &format!("rma: v{version}, 2 ranks"),
+        );
+        common::check_rma(&stderr, version.parse().unwrap_or_default());
+    }
+}
+
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn rma_killed_member_fails_the_others_puts_not_the_survivors() {
+    let stderr = rma(&["--ranks", "3", "--kill"], "rma: v16, 3 ranks");
+    for needle in [
+        "PASS puts towards the killed rank 2 failed at",
+        "PASS queryLastError reports the error after the peer's death",
+        "PASS after the death of rank 2, iput and iget between the 2 survivors complete",
+    ] {
+        assert!(stderr.contains(needle), "rma --kill: missing {needle:?}");
+    }
 }

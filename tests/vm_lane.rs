@@ -5,7 +5,8 @@
 //! with two queue pairs per connection), transfers over four queue pairs round-robin and three
 //! split (`NCCL_IB_QPS_PER_CONNECTION`, `NCCL_IB_SPLIT_DATA_ON_QPS`), the
 //! CollNet conformance (`tests/c/collnet.c`: 2, 3 and 8 ranks, bit-exact results, a killed and a
-//! missing member), and `rivet selftest --quick` (the verbs path PASSes, the mlx5 direct path is
+//! missing member), the RMA conformance (`tests/c/rma.c`: 2, 3 and 8 ranks through
+//! `ncclRmaPlugin_v16`, a killed member), and `rivet selftest --quick` (the verbs path PASSes, the mlx5 direct path is
 //! skipped on rxe), and, with `RIVET_PACKAGE_DEB`, the Debian package installed on a clean root
 //! with the transfer test through the installed library (`scripts/vm-package.sh`).
 //!
@@ -30,6 +31,7 @@ fn script() -> String {
     let transfer = env!("RIVET_C_TRANSFER");
     let conformance = env!("RIVET_C_CONFORMANCE");
     let collnet = env!("RIVET_C_COLLNET");
+    let rma = env!("RIVET_C_RMA");
     let device_tests = std::env::var("RIVET_VERBS_DEVICE_TEST").unwrap_or_default();
     let mut s =
         String::from("set -u\nstep() { name=$1; shift; \"$@\"; echo \"STEP $name rc=$?\"; }\n");
@@ -65,6 +67,12 @@ fn script() -> String {
     s += &format!("step collnet-8 {collnet} {lib} --ranks 8 --quick\n");
     s += &format!("step collnet-kill {collnet} {lib} --ranks 3 --kill\n");
     s += &format!("step collnet-missing {collnet} {lib} --ranks 3 --missing\n");
+    s += &format!("step rma {rma} {lib} --ranks 3 --quick\n");
+    s += &format!("step rma-2 {rma} {lib} --ranks 2 --quick\n");
+    s += &format!("step rma-8 {rma} {lib} --ranks 8 --quick\n");
+    s += &format!(
+        "step rma-kill env NCCL_IB_TIMEOUT=12 NCCL_IB_RETRY_CNT=2 {rma} {lib} --ranks 3 --kill\n"
+    );
     s += &format!("step selftest {rivet} selftest --quick --plugin {lib}\n");
     s += &format!("step stats {rivet} info --stats\n");
     // The Debian package on a clean root (an overlay), the transfer test through the installed
@@ -188,6 +196,20 @@ fn soft_roce_lane() {
         "PASS a member that never connects fails connect",
     ] {
         assert!(stderr.contains(needle), "collnet: missing {needle:?}");
+    }
+    for name in ["rma", "rma-2", "rma-8", "rma-kill"] {
+        assert_eq!(step(name), 0, "{name} failed: see its FAIL lines above");
+    }
+    common::check_rma(&stderr, 16);
+    for needle in [
+        "rma: v16, 2 ranks (2 here), quick, 0 rank(s) failed",
+        "rma: v16, 3 ranks (3 here), quick, 0 rank(s) failed",
+        "rma: v16, 8 ranks (8 here), quick, 0 rank(s) failed",
+        "PASS puts towards the killed rank 2 failed at",
+        "PASS queryLastError reports the error after the peer's death",
+        "PASS after the death of rank 2, iput and iget between the 2 survivors complete",
+    ] {
+        assert!(stderr.contains(needle), "rma: missing {needle:?}");
     }
     assert_eq!(step("selftest"), 0, "rivet selftest failed: see above");
     assert!(

@@ -739,13 +739,65 @@ static void test_signals(void) {
          K, NCTX);
 }
 
+/* ---- 256 requests in flight towards one peer (NCCL's bound: 32 x 8 per peer), and NCCL's flush:
+ * an 8-byte iput from a window to itself (the same handle as source and destination) ---- */
+
+enum { DEPTH = 256 };
+
+static void test_depth(void) {
+  int n = g_nranks, peer = (g_rank + 1) % n, from = (g_rank + n - 1) % n;
+  memset(W.base, 0xee, W.size);
+  if (!barrier("before the depth test")) return;
+  void** reqs = calloc(DEPTH, sizeof(void*));
+  int ok = 1;
+  for (int i = 0; i < DEPTH && ok; i++) {
+    size_t so = (size_t)i * 64;
+    pat_fill(S.base + so, 64, seed_of(g_rank, peer, i, 300));
+    nccl_result r = R.iput(g_rctx, i % NCTX, so, S.mh, 64, (size_t)g_rank * SLOT + so, W.mh, (uint32_t)peer,
+                           opt_flags(i), &reqs[i]);
+    ok = posted(r, reqs[i], "iput (256 in flight to one peer)", peer, 64);
+  }
+  if (ok) ok = wait_all(reqs, DEPTH, 60, "iput (256 in flight to one peer)");
+  free(reqs);
+  if (!barrier("after the depth test")) return;
+  for (int i = 0; i < DEPTH && ok; i++) {
+    size_t off = (size_t)from * SLOT + (size_t)i * 64;
+    if (pat_check(W.base + off, 64, seed_of(from, g_rank, i, 300)) < 64) {
+      FAIL("put %d of %d in flight from rank %d did not land", i, DEPTH, from);
+      ok = 0;
+    }
+  }
+  if (ok) pass("%d iput requests in flight towards one peer at once, all complete and land", DEPTH);
+  /* The flush NCCL issues: 8 bytes from the window to itself on this rank, then to a peer. */
+  /* Past the bytes the 256 puts wrote (a slow rank may still be checking them). */
+  size_t a = (size_t)g_rank * SLOT + 20480, b = (size_t)g_rank * SLOT + 24576;
+  pat_fill(W.base + a, 8, seed_of(g_rank, g_rank, 1, 301));
+  void* req = NULL;
+  nccl_result r = R.iput(g_rctx, 0, a, W.mh, 8, b, W.mh, (uint32_t)g_rank, 0, &req);
+  ok = posted(r, req, "flush-style self iput", g_rank, 8) && wait_one(req, 30, "flush-style self iput");
+  if (ok && pat_check(W.base + b, 8, seed_of(g_rank, g_rank, 1, 301)) < 8) {
+    FAIL("an 8-byte iput from the window to itself (NCCL's flush) did not copy the bytes");
+    ok = 0;
+  }
+  req = NULL;
+  r = R.iput(g_rctx, 1 % NCTX, a, W.mh, 8, (size_t)g_rank * SLOT + 28672, W.mh, (uint32_t)peer, 0, &req);
+  ok = ok && posted(r, req, "iput with one handle as source and destination", peer, 8) &&
+       wait_one(req, 30, "iput with one handle as source and destination");
+  if (!barrier("after the flush-style puts")) return;
+  if (ok && pat_check(W.base + (size_t)from * SLOT + 28672, 8, seed_of(from, from, 1, 301)) < 8) {
+    FAIL("an iput from rank %d's window into this rank's same window did not land", from);
+    ok = 0;
+  }
+  if (ok) pass("NCCL's flush: an 8-byte iput within one window to this rank itself, and to a peer");
+}
+
 /* ---- 1,000 random operations per rank against a model of this rank's part of every window ---- */
 
 enum { RANDOM_OPS = 1000, REGION = 256 << 10, RING = 16, RING_AREA = 64 << 10 };
 
 typedef struct {
   void* req;
-  int target, kind; /* 0 put, 1 INC, 2 ADD, 3 get */
+  int target, kind; /* 0 put, 1 INC, 2 ADD, 3 get, 4 flush */
   size_t off, size;
   int ring;
 } op_rec;
@@ -817,12 +869,12 @@ static void test_random(void) {
   memset(g_model_sig, 0, sizeof g_model_sig);
   memset(W.base, 0, W.size);
   if (!barrier("before the random operations")) return;
-  int counts[4] = {0};
+  int counts[5] = {0};
   for (int k = 0; k < RANDOM_OPS; k++) {
     op_rec o = {0};
     o.target = (int)(rnd() % (uint64_t)n);
     uint64_t pick = rnd() % 10;
-    o.kind = pick < 4 ? 0 : pick < 5 ? 1 : pick < 6 ? 2 : 3;
+    o.kind = pick < 4 ? 0 : pick < 5 ? 1 : pick < 6 ? 2 : pick < 9 ? 3 : (rnd() & 1) ? 4 : 3;
     switch (rnd() % 4) {
       case 0: o.size = rnd() % 17; break;
       case 1: o.size = rnd() % 512; break;
@@ -845,7 +897,10 @@ static void test_random(void) {
     size_t remote = (size_t)g_rank * SLOT + o.off;
     unsigned char* model = g_model + (size_t)o.target * REGION + o.off;
     nccl_result r;
-    if (o.kind == 3) {
+    if (o.kind == 4) {
+      o.size = 0;
+      r = R.iflush(g_rctx, c, (rnd() & 1) ? W.mh : S.mh, (uint32_t)o.target, &o.req);
+    } else if (o.kind == 3) {
       memset(S.base + local, 0xdd, o.size);
       r = R.iget(g_rctx, c, remote, W.mh, o.size, local, S.mh, (uint32_t)o.target, opt, &o.req);
     } else {
@@ -862,7 +917,8 @@ static void test_random(void) {
                           o.kind == 2 ? RMA_SIGNAL_OP_ADD : RMA_SIGNAL_OP_INC, strong, opt, &o.req);
       }
     }
-    static const char* kinds[] = {"random iput", "random iputSignal INC", "random iputSignal ADD", "random iget"};
+    static const char* kinds[] = {"random iput", "random iputSignal INC", "random iputSignal ADD", "random iget",
+                                  "random iflush"};
     if (!posted(r, o.req, kinds[o.kind], o.target, o.size)) return;
     counts[o.kind]++;
     g_flight[g_nflight++] = o;
@@ -908,9 +964,9 @@ static void test_random(void) {
       }
   if (!barrier("after the random check")) return;
   if (ok)
-    pass("%d random operations per rank (%d iput, %d INC, %d ADD, %d iget here; random ranks, offsets, sizes up to "
-         "64 KiB, contexts, flags; %d in flight) match the model, read back with iget",
-         RANDOM_OPS, counts[0], counts[1], counts[2], counts[3], RING);
+    pass("%d random operations per rank (%d iput, %d INC, %d ADD, %d iget, %d iflush here; random ranks, offsets, "
+         "sizes up to 64 KiB, contexts, flags; %d in flight) match the model, read back with iget",
+         RANDOM_OPS, counts[0], counts[1], counts[2], counts[3], counts[4], RING);
 }
 
 /* ---- the promised errors: ncclInvalidArgument before anything is posted, no request ---- */
@@ -1216,6 +1272,7 @@ static int run_rank(const char* path, int mode) {
   }
   test_sweep();
   if (!h_failures) test_signals();
+  if (!h_failures) test_depth();
   if (!h_failures) test_random();
   if (!h_failures) test_errors();
   bool has = true;

@@ -94,3 +94,48 @@ pub(crate) fn check_transfer(stderr: &str) {
         assert!(stderr.contains(needle), "missing {needle:?}");
     }
 }
+
+/// What a run of `tests/c/rma.c LIB --version <version>` (not `--kill`, not `--bench`) must have
+/// printed on stderr: every phase's PASS line (rank 0 prints them).
+#[allow(
+    dead_code,
+    reason = "the lanes that run the RMA program use it; other tests sharing this module do not"
+)]
+pub(crate) fn check_rma(stderr: &str, version: u32) {
+    let mut needles = vec![
+        format!("PASS ncclRmaPlugin_v{version}: init,"),
+        "is a GIN_PROXY device".to_owned(),
+        "(connect given a NULL / garbage NET context)".to_owned(),
+        "PASS createContext (3 contexts), three windows registered".to_owned(),
+        "PASS iput at 0, 1, 8, 4095, 65536 and 4194304 bytes".to_owned(),
+        "PASS iputSignal INC at 0, 1, 8, 4095, 65536 and 4194304 bytes".to_owned(),
+        "PASS iputSignal ADD at 0, 1, 8, 4095, 65536 and 4194304 bytes".to_owned(),
+        "PASS iget at 0, 1, 8, 4095, 65536 and 4194304 bytes".to_owned(),
+        "iputSignal per ordered pair in flight at once".to_owned(),
+        "PASS 256 iput requests in flight towards one peer at once, all complete and land"
+            .to_owned(),
+        "PASS NCCL's flush: an 8-byte iput within one window to this rank itself, and to a peer"
+            .to_owned(),
+        "PASS 1000 random operations per rank".to_owned(),
+        "refused with ncclInvalidArgument and no request; the context still works".to_owned(),
+        "PASS a healthy run: queryLastError false, rmaProgress never failed".to_owned(),
+        "PASS the 4 KiB guards around every window untouched".to_owned(),
+    ];
+    if version == 13 {
+        needles.push("PASS v13 createContext: devHandle".to_owned());
+        needles.push("PASS v13 regMrSym wrote *ginHandle".to_owned());
+    }
+    if version >= 16 {
+        needles.push("PASS getRmaProperties: flushesAllPutsOnAnySignal".to_owned());
+    }
+    for needle in needles {
+        assert!(
+            stderr.contains(&needle),
+            "rma v{version}: missing {needle:?}"
+        );
+    }
+    assert!(
+        !stderr.lines().any(|l| l.starts_with("FAIL ")),
+        "the RMA program printed FAIL lines"
+    );
+}
