@@ -583,6 +583,8 @@ pub struct Requests {
     cq_depth: u32,
     reserved: u32,
     errors: bool,
+    /// Lanes failed so far (for the plugin, to act on a new failure without scanning lanes).
+    failed_lanes: u32,
 }
 
 impl Requests {
@@ -608,6 +610,7 @@ impl Requests {
             cq_depth,
             reserved: 0,
             errors: false,
+            failed_lanes: 0,
         }
     }
 
@@ -798,6 +801,12 @@ impl Requests {
         self.errors
     }
 
+    /// How many lanes have failed so far: it changes exactly when a lane fails, so a caller
+    /// compares it with the count it last acted on instead of asking every lane.
+    pub fn failed_lanes(&self) -> u32 {
+        self.failed_lanes
+    }
+
     /// Requests NCCL still holds or that wait for their last completion.
     pub fn outstanding(&self) -> usize {
         self.slots.len() - self.free.len()
@@ -831,6 +840,9 @@ impl Requests {
             l.failed = Some(status);
         }
         self.errors = true;
+        if first {
+            self.failed_lanes += 1;
+        }
         if !first {
             return;
         }

@@ -274,8 +274,10 @@ fn a_failure_fails_the_lane_and_its_requests_at_once_and_sticks() {
     let b = r.begin(to1, 1).unwrap();
     let c = r.begin(to2, 1).unwrap();
     // A's unsignaled piece fails: every request on lane 1 fails now, before any flush comes.
+    assert_eq!(r.failed_lanes(), 0);
     r.handle_completion(a.piece_wr_id(), WcStatus::RETRY_EXC_ERR);
     assert!(r.has_error());
+    assert_eq!(r.failed_lanes(), 1);
     let failed = RmaError::PeerFailed {
         rank: 1,
         context: 0,
@@ -292,6 +294,7 @@ fn a_failure_fails_the_lane_and_its_requests_at_once_and_sticks() {
     assert_eq!(r.reserved(), 3);
     r.handle_completion(a.wr_id(), WcStatus::WR_FLUSH_ERR);
     r.handle_completion(b.wr_id(), WcStatus::WR_FLUSH_ERR);
+    assert_eq!(r.failed_lanes(), 1, "one lane failed, however many completions say so");
     assert_eq!(r.reserved(), 0);
     assert_eq!(r.outstanding(), 0);
     // The flushes did not overwrite the first cause.

@@ -126,6 +126,8 @@ struct Lanes {
     seen: Vec<bool>,
     /// Peers whose failure was reported with a WARN.
     warned_peers: Vec<bool>,
+    /// `requests.failed_lanes()` when the lanes were last looked at.
+    failed_seen: u32,
     max_inline: u32,
 }
 
@@ -450,6 +452,7 @@ pub(crate) fn create_context(coll: Ptr, config: ContextConfig) -> NetResult<Ptr>
         state: Mutex::new(Lanes {
             seen: vec![false; lanes.len()],
             warned_peers: vec![false; n as usize],
+            failed_seen: 0,
             lanes,
             shared,
             requests,
@@ -705,6 +708,11 @@ fn poll(st: &mut Lanes, call: &str) -> NetResult<()> {
 /// Move every newly failed lane's queue pair to the error state (what is still outstanding on it
 /// completes flushed now), with one WARN per peer, naming it and the call that saw it.
 fn warn_failures(st: &mut Lanes, call: &str) {
+    let failed = st.requests.failed_lanes();
+    if failed == st.failed_seen {
+        return;
+    }
+    st.failed_seen = failed;
     let n = st.warned_peers.len().max(1);
     for lane in 0..st.seen.len() {
         if st.seen[lane] {
