@@ -43,7 +43,10 @@
 #include "harness.h"
 #include "nccl_rma_abi.h"
 
-enum { MAX_RANKS = 8, GUARD = 4096, NCTX = 3 };
+enum { MAX_RANKS = 8, GUARD = 4096 };
+/* Contexts per RMA context: 2 through the v13 and v14 tables, 3 through v15 and v16. */
+static int g_nctx = 3;
+#define NCTX g_nctx
 /* Rank s's part of every window: room for the 4 MiB transfers plus misaligned offsets. */
 #define SLOT (((size_t)4 << 20) + ((size_t)64 << 10))
 #define SIGNAL_BYTES ((size_t)4096)
@@ -54,7 +57,7 @@ enum { MAX_RANKS = 8, GUARD = 4096, NCTX = 3 };
 #define WORD_PAIR_ADD(s) (48 + (s))
 #define WORD_RANDOM(s, j) (64 + (s) * 4 + (j))
 #define WORD_BENCH 128
-#define WORD_KILL(s) (136 + (s))
+#define WORD_BITS(s) (144 + (s))
 
 static int g_rank = -1, g_nranks = 0, g_fd = -1, g_quick = 0, g_version = 16, g_checks = 0;
 static int g_victim = -1; /* --kill: the rank that dies (its death is no failure of the exchange) */
@@ -739,6 +742,188 @@ static void test_signals(void) {
          K, NCTX);
 }
 
+/* ---- per-signal visibility: signal i of a source adds 1 << i, so the target knows exactly which
+ * signals are in and checks each one's put (up to 64 KiB) the moment its bit shows ---- */
+
+enum { BITS = 48 };
+static size_t bits_off(int writer, int i) { return (size_t)writer * SLOT + (size_t)i * 65600; }
+static size_t bits_len(int i) { return i % 4 == 0 ? 65536 : (size_t)(1 + i * 211 % 8000); }
+
+static void test_signal_bits(void) {
+  int n = g_nranks;
+  memset(W.base, 0xee, W.size);
+  if (!barrier("before the bit signals")) return;
+  void** reqs = calloc((size_t)BITS * n, sizeof(void*));
+  int ok = 1;
+  for (int i = 0; i < BITS && ok; i++)
+    for (int k = 0; k < n && ok; k++) {
+      int t = (g_rank + k) % n;
+      size_t len = bits_len(i), so = (size_t)t * SLOT + (size_t)i * 65600;
+      pat_fill(S.base + so, len, seed_of(g_rank, t, i, 200));
+      void** req = &reqs[i * n + k];
+      nccl_result r = R.iput_signal(g_rctx, (i * 7 + k) % NCTX, so, S.mh, len, bits_off(g_rank, i), W.mh, (uint32_t)t,
+                                    (uint64_t)WORD_BITS(g_rank) * 8, G.mh, 1ull << i, RMA_SIGNAL_OP_ADD, (i & 1) != 0,
+                                    opt_flags(i), req);
+      ok = posted(r, *req, "iputSignal (bit signals)", t, len);
+    }
+  uint64_t seen[MAX_RANKS] = {0}, all = (1ull << BITS) - 1;
+  int checked = 0;
+  double start = h_now();
+  while (ok && checked < n * BITS && h_now() - start < 60) {
+    progress();
+    for (int s = 0; s < n && ok; s++) {
+      uint64_t word = signal_word(WORD_BITS(s)), fresh = word & ~seen[s];
+      if (word & ~all) {
+        FAIL("bit signals from rank %d: the word %#llx has bits no signal carries", s, (unsigned long long)word);
+        ok = 0;
+      }
+      for (int i = 0; i < BITS && ok; i++)
+        if (fresh & (1ull << i)) {
+          size_t len = bits_len(i), bad = pat_check(W.base + bits_off(s, i), len, seed_of(s, g_rank, i, 200));
+          if (bad < len) {
+            FAIL("signal %d (bit %d) from rank %d is visible but byte %zu of its %zu-byte put is not", i, i, s, bad,
+                 len);
+            ok = 0;
+          }
+          checked++;
+        }
+      seen[s] = word;
+    }
+    for (int q = 0; q < BITS * n && ok; q++)
+      if (reqs[q]) {
+        int done = 0;
+        if (R.test(g_coll, reqs[q], &done) != NCCL_OK) {
+          FAIL("iputSignal (bit signals): test returned an error: %s", h_last_warn);
+          ok = 0;
+        } else if (done) {
+          reqs[q] = NULL;
+        }
+      }
+  }
+  if (ok && checked != n * BITS) {
+    FAIL("bit signals: %d of %d seen after 60 s", checked, n * BITS);
+    ok = 0;
+  }
+  if (ok) ok = wait_all(reqs, BITS * n, 60, "iputSignal (bit signals)");
+  free(reqs);
+  if (!barrier("after the bit signals")) return;
+  if (ok)
+    pass("%d put-with-signal per ordered pair (puts up to 64 KiB, signal i adds 1 << i): each put's bytes are "
+         "there the moment its own signal is",
+         BITS);
+}
+
+/* ---- one put and one get of a whole window (n x 4.06 MiB), and a second group beside the first ---- */
+
+static void test_whole_window(void) {
+  int n = g_nranks, peer = (g_rank + 1) % n, from = (g_rank + n - 1) % n;
+  memset(W.base, 0, W.size);
+  pat_fill(S.base, S.size, seed_of(g_rank, peer, 0, 400));
+  if (!barrier("before the whole-window put")) return;
+  void* req = NULL;
+  nccl_result r = R.iput(g_rctx, 0, 0, S.mh, W.size, 0, W.mh, (uint32_t)peer, 0, &req);
+  if (!posted(r, req, "iput of a whole window", peer, W.size) || !wait_one(req, 120, "iput of a whole window")) return;
+  if (!barrier("after the whole-window put")) return;
+  size_t bad = pat_check(W.base, W.size, seed_of(from, g_rank, 0, 400));
+  if (bad < W.size) {
+    FAIL("an iput of the whole %zu-byte window from rank %d: byte %zu is wrong", W.size, from, bad);
+    return;
+  }
+  memset(S.base, 0, S.size);
+  req = NULL;
+  r = R.iget(g_rctx, NCTX - 1, 0, W.mh, W.size, 0, S.mh, (uint32_t)peer, 0, &req);
+  if (!posted(r, req, "iget of a whole window", peer, W.size) || !wait_one(req, 120, "iget of a whole window")) return;
+  bad = pat_check(S.base, S.size, seed_of(g_rank, peer, 0, 400));
+  if (bad < S.size) {
+    FAIL("an iget of rank %d's whole %zu-byte window: byte %zu is wrong", peer, W.size, bad);
+    return;
+  }
+  if (!barrier("after the whole-window get")) return;
+  pass("one iput and one iget of a whole %zu-byte window", W.size);
+}
+
+static void test_second_group(void) {
+  int n = g_nranks, peer = (g_rank + 1) % n, from = (g_rank + n - 1) % n;
+  char handle[RMA_HANDLE_MAXSIZE], all[RMA_HANDLE_MAXSIZE * MAX_RANKS];
+  memset(handle, 0, sizeof handle);
+  void *lc = NULL, *coll = NULL, *rctx = NULL, *wmh = NULL, *gmh = NULL;
+  uint32_t dead = 0;
+  if (R.listen(g_ctx, 0, handle, &lc) != NCCL_OK || !exchange(handle, RMA_HANDLE_MAXSIZE, all, &dead) || dead) {
+    FAIL("second group: listen or exchange: %s", h_last_warn);
+    return;
+  }
+  void* ptrs[MAX_RANKS];
+  for (int i = 0; i < n; i++) ptrs[i] = all + (size_t)i * RMA_HANDLE_MAXSIZE;
+  nccl_result r = R.connect((void*)0x2, ptrs, n, g_rank, lc, &coll);
+  R.close_listen(lc);
+  if (r != NCCL_OK || !coll) {
+    FAIL("second group: connect returned %d: %s", r, h_last_warn);
+    return;
+  }
+  size_t wsize = (size_t)n * 65536;
+  unsigned char* w2 = aligned_alloc(4096, wsize);
+  uint64_t* g2 = aligned_alloc(4096, 4096);
+  memset(w2, 0, wsize);
+  memset(g2, 0, 4096);
+  void* coll1 = g_coll;
+  g_coll = coll; /* the window helpers register on g_coll */
+  r = R.create_context(coll, 1, -1, &rctx);
+  nccl_result ra = R.reg(coll, w2, wsize, RMA_PTR_HOST, 0, &wmh), rb = R.reg(coll, g2, 4096, RMA_PTR_HOST, 0, &gmh);
+  g_coll = coll1;
+  if (r != NCCL_OK || ra != NCCL_OK || rb != NCCL_OK) {
+    FAIL("second group: createContext %d, regMrSym %d %d: %s", r, ra, rb, h_last_warn);
+    return;
+  }
+  if (!barrier("second group formed")) return;
+  /* One put-with-signal on each group at once, the same offsets: each lands in its own window. */
+  pat_fill(S.base, 4096, seed_of(g_rank, peer, 2, 600));
+  void* reqs[2] = {0};
+  int ok = 1;
+  {
+    /* The second group's source is its own window (a handle belongs to the group that registered it). */
+    memcpy(w2 + (size_t)g_rank * 65536 + 32768, S.base, 4096);
+    r = R.iput_signal(rctx, 0, (size_t)g_rank * 65536 + 32768, wmh, 4096, (size_t)g_rank * 65536, wmh, (uint32_t)peer,
+                      8 * (uint64_t)g_rank, gmh, 7, RMA_SIGNAL_OP_ADD, true, 0, &reqs[0]);
+    nccl_result r1 = R.iput_signal(g_rctx, 0, 0, S.mh, 16, (size_t)g_rank * SLOT, W.mh, (uint32_t)peer,
+                                   (uint64_t)WORD_BITS(g_rank) * 8, G.mh, 5, RMA_SIGNAL_OP_ADD, true, 0, &reqs[1]);
+    ok = posted(r, reqs[0], "second group iputSignal", peer, 4096) && posted(r1, reqs[1], "first group iputSignal", peer, 16);
+    double start = h_now();
+    void* coll_of[2] = {coll, g_coll};
+    while (ok && (reqs[0] || reqs[1]) && h_now() - start < 30) {
+      R.progress(rctx);
+      progress();
+      for (int i = 0; i < 2; i++)
+        if (reqs[i]) {
+          int done = 0;
+          if (R.test(coll_of[i], reqs[i], &done) != NCCL_OK) ok = 0;
+          else if (done) reqs[i] = NULL;
+        }
+    }
+    if (ok && (reqs[0] || reqs[1])) FAIL("second group: the two puts-with-signal did not complete in 30 s");
+    else if (!ok) FAIL("second group: test of a put-with-signal returned an error: %s", h_last_warn);
+    if (reqs[0] || reqs[1]) ok = 0;
+    start = h_now();
+    while (ok && __atomic_load_n(&g2[from], __ATOMIC_ACQUIRE) != 7 && h_now() - start < 30) R.progress(rctx);
+    while (ok && signal_word(WORD_BITS(from)) != ((1ull << BITS) - 1) + 5 && h_now() - start < 30) progress();
+    if (ok && (g2[from] != 7 || pat_check(w2 + (size_t)from * 65536, 4096, seed_of(from, g_rank, 2, 600)) < 4096)) {
+      FAIL("second group: the put-with-signal from rank %d (signal %llu) did not land in the second group's window",
+           from, (unsigned long long)g2[from]);
+      ok = 0;
+    }
+    if (ok && signal_word(WORD_BITS(from)) != ((1ull << BITS) - 1) + 5) {
+      FAIL("second group: the first group's signal from rank %d is %#llx", from,
+           (unsigned long long)signal_word(WORD_BITS(from)));
+      ok = 0;
+    }
+  }
+  if (!barrier("second group used")) return;
+  nccl_result a = R.dereg(coll, wmh), b = R.dereg(coll, gmh), c = R.destroy_context(rctx), d = R.close_coll(coll);
+  if (a || b || c || d) FAIL("second group teardown: %d %d %d %d: %s", a, b, c, d, h_last_warn);
+  else if (ok) pass("a second group (1 context) beside the first: each put-with-signal lands in its own group's windows");
+  free(w2);
+  free(g2);
+}
+
 /* ---- 256 requests in flight towards one peer (NCCL's bound: 32 x 8 per peer), and NCCL's flush:
  * an 8-byte iput from a window to itself (the same handle as source and destination) ---- */
 
@@ -1037,6 +1222,24 @@ static void test_errors(void) {
 #undef GET
 #undef SIG
 #undef INVALID
+  /* The edges themselves are valid: a put ending at the window's last byte, the last signal word. */
+  if (!barrier("before the edge cases")) return;
+  void* edge[2] = {0};
+  pat_fill(S.base + ss - 8, 8, seed_of(g_rank, peer, 7, 7));
+  r = R.iput(g_rctx, 0, ss - 8, S.mh, 8, ws - 8, W.mh, p, 0, &edge[0]);
+  nccl_result r2 = R.iput_signal(g_rctx, NCTX - 1, 0, NULL, 0, 0, NULL, p, gs - 8, G.mh, 3, RMA_SIGNAL_OP_ADD, true,
+                                 0, &edge[1]);
+  if (!posted(r, edge[0], "iput ending at the last byte of both windows", peer, 8) ||
+      !posted(r2, edge[1], "a signal on the last word of the signal window", peer, 0) ||
+      !wait_all(edge, 2, 30, "the edge cases") || !barrier("after the edge cases"))
+    return;
+  {
+    int from = (g_rank + n - 1) % n;
+    if (pat_check(W.base + ws - 8, 8, seed_of(from, g_rank, 7, 7)) < 8 || signal_word((int)(gs / 8) - 1) != 3) {
+      FAIL("the edge cases: the put at the window's end or the signal on its last word did not land");
+      g_error_fails++;
+    }
+  }
   /* Nothing was posted: the context is healthy and moves data. */
   bool has = true;
   r = R.query_last_error(g_rctx, &has);
@@ -1053,7 +1256,7 @@ static void test_errors(void) {
   if (bad < 64) FAIL("an iput after the refused calls did not land (byte %zu)", bad);
   else if (!g_error_fails)
     pass("%d invalid calls (out-of-window offsets and sizes, wrap-around, bad context, rank, signal op, signal "
-         "offset) refused with ncclInvalidArgument and no request; the context still works",
+         "offset) refused with ncclInvalidArgument and no request; the exact edges accepted; the context still works",
          g_error_checks);
 }
 
@@ -1272,6 +1475,9 @@ static int run_rank(const char* path, int mode) {
   }
   test_sweep();
   if (!h_failures) test_signals();
+  if (!h_failures) test_signal_bits();
+  if (!h_failures) test_whole_window();
+  if (!h_failures) test_second_group();
   if (!h_failures) test_depth();
   if (!h_failures) test_random();
   if (!h_failures) test_errors();
@@ -1406,6 +1612,7 @@ int main(int argc, char** argv) {
     setenv("NCCL_IB_RETRY_CNT", "2", 0);
     g_victim = nranks - 1;
   }
+  g_nctx = g_version <= 14 ? 2 : 3;
   g_nranks = nranks;
   int fds[MAX_RANKS], local[MAX_RANKS] = {0};
   pid_t pids[MAX_RANKS];

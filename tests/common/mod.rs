@@ -106,18 +106,21 @@ pub(crate) fn check_rma(stderr: &str, version: u32) {
         format!("PASS ncclRmaPlugin_v{version}: init,"),
         "is a GIN_PROXY device".to_owned(),
         "(connect given a NULL / garbage NET context)".to_owned(),
-        "PASS createContext (3 contexts), three windows registered".to_owned(),
+        "contexts), three windows registered".to_owned(),
         "PASS iput at 0, 1, 8, 4095, 65536 and 4194304 bytes".to_owned(),
         "PASS iputSignal INC at 0, 1, 8, 4095, 65536 and 4194304 bytes".to_owned(),
         "PASS iputSignal ADD at 0, 1, 8, 4095, 65536 and 4194304 bytes".to_owned(),
         "PASS iget at 0, 1, 8, 4095, 65536 and 4194304 bytes".to_owned(),
         "iputSignal per ordered pair in flight at once".to_owned(),
+        "put-with-signal per ordered pair (puts up to 64 KiB, signal i adds 1 << i): each put's bytes are there the moment its own signal is".to_owned(),
+        "PASS one iput and one iget of a whole".to_owned(),
+        "PASS a second group (1 context) beside the first".to_owned(),
         "PASS 256 iput requests in flight towards one peer at once, all complete and land"
             .to_owned(),
         "PASS NCCL's flush: an 8-byte iput within one window to this rank itself, and to a peer"
             .to_owned(),
         "PASS 1000 random operations per rank".to_owned(),
-        "refused with ncclInvalidArgument and no request; the context still works".to_owned(),
+        "refused with ncclInvalidArgument and no request; the exact edges accepted; the context still works".to_owned(),
         "PASS a healthy run: queryLastError false, rmaProgress never failed".to_owned(),
         "PASS the 4 KiB guards around every window untouched".to_owned(),
     ];
