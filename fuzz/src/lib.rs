@@ -11,6 +11,7 @@ pub mod data_ops;
 pub mod handshake_decode;
 pub mod handshake_hostile;
 pub mod multi_ops;
+pub mod rma_ops;
 
 use arbitrary::{Arbitrary, Unstructured};
 

@@ -79,3 +79,40 @@ fn multi_ops() {
     // The two findings of issue #31 are among them.
     assert!(ran >= 2);
 }
+
+#[test]
+fn rma_ops() {
+    replay("rma_ops", |bytes| {
+        if let Some(input) = typed_input(bytes) {
+            rivet_fuzz::rma_ops::check(input);
+        }
+    });
+}
+
+/// The committed seeds of `rma_ops` are its generator's scenarios, and decode back to them
+/// (`RIVET_WRITE_SEEDS=1` rewrites them).
+#[test]
+fn rma_ops_seeds_are_generated() {
+    use rivet_fuzz::rma_ops::{Input, seeds};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds/rma_ops");
+    let write = std::env::var_os("RIVET_WRITE_SEEDS").is_some_and(|v| v == "1");
+    for (name, input) in seeds::seeds() {
+        let bytes = seeds::encode(&input);
+        assert_eq!(
+            typed_input::<Input>(&bytes),
+            Some(input),
+            "seed {name} decodes otherwise"
+        );
+        let file = dir.join(name);
+        if write {
+            fs::create_dir_all(&dir).expect("seed directory");
+            fs::write(&file, &bytes).expect("seed written");
+        }
+        assert_eq!(
+            fs::read(&file).ok(),
+            Some(bytes),
+            "{} is stale",
+            file.display()
+        );
+    }
+}
