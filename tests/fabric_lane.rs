@@ -6,7 +6,7 @@
 //! as the Soft-RoCE lane, `common::check_conformance`), the 64 MiB / grouped / many-small
 //! transfers, `rivet bench` (its figures printed), an all-to-all connect of 8 and of 32 ranks,
 //! the RMA conformance (`tests/c/rma.c`: 2, 3 and 8 ranks through `ncclRmaPlugin_v16`, the v13,
-//! v14 and v15 tables once each, a killed member),
+//! v14 and v15 tables once each, a killed member, its `--bench` figures),
 //! the faults that make sense on one host: a peer killed in either role, hostile handshake
 //! clients, a handshake that times out, bad memory, fork after init, connect/close cycles and
 //! closes with receives in flight; and the relocatable tarballs (`scripts/package.sh`, default and
@@ -507,4 +507,29 @@ fn rma_killed_member_fails_the_others_puts_not_the_survivors() {
     ] {
         assert!(stderr.contains(needle), "rma --kill: missing {needle:?}");
     }
+}
+
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn rma_bench_prints_its_figures() {
+    let stderr = rma(&["--ranks", "2", "--bench", "--quick"], "rma: v16, 2 ranks");
+    let figure = |prefix: &str| -> f64 {
+        stderr
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("rma --bench printed no {prefix:?} figure"))
+    };
+    for size in ["65536", "1048576", "4194304"] {
+        let gbs = figure(&format!("BENCH rma put {size} "));
+        assert!(gbs > 0.0, "put {size}: {gbs} GB/s");
+        eprintln!("fabric lane: rma put {size} B: {gbs:.3} GB/s");
+    }
+    let rtt = figure("BENCH rma putsignal-rtt 8 ");
+    let half = figure("BENCH rma putsignal-half-rtt 8 ");
+    assert!(
+        rtt > 0.0 && (half * 2.0 - rtt).abs() < 0.05,
+        "rtt {rtt}, half {half}"
+    );
+    eprintln!("fabric lane: rma put-with-signal round trip: {rtt:.2} us");
 }
