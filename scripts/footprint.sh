@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # scripts/footprint.sh: build the two libraries Rivet ships (scripts/build-dist.sh: the default
 # one and --minimal) and check what each carries (docs/footprint.md):
-#   - its dynamic symbols: the seven net tables, plus the seven CollNet tables in the default
-#     build and none in the minimal one; nothing else;
+#   - its dynamic symbols: the seven net tables, plus the seven CollNet tables and the four RMA
+#     tables in the default build and none of them in the minimal one; nothing else;
 #   - no code of the test support: rivet-verbs-ffi's `mlx5-model` and `loopback-check` features,
 #     rivet-core's `sim` feature, the plugin's cfg(test) simulated backend;
-#   - the minimal one: no function of CollNet, the mesh device or the profiler events;
+#   - the minimal one: no function of CollNet, the mesh device, the profiler events or RMA;
 #   - `.data` at most 64 KiB; the stripped size at most 850,000 bytes (default) and 600,000
 #     bytes (minimal).
 # Prints each stripped size and its `.text`, `.data`, `.rodata`, `.eh_frame` sections (`size -A`).
@@ -18,11 +18,12 @@ cd "$repo"
 
 net=(ncclNetPlugin_v{6..12})
 collnet=(ncclCollNetPlugin_v{6..12})
+rma=(ncclRmaPlugin_v{13..16})
 # Demangled path prefixes of code that must not be linked in.
 test_support='rivet_verbs_ffi::(mlx5::model|selftest)::|rivet_core::sim::|nccl_net_rivet::backend::sim::'
 # Functions of the optional parts' own modules (the minimal build may keep std's generic code
 # instantiated for their types, e.g. dropping the never-set Option<Arc<MeshDevice>>: 341 bytes).
-optional_parts=' [tTwW] <?(nccl_net_rivet::(collnet|mesh|profiler)|rivet_core::collnet)::'
+optional_parts=' [tTwW] <?(nccl_net_rivet::(collnet|mesh|profiler|rma)|rivet_core::(collnet|rma))::'
 max_data=65536
 
 # check NAME DIR MAX_BYTES MINIMAL(0|1)
@@ -30,7 +31,7 @@ check() {
   local name=$1 dir=$2 max=$3 minimal=$4 fail=0
   local stripped="$dir/lib/libnccl-net-rivet.so" full="$dir/debug/libnccl-net-rivet.so"
   local required=("${net[@]}")
-  [ "$minimal" = 1 ] || required+=("${collnet[@]}")
+  [ "$minimal" = 1 ] || required+=("${collnet[@]}" "${rma[@]}")
   local exports
   exports=$(nm -D --defined-only "$stripped" | awk '{print $3}' | sort)
   for sym in "${required[@]}"; do

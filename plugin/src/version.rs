@@ -18,6 +18,12 @@ pub const COLLNET_ABI: Option<RangeInclusive<u32>> = if cfg!(feature = "collnet"
 } else {
     None
 };
+/// The `ncclRmaPlugin_vN` tables exported (`abi::rma_tables`); none without the `rma` feature.
+pub const RMA_ABI: Option<RangeInclusive<u32>> = if cfg!(feature = "rma") {
+    Some(13..=16)
+} else {
+    None
+};
 /// The version of every Rivet wire format (handles, handshake, data protocol).
 pub const WIRE_VERSION: u16 = rivet_core::wire::WIRE_VERSION;
 
@@ -27,13 +33,14 @@ pub fn features() -> impl Iterator<Item = &'static str> {
         ("collnet", cfg!(feature = "collnet")),
         ("mesh", cfg!(feature = "mesh")),
         ("profiler", cfg!(feature = "profiler")),
+        ("rma", cfg!(feature = "rma")),
     ]
     .into_iter()
     .filter_map(|(name, on)| on.then_some(name))
 }
 
 /// The one-line description, e.g. `Rivet 0.1.0 commit 0123456789ab, net ABI v6-v12, CollNet ABI
-/// v6-v12, wire v2, features collnet mesh profiler`.
+/// v6-v12, RMA ABI v13-v16, wire v3, features collnet mesh profiler rma`.
 pub fn line() -> impl fmt::Display {
     Line
 }
@@ -51,6 +58,10 @@ impl fmt::Display for Line {
         match &COLLNET_ABI {
             Some(v) => write!(f, "CollNet ABI v{}-v{}", v.start(), v.end())?,
             None => f.write_str("CollNet ABI none")?,
+        }
+        match &RMA_ABI {
+            Some(v) => write!(f, ", RMA ABI v{}-v{}", v.start(), v.end())?,
+            None => f.write_str(", RMA ABI none")?,
         }
         write!(f, ", wire v{WIRE_VERSION}, features")?;
         let mut any = false;
@@ -78,6 +89,11 @@ mod tests {
         assert_eq!(
             text.contains("CollNet ABI v6-v12"),
             cfg!(feature = "collnet"),
+            "{text}"
+        );
+        assert_eq!(
+            text.contains("RMA ABI v13-v16"),
+            cfg!(feature = "rma"),
             "{text}"
         );
         assert!(!COMMIT.is_empty());
