@@ -768,9 +768,40 @@ static void test_signals(void) {
       ok = 0;
     }
   }
+  /* NCCL's waiter resets a signal word with a plain store: later signals add to what it stored. */
+  if (ok) {
+    for (int s2 = 0; s2 < n; s2++) {
+      __atomic_store_n((uint64_t*)(G.base + (size_t)WORD_PAIR_INC(s2) * 8), 0, __ATOMIC_RELEASE);
+      __atomic_store_n((uint64_t*)(G.base + (size_t)WORD_PAIR_ADD(s2) * 8), 1000, __ATOMIC_RELEASE);
+    }
+    if (!barrier("after the local reset")) return;
+    void* again[2 * MAX_RANKS] = {0};
+    for (int t = 0; t < n && ok; t++) {
+      nccl_result r1 = R.iput_signal(g_rctx, t % NCTX, 0, NULL, 0, 0, NULL, (uint32_t)t,
+                                     (uint64_t)WORD_PAIR_INC(g_rank) * 8, G.mh, 0, RMA_SIGNAL_OP_INC, true, 0, &again[2 * t]);
+      nccl_result r2 = R.iput_signal(g_rctx, (t + 1) % NCTX, 0, NULL, 0, 0, NULL, (uint32_t)t,
+                                     (uint64_t)WORD_PAIR_ADD(g_rank) * 8, G.mh, 24, RMA_SIGNAL_OP_ADD, false, 0,
+                                     &again[2 * t + 1]);
+      ok = posted(r1, again[2 * t], "signal after a local reset", t, 0) &&
+           posted(r2, again[2 * t + 1], "signal after a local reset", t, 0);
+    }
+    if (ok) ok = wait_all(again, 2 * n, 30, "signals after a local reset");
+    for (int s2 = 0; s2 < n && ok; s2++) {
+      double start = h_now();
+      while ((signal_word(WORD_PAIR_INC(s2)) != 1 || signal_word(WORD_PAIR_ADD(s2)) != 1024) && h_now() - start < 30)
+        progress();
+      if (signal_word(WORD_PAIR_INC(s2)) != 1 || signal_word(WORD_PAIR_ADD(s2)) != 1024) {
+        FAIL("after a local store of 0 / 1000 into the signal words, an INC and an ADD of 24 from rank %d give %llu "
+             "and %llu (want 1 and 1024)", s2, (unsigned long long)signal_word(WORD_PAIR_INC(s2)),
+             (unsigned long long)signal_word(WORD_PAIR_ADD(s2)));
+        ok = 0;
+      }
+    }
+    if (!barrier("after the signals on reset words")) return;
+  }
   if (ok)
     pass("%d iputSignal per ordered pair in flight at once (INC and ADD of 64-bit values, %d contexts, strong and "
-         "not): every sum exact, every put's bytes there once its signal is",
+         "not): every sum exact, every put's bytes there once its signal is; signals after the waiter's own store add to it",
          K, NCTX);
 }
 
