@@ -184,7 +184,8 @@ impl fmt::Display for RmaError {
             ),
             Self::BadContext { context, contexts } => write!(
                 f,
-                "context index {context}: the RMA context has {contexts} (0..{contexts})"
+                "context index {context}: the RMA context has {contexts}, indices 0 to {}",
+                contexts.saturating_sub(1)
             ),
             Self::BadRank { rank, nranks } => {
                 write!(f, "rank {rank}: the group has {nranks} rank(s)")

@@ -179,12 +179,28 @@ impl Lane {
     /// errno when the provider refused (nothing of a refused chain was posted past the refused
     /// request; the core withdraws the request).
     pub(crate) fn post(&self, shared: &LaneShared, id: RequestId, plan: &Plan) -> Result<(), i32> {
-        let mut sges = [ibv_sge::default(); MAX_CHAIN];
-        let mut wrs: [ibv_send_wr; MAX_CHAIN] = Default::default();
+        // Most operations are one or two work requests (a put, a put and its signal): build
+        // only as many as that on the stack, not the longest chain.
+        match plan.work_requests() {
+            0 | 1 => self.post_in::<1>(shared, id, plan),
+            2 => self.post_in::<2>(shared, id, plan),
+            _ => self.post_in::<MAX_CHAIN>(shared, id, plan),
+        }
+    }
+
+    #[inline(always)]
+    fn post_in<const N: usize>(
+        &self,
+        shared: &LaneShared,
+        id: RequestId,
+        plan: &Plan,
+    ) -> Result<(), i32> {
+        let mut sges = [ibv_sge::default(); N];
+        let mut wrs = [ibv_send_wr::default(); N];
         let mut n = 0;
         let mut push =
             |n: &mut usize, sge: ibv_sge, opcode: u32, flags: u32, wr: ibv_send_wr_wr| {
-                if *n == MAX_CHAIN {
+                if *n == N {
                     return Err(libc::E2BIG);
                 }
                 sges[*n] = sge;
