@@ -44,15 +44,22 @@ typedef struct {
 } call_args;
 typedef int (*attempt_fn)(call_args*);
 
-/* With PROFILER=1 in the environment, init gets a profiler callback and every isend/irecv a
- * non-NULL pHandle, as NCCL passes them with a profiler plugin attached: the plugin's events are
- * counted too. The callback does what a minimal profiler does: hand out an event handle. */
-static int profiling;
+/* How NCCL calls (PROFILER in the environment):
+ *   unset or "nccl": NCCL's convention without a profiler plugin, the default and the figure docs
+ *     quote: init gets NCCL's callback, every isend/irecv a non-NULL pHandle, and the callback
+ *     returns without an event handle (NCCL's ncclProfilerCallback with no profiler loaded writes
+ *     nothing and returns ncclSuccess);
+ *   "1": a profiler plugin attached: the callback hands out an event handle, as a minimal
+ *     profiler does, so the plugin's events are counted too;
+ *   "0": no callback and NULL pHandles (what NCCL never does; for comparison). */
+static int profiling;  /* callback given and pHandles non-NULL */
+static int profiler_returns_handles;
 static int profiler_events;
 static nccl_result bench_profiler(void** eh, int type, void* ph, int64_t id, void* ext) {
   (void)ph;
   (void)id;
   (void)ext;
+  if (!profiler_returns_handles) return NCCL_OK;
   if (type == PROFILER_NET_EVENT_START && eh) *eh = &profiler_events;
   profiler_events++;
   return NCCL_OK;
@@ -118,7 +125,9 @@ int main(int argc, char** argv) {
   int rounds = argc > 2 ? atoi(argv[2]) : 2000;
   int warmup = argc > 3 ? atoi(argv[3]) : 50;
   if (argc > 4) settle_us = (unsigned)atoi(argv[4]);
-  profiling = getenv("PROFILER") && !strcmp(getenv("PROFILER"), "1");
+  const char* mode = getenv("PROFILER");
+  profiling = !mode || strcmp(mode, "0") != 0;
+  profiler_returns_handles = mode && !strcmp(mode, "1");
   void* ctx = h_load_and_init(argv[1]);
   if (!ctx) return 1;
   if (profiling) {

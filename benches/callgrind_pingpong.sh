@@ -13,7 +13,10 @@
 #   PLUGIN=target/release/libnccl_net_rivet.so   (build it: cargo build --release -p rivet-plugin)
 #   ROUNDS=300 WARMUP=30 SETTLE_US=1000          TOP=25 (functions listed)
 #   OUT=/tmp/rivet-callgrind                       callgrind.out and the driver land here
-#   PROFILER=1                                     attach a profiler callback (init) and pass pHandles
+#   PROFILER=nccl (default)                        NCCL's way without a profiler plugin: a callback
+#                                                  that returns no event handle, non-NULL pHandles
+#   PROFILER=1                                     a profiler that returns event handles
+#   PROFILER=0                                     no callback, NULL pHandles (NCCL never does this)
 #   FABRIC=1                                       no VM: over the user-space verbs fabric (fabric/);
 #                                                  the plugin's count is the same, the provider's not
 set -euo pipefail
@@ -43,7 +46,7 @@ if [[ ${RIVET_IN_VM:-0} != 1 && ${FABRIC:-0} != 1 ]]; then
     cc -std=c11 -O2 -g -Wall -Wextra -Werror -o "$out/pingpong" "$here/callgrind_pingpong.c" -ldl
     exec bash "$repo/vm/run.sh" --timeout "${RIVET_CALLGRIND_TIMEOUT:-600}" \
         -e PLUGIN="$plugin" -e OUT="$out" -e ROUNDS="${ROUNDS:-300}" -e WARMUP="${WARMUP:-30}" \
-        -e SETTLE_US="${SETTLE_US:-1000}" -e TOP="${TOP:-25}" -e PROFILER="${PROFILER:-0}" \
+        -e SETTLE_US="${SETTLE_US:-1000}" -e TOP="${TOP:-25}" -e PROFILER="${PROFILER:-nccl}" \
         -- bash "$here/callgrind_pingpong.sh"
 fi
 

@@ -1,5 +1,6 @@
-//! The Rivet NCCL net plugin: the C tables `ncclNetPlugin_v6` … `ncclNetPlugin_v12` over one
-//! implementation that drives `rivet-core` with the libibverbs backend.
+//! The Rivet NCCL net plugin: the C tables `ncclNetPlugin_v6` … `ncclNetPlugin_v12` (and the
+//! CollNet and RMA tables beside them) over one implementation that drives `rivet-core` with the
+//! libibverbs backend.
 //!
 //! ## Layers
 //!
@@ -29,7 +30,8 @@
 //! | 7 | `net` | lifecycle (`init`, contexts, `finalize`), opened ports |
 //! | 8 | `comm` | listen/connect/accept, registrations and the data path |
 //! | 9 | `profiler`, `collnet` | NCCL profiler events around the data path; CollNet groups over the p2p comms |
-//! | 10 | `abi` | the exported tables, per-version shims, the panic guard, per-version properties |
+//! | 10 | `rma` | one-sided RMA: groups formed as CollNet's, their control exchange, windows, contexts of RC lanes |
+//! | 11 | `abi` | the exported tables, per-version shims, the panic guard, per-version properties |
 
 #![deny(unsafe_code)]
 
