@@ -15,7 +15,7 @@
 //!   (then its handle is unknown); after a failure on a lane every request on it whose last
 //!   completion had not come tests failed at once (`PeerFailed` naming the lane's rank, context
 //!   and first status), later operations on the lane are refused, other lanes are unaffected;
-//!   `has_error` is true iff some lane saw a failure;
+//!   `has_error` is true iff some lane saw a failure, `failed_lanes` counts the lanes that did;
 //! - `reserved()` is the sum of the work requests of posted operations whose last completion has
 //!   not come, never above the completion queue's depth; per lane at most
 //!   [`MAX_REQUESTS_PER_LANE`] requests and [`LANE_QUEUE_DEPTH`] work requests; stale and bogus
@@ -1150,14 +1150,14 @@ impl Harness {
             self.reqs.len(),
             "requests leaked or lost"
         );
-        let mut failed = false;
+        let mut failed = 0;
         for (i, l) in self.lanes.iter().enumerate() {
             let lane = i as u32;
             let (requests, wrs) = loads[i];
             assert_eq!((l.requests, l.work_requests), (requests, wrs));
             assert!(requests <= MAX_REQUESTS_PER_LANE && wrs <= LANE_QUEUE_DEPTH);
             assert!(l.queue.len() as u32 <= wrs);
-            failed |= l.failed.is_some();
+            failed += u32::from(l.failed.is_some());
             let want = l.failed.map(|status| RmaError::PeerFailed {
                 rank: lane % self.nranks,
                 context: lane / self.nranks,
@@ -1165,7 +1165,8 @@ impl Harness {
             });
             assert_eq!(self.r.lane_failure(lane), want, "failure of lane {lane}");
         }
-        assert_eq!(self.r.has_error(), failed, "has_error");
+        assert_eq!(self.r.has_error(), failed > 0, "has_error");
+        assert_eq!(self.r.failed_lanes(), failed, "failed_lanes");
     }
 
     /// Everything completes, everything NCCL holds is tested: nothing may be left.
