@@ -252,9 +252,11 @@ impl Window {
             rank: u64::from(rank),
             nranks: self.entries.len() as u32,
         })?;
-        let end = offset.checked_add(size);
-        match end {
-            Some(end) if end <= entry.len => entry.base.checked_add(offset).ok_or(()),
+        // Within the entry's length, and (the entry is a peer's word, untrusted) within the
+        // address space: a range may end at 2^64, never past it.
+        let end = u128::from(entry.base) + u128::from(offset) + u128::from(size);
+        match offset.checked_add(size) {
+            Some(within) if within <= entry.len && end <= 1 << 64 => Ok(entry.base + offset),
             _ => Err(()),
         }
         .map_err(|()| RmaError::OutOfWindow {
@@ -318,7 +320,8 @@ impl Transfer {
 
     /// How many work requests [`pieces`](Self::pieces) yields.
     pub fn piece_count(&self) -> u32 {
-        self.len.div_ceil(u64::from(MAX_WR_BYTES)) as u32
+        // Saturating: a count that does not fit is refused as more than a lane holds.
+        u32::try_from(self.len.div_ceil(u64::from(MAX_WR_BYTES))).unwrap_or(u32::MAX)
     }
 }
 
@@ -360,7 +363,10 @@ impl Plan {
         match self {
             Self::Nothing => 0,
             Self::Put(t) | Self::Get(t) => t.piece_count(),
-            Self::PutSignal(t, _) => t.as_ref().map_or(0, Transfer::piece_count) + 1,
+            Self::PutSignal(t, _) => t
+                .as_ref()
+                .map_or(0, Transfer::piece_count)
+                .saturating_add(1),
             Self::FlushRead { .. } => 1,
         }
     }
@@ -617,7 +623,7 @@ impl Requests {
 
     /// Whether the lane to `peer` exists (for the plugin creating the queue pairs).
     pub fn is_connected(&self, peer: u32) -> bool {
-        self.lanes.get(peer as usize).is_some_and(|l| l.connected)
+        peer < self.nranks && self.lanes.get(peer as usize).is_some_and(|l| l.connected)
     }
 
     /// The lane index of (`context`, `rank`), checked.
@@ -672,14 +678,14 @@ impl Requests {
             })?;
         if work_requests > 0 {
             if l.requests >= MAX_REQUESTS_PER_LANE
-                || l.work_requests + work_requests > LANE_QUEUE_DEPTH
+                || l.work_requests.saturating_add(work_requests) > LANE_QUEUE_DEPTH
             {
                 return Err(RmaError::LaneFull {
                     rank: peer,
                     requests: l.requests,
                 });
             }
-            if self.reserved + work_requests > self.cq_depth {
+            if self.reserved.saturating_add(work_requests) > self.cq_depth {
                 return Err(RmaError::QueueFull {
                     reserved: self.reserved,
                     depth: self.cq_depth,

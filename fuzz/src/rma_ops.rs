@@ -39,12 +39,12 @@ pub mod seeds;
 const OWN_BASE_SPAN: u64 = 1 << 56;
 const OWN_MAX_LEN: u64 = 1 << 46;
 
-/// Finding 1 of the target's first run (reported, not yet fixed in the core): `Window::range`
-/// accepts a range of a peer's entry whose `base + len` wraps past 2^64, so the address it
-/// returns plus the size overflows (and `Transfer::pieces` panics on the overflow in a debug
-/// build). While this is `false` the target checks such entries' ranges only up to the wrap and
-/// does not split their transfers into pieces; set it to `true` once `range` refuses them.
-const CHECK_WRAPPING_ENTRIES: bool = false;
+/// Finding 1 of the target's first run, fixed in the core since: `Window::range` accepted a
+/// range of a peer's entry whose `base + len` wraps past 2^64, so the address it returned plus
+/// the size overflowed (and `Transfer::pieces` panicked on the overflow in a debug build). With
+/// this `true` the target checks such entries strictly (refused past 2^64, accepted up to it)
+/// and splits their transfers into pieces; `false` would check them only up to the wrap.
+const CHECK_WRAPPING_ENTRIES: bool = true;
 
 /// Plan operations one input may run (with repeats), to keep an execution fast.
 const MAX_PLANNED: usize = 8192;

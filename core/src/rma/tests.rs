@@ -294,7 +294,11 @@ fn a_failure_fails_the_lane_and_its_requests_at_once_and_sticks() {
     assert_eq!(r.reserved(), 3);
     r.handle_completion(a.wr_id(), WcStatus::WR_FLUSH_ERR);
     r.handle_completion(b.wr_id(), WcStatus::WR_FLUSH_ERR);
-    assert_eq!(r.failed_lanes(), 1, "one lane failed, however many completions say so");
+    assert_eq!(
+        r.failed_lanes(),
+        1,
+        "one lane failed, however many completions say so"
+    );
     assert_eq!(r.reserved(), 0);
     assert_eq!(r.outstanding(), 0);
     // The flushes did not overwrite the first cause.
@@ -385,4 +389,73 @@ fn errors_read_as_sentences() {
         "destination offset 10 + size 8 lies outside rank 2's window of 16 bytes"
     );
     assert!(RmaError::BadSignalOp(7).to_string().contains("INC"));
+}
+
+#[test]
+fn a_peer_entry_past_the_end_of_the_address_space_is_refused() {
+    // Found by the rma_ops fuzz target's author: a peer's entry that wraps made a plan whose
+    // pieces overflowed.
+    let own = WindowEntry {
+        base: 0x10000,
+        len: 1 << 32,
+        rkey: 1,
+    };
+    let peer = WindowEntry {
+        base: u64::MAX - (1 << 29),
+        len: 1 << 31,
+        rkey: 2,
+    };
+    let w = Window {
+        entries: vec![own, peer],
+        rank: 0,
+        lkey: 1,
+        host: false,
+    };
+    assert!(matches!(
+        plan_put(&w, 0, 1 << 31, &w, 0, 1, 0),
+        Err(RmaError::OutOfWindow {
+            which: Which::Destination,
+            rank: 1,
+            ..
+        })
+    ));
+    // Up to the last byte of the address space is fine.
+    let base = u64::MAX - (1 << 29);
+    assert_eq!(w.range(Which::Destination, 1, 0, (1 << 29) + 1), Ok(base));
+    assert!(w.range(Which::Destination, 1, 1, (1 << 29) + 1).is_err());
+}
+
+#[test]
+fn huge_counts_saturate_and_are_refused() {
+    let t = Transfer {
+        local: 0,
+        lkey: 1,
+        remote: 0,
+        rkey: 2,
+        len: (1 << 62) + 1,
+        inline: false,
+    };
+    assert_eq!(t.piece_count(), u32::MAX);
+    assert_eq!(
+        Plan::PutSignal(
+            Some(t),
+            SignalAdd {
+                remote: 0,
+                rkey: 0,
+                add: 1
+            }
+        )
+        .work_requests(),
+        u32::MAX
+    );
+    let mut r = Requests::new(1, 2, 0, 1, 64);
+    let lane = r.lane(0, 1).unwrap();
+    r.begin(lane, 1).unwrap();
+    assert!(matches!(
+        r.begin(lane, u32::MAX),
+        Err(RmaError::LaneFull { .. })
+    ));
+    // A rank past the group is no lane, whatever the lane table holds behind it.
+    let s = Requests::new(2, 4, 0, 2, 64);
+    assert!(!s.is_connected(6));
 }
