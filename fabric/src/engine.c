@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -235,9 +236,18 @@ static int stage_fill(struct fab_sock *s, uint32_t need)
 		/* a few KiB at a time: enough for a batch of small requests, while the
 		 * bulk of a large payload goes straight to its destination (place()) */
 		uint32_t room = FAB_STAGE - s->se;
-		ssize_t r = recv(s->fd, s->st + s->se, room < FAB_STAGE_READ ? room : FAB_STAGE_READ, MSG_DONTWAIT);
+		uint32_t want = room < FAB_STAGE_READ ? room : FAB_STAGE_READ;
+		if (s->rd_capped) {
+			if (s->rd_left == 0)
+				return 0;
+			if (want > s->rd_left)
+				want = (uint32_t)s->rd_left;
+		}
+		ssize_t r = recv(s->fd, s->st + s->se, want, MSG_DONTWAIT);
 		if (r > 0) {
 			s->se += (uint32_t)r;
+			if (s->rd_capped)
+				s->rd_left -= (uint64_t)r;
 			s->last_ns = fab_now_ns();
 		} else {
 			int why = recv_nothing(r);
@@ -318,6 +328,12 @@ static int place(struct fab_sock *s)
 		struct iovec iov[FAB_MAX_SGE];
 		int k = 0;
 		uint64_t want = s->remaining;
+		if (s->rd_capped) {
+			if (s->rd_left == 0)
+				return 0;
+			if (want > s->rd_left)
+				want = s->rd_left;
+		}
 		pthread_rwlock_rdlock(&ctx->mr_lock);
 		int di = s->di;
 		uint32_t doff = s->doff;
@@ -349,6 +365,8 @@ static int place(struct fab_sock *s)
 		pthread_rwlock_unlock(&ctx->mr_lock);
 		if (r > 0) {
 			s->last_ns = fab_now_ns();
+			if (s->rd_capped)
+				s->rd_left -= (uint64_t)r;
 			dst_advance(s, (uint32_t)r);
 		} else {
 			int why = recv_nothing(r);
@@ -577,6 +595,44 @@ static int rq_next(struct fab_qp *qp, struct fab_rwqe *out, int take)
 	return ok;
 }
 
+/* The IB spec's RNR NAK timer, by min_rnr_timer code, in microseconds (code 0 is the longest). */
+static const uint32_t rnr_timer_us[32] = {
+	655360, 10,    20,    30,    40,    60,    80,     120,    160,    240,    320,
+	480,    640,   960,   1280,  1920,  2560,  3840,   5120,   7680,   10240,  15360,
+	20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520,
+};
+
+/* the engine must look at RNR deadlines by `t`; 1 if that is sooner than it knew */
+static int rnr_note(struct fab_context *ctx, uint64_t t)
+{
+	uint64_t cur = __atomic_load_n(&ctx->rnr_due_ns, __ATOMIC_RELAXED);
+	while (cur == 0 || t < cur)
+		if (__atomic_compare_exchange_n(&ctx->rnr_due_ns, &cur, t, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+			return 1;
+	return 0;
+}
+
+static void rnr_arm(struct fab_context *ctx, uint64_t t)
+{
+	if (rnr_note(ctx, t))
+		fab_wake(ctx); /* it may sleep in a longer epoll_wait */
+}
+
+/* The requester's RNR retries are spent and still no receive: its request fails with
+ * RNR_RETRY_EXC_ERR there (and its QP goes to ERR). This QP is not in error, as on RC, but
+ * executes nothing more of the stream: the stalled request and whatever follows it are
+ * discarded until the requester, now in ERR, closes the connection. */
+static void rnr_give_up(struct fab_qp *qp)
+{
+	struct fab_sock *s = &qp->in;
+	fab_log("QP %u: RNR retries of QP %u exceeded", qp->qp.qp_num, qp->dest_qpn);
+	qp->rnr_stalled = qp->rnr_nakked = 0;
+	qp->rnr_deadline_ns = 0;
+	ack_pending(s);
+	resp_push(s, FAB_R_RNR_EXC, 0, 0, 0, 0);
+	s->closing = 1;
+}
+
 /* a request the responder refuses: NAK it, then the QP goes to error */
 static void responder_error(struct fab_qp *qp, uint8_t nak, enum ibv_event_type ev)
 {
@@ -772,20 +828,38 @@ static void in_read(struct fab_qp *qp)
 			responder_error(qp, FAB_R_NAK_INV, IBV_EVENT_QP_REQ_ERR);
 			return;
 		}
+		qp->rnr_nakked = 0; /* a request that had waited for a receive got one */
+		qp->rnr_deadline_ns = 0;
 		s->remaining = h.len;
 		while (s->di < s->ndst && s->dst[s->di].len == 0)
 			s->di++;
 		s->rstate = FAB_RS_PAYLOAD;
 		continue;
 	rnr:
-		/* no receive posted: hold the stream (an endless RNR retry) and say so, so
-		 * the requester does not take the silence for a dead peer */
-		if (!qp->rnr_stalled) {
-			fab_log("QP %u: RNR wait", qp->qp.qp_num);
-			qp->rnr_stalled = 1;
+		/* No receive posted: an RNR NAK. The stream holds here, so nothing behind this request
+		 * passes it, and it goes on as soon as a receive is posted (a real requester would
+		 * retry after min_rnr_timer). The requester is told, so it does not take the silence
+		 * for a dead peer; with rnr_retry < 7 its retries end rnr_retry timers after the NAK. */
+		if (!qp->rnr_nakked) {
+			uint8_t tries = (h.flags & FAB_REQ_RNR_SET) ? h.flags & FAB_REQ_RNR_RETRY : 7;
+			fab_log("QP %u: RNR wait (rnr_retry %u, min_rnr_timer %u)", qp->qp.qp_num, tries,
+				qp->min_rnr_timer);
+			qp->rnr_nakked = 1;
+			qp->rnr_deadline_ns = 0;
+			if (tries != 7) {
+				qp->rnr_deadline_ns =
+					fab_now_ns() + (uint64_t)tries * rnr_timer_us[qp->min_rnr_timer & 31] * 1000ull;
+				if (tries)
+					rnr_arm(ctx, qp->rnr_deadline_ns);
+			}
 			ack_pending(s);
 			resp_push(s, FAB_R_RNR, 0, 0, 0, 0);
 		}
+		if (qp->rnr_deadline_ns && fab_now_ns() >= qp->rnr_deadline_ns) {
+			rnr_give_up(qp);
+			return;
+		}
+		qp->rnr_stalled = 1;
 		return;
 	}
 gone:
@@ -1044,6 +1118,15 @@ static void out_read(struct fab_qp *qp)
 			break;
 		}
 		case FAB_R_RNR: break;
+		case FAB_R_RNR_EXC:
+			if (qp->sq_head >= qp->sq_tx) {
+				link_fail(qp);
+				return;
+			}
+			send_wc(qp, &qp->sq[qp->sq_head % qp->sq_cap], IBV_WC_RNR_RETRY_EXC_ERR);
+			qp->sq_head++;
+			fab_qp_to_err(qp);
+			return;
 		default: link_fail(qp); return;
 		}
 	}
@@ -1059,11 +1142,40 @@ static void out_event(struct fab_qp *qp, uint32_t events)
 	}
 }
 
+/* Before the QP leaves RTR/RTS, what its peer had sent arrived at the "HCA": execute, in wire
+ * order, every request already in the stage or in the socket now, and nothing sent later
+ * (their receive completions then precede the flushes, and the requester gets their ACKs). A
+ * request whose receive is still missing stops it, as does one refused: nothing behind it is
+ * executed. */
+static void in_drain_before_err(struct fab_qp *qp)
+{
+	struct fab_sock *s = &qp->in;
+	enum ibv_qp_state st = qp->qp.state;
+	if (qp->err_draining || s->fd < 0 || s->closing ||
+	    (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD))
+		return;
+	int queued = 0;
+	if (ioctl(s->fd, FIONREAD, &queued) || queued < 0)
+		queued = 0;
+	qp->err_draining = 1;
+	s->rd_capped = 1;
+	s->rd_left = (uint64_t)queued;
+	qp->rnr_stalled = 0; /* a receive may have been posted since the stall */
+	in_event(qp, EPOLLIN);
+	s->rd_capped = 0; /* (sock_close clears it too) */
+	qp->err_draining = 0;
+}
+
 void fab_qp_to_err(struct fab_qp *qp)
 {
 	if (qp->qp.state == IBV_QPS_ERR)
 		return;
+	in_drain_before_err(qp);
+	if (qp->qp.state == IBV_QPS_ERR) /* the drain met an error of its own */
+		return;
 	qp->qp.state = IBV_QPS_ERR;
+	qp->rnr_stalled = qp->rnr_nakked = 0;
+	qp->rnr_deadline_ns = 0;
 	if (qp->out.fd >= 0)
 		sock_close(&qp->out);
 	if (qp->in.fd >= 0 && !qp->in.closing) {
@@ -1177,6 +1289,39 @@ static void wake_scan(struct fab_context *ctx)
 	pthread_mutex_unlock(&ctx->lock);
 }
 
+/* A QP whose RNR deadline passed gets its last retry: the request goes on if a receive is
+ * there by now, else it fails at the requester (rnr_give_up). */
+static void rnr_scan(struct fab_context *ctx)
+{
+	__atomic_store_n(&ctx->rnr_due_ns, 0, __ATOMIC_RELAXED);
+	pthread_mutex_lock(&ctx->lock);
+	for (struct fab_qp *qp = ctx->qps; qp; qp = qp->next) {
+		pthread_mutex_lock(&qp->lock);
+		if (qp->rnr_stalled && qp->rnr_deadline_ns && qp->in.fd >= 0) {
+			if (fab_now_ns() >= qp->rnr_deadline_ns) {
+				qp->rnr_stalled = 0;
+				in_event(qp, EPOLLIN);
+			} else {
+				rnr_note(ctx, qp->rnr_deadline_ns);
+			}
+		}
+		pthread_mutex_unlock(&qp->lock);
+	}
+	pthread_mutex_unlock(&ctx->lock);
+}
+
+/* how long the engine may sleep in epoll_wait: 50 ms, less when an RNR deadline comes first */
+static int engine_wait_ms(struct fab_context *ctx, uint64_t now)
+{
+	uint64_t due = __atomic_load_n(&ctx->rnr_due_ns, __ATOMIC_RELAXED);
+	if (!due)
+		return 50;
+	if (due <= now)
+		return 0;
+	uint64_t ms = (due - now + 999999) / 1000000;
+	return ms < 50 ? (int)ms : 50;
+}
+
 static void free_qp(struct fab_qp *qp)
 {
 	if (!qp->srq) {
@@ -1273,7 +1418,7 @@ static void *engine_main(void *arg)
 	long nap_ns = FAB_NAP_MIN_NS;
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); /* naps of microseconds must not become 50 us */
 	while (!__atomic_load_n(&ctx->stop, __ATOMIC_ACQUIRE)) {
-		int n = epoll_wait(ctx->epfd, evs, 64, 50);
+		int n = epoll_wait(ctx->epfd, evs, 64, engine_wait_ms(ctx, fab_now_ns()));
 		/* while an application thread polls (and so moves the data itself), stay out
 		 * of its way: on a host with few cores a second runnable thread per process
 		 * costs more latency than it saves */
@@ -1289,11 +1434,15 @@ static void *engine_main(void *arg)
 			nap_ns = FAB_NAP_MIN_NS;
 		uint64_t now = fab_now_ns();
 		int timers = now - last_timer > 50000000ull;
-		if (n <= 0 && !timers)
+		uint64_t rnr_due = __atomic_load_n(&ctx->rnr_due_ns, __ATOMIC_RELAXED);
+		int rnr = rnr_due && now >= rnr_due;
+		if (n <= 0 && !timers && !rnr)
 			continue;
 		pthread_mutex_lock(&ctx->plock);
 		if (n > 0 && handle_events(evs, n))
 			wake_scan(ctx);
+		if (rnr)
+			rnr_scan(ctx);
 		if (timers) {
 			last_timer = now;
 			check_timers(ctx);

@@ -50,6 +50,11 @@ static inline int fab_op_answered(uint8_t op)
 	return op == FAB_OP_READ || fab_op_atomic(op);
 }
 
+/* fab_wire_req.flags: the requester's rnr_retry (7: forever), which its RNR NAKs need; without
+ * FAB_REQ_RNR_SET (a requester built before it) the retries are endless */
+#define FAB_REQ_RNR_RETRY 0x07
+#define FAB_REQ_RNR_SET 0x08
+
 /* requester -> responder, followed by `len` payload bytes for WRITE/SEND */
 struct fab_wire_req {
 	uint8_t op;
@@ -69,6 +74,7 @@ enum fab_resp_kind {
 	FAB_R_READ,       /* val = length, followed by the data */
 	FAB_R_RNR,        /* responder waits for a receive: not a completion */
 	FAB_R_ATOMIC,     /* val = 8, followed by the original value */
+	FAB_R_RNR_EXC,    /* no receive within the requester's RNR retries: the next request failed */
 };
 
 struct fab_wire_resp {
@@ -188,6 +194,8 @@ struct fab_sock {
 	uint32_t ev; /* events registered with epoll */
 	uint8_t *st;
 	uint32_t sb, se; /* staged bytes [sb, se) */
+	int rd_capped;    /* read no more than rd_left bytes from the socket (a drain before ERR) */
+	uint64_t rd_left;
 	int rstate;
 	/* payload being placed */
 	struct fab_dseg dst[FAB_MAX_SGE];
@@ -244,8 +252,11 @@ struct fab_qp {
 	struct fab_sock lsn, in, out;
 	int link_down;
 	pid_t out_peer_pid; /* the process that owns dest_qpn */
-	int rnr_waiting;
-	int rnr_stalled;
+	int rnr_waiting;  /* requester: the responder holds our next request for want of a receive */
+	int rnr_stalled;  /* responder: the request at the head of `in` waits for a receive */
+	int rnr_nakked;   /* responder: ...and the requester was told (its RNR retries run) */
+	uint64_t rnr_deadline_ns; /* responder: give up on it then; 0 = never (rnr_retry 7) */
+	int err_draining; /* fab_qp_to_err is executing what had arrived before the transition */
 };
 
 struct fab_pd {
@@ -268,6 +279,7 @@ struct fab_context {
 	pthread_t thread;
 	int thread_started;
 	int stop; /* __atomic */
+	uint64_t rnr_due_ns; /* __atomic: earliest RNR deadline of a QP of this context, 0 = none */
 	struct fab_qp *qps;
 	struct fab_qp *grave;
 	struct verbs_context vctx; /* must stay last: ibv_context ends the struct */

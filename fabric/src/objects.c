@@ -623,6 +623,7 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 		struct fab_swqe *w = &qp->sq[qp->sq_tail % qp->sq_cap];
 		memset(&w->hdr, 0, sizeof(w->hdr));
 		w->hdr.op = op;
+		w->hdr.flags = (uint8_t)(FAB_REQ_RNR_SET | (qp->rnr_retry & FAB_REQ_RNR_RETRY));
 		w->hdr.len = (uint32_t)total;
 		w->hdr.raddr = wr->wr.rdma.remote_addr;
 		w->hdr.rkey = wr->wr.rdma.rkey;
@@ -959,7 +960,8 @@ static int modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 		qp->sq_head = qp->sq_tx = qp->sq_tail = 0;
 		qp->tx_off = 0;
 		qp->rq.head = qp->rq.count = 0;
-		qp->link_down = qp->rnr_waiting = qp->rnr_stalled = 0;
+		qp->link_down = qp->rnr_waiting = qp->rnr_stalled = qp->rnr_nakked = 0;
+		qp->rnr_deadline_ns = 0;
 		qp->qp.state = IBV_QPS_RESET;
 		break;
 	case IBV_QPS_ERR: fab_qp_to_err(qp); break;

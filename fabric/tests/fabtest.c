@@ -8,10 +8,12 @@
 #include <infiniband/verbs.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -139,6 +141,11 @@ static struct info my_info(struct end *e)
 	return i;
 }
 
+/* what rtr_rts gives a QP: the responder's RNR NAK timer (RTR) and the requester's RNR retry count
+ * (RTS); a case's role sets them before pair_up (each role is its own process) */
+static uint8_t qp_min_rnr_timer = 12;
+static uint8_t qp_rnr_retry = 7;
+
 static void rtr_rts(struct end *e, const struct info *peer, uint8_t timeout, uint8_t retry)
 {
 	struct ibv_qp_attr a;
@@ -148,7 +155,7 @@ static void rtr_rts(struct end *e, const struct info *peer, uint8_t timeout, uin
 	a.dest_qp_num = peer->qpn;
 	a.rq_psn = 0;
 	a.max_dest_rd_atomic = 16;
-	a.min_rnr_timer = 12;
+	a.min_rnr_timer = qp_min_rnr_timer;
 	a.ah_attr.dlid = peer->lid;
 	a.ah_attr.port_num = 1;
 	CHECK(ibv_modify_qp(e->qp, &a,
@@ -158,7 +165,7 @@ static void rtr_rts(struct end *e, const struct info *peer, uint8_t timeout, uin
 	a.qp_state = IBV_QPS_RTS;
 	a.timeout = timeout;
 	a.retry_cnt = retry;
-	a.rnr_retry = 7;
+	a.rnr_retry = qp_rnr_retry;
 	a.sq_psn = 0;
 	a.max_rd_atomic = 16;
 	CHECK(ibv_modify_qp(e->qp, &a,
@@ -753,6 +760,219 @@ static void stopped_init(struct end *e)
 	printf("     peer SIGSTOPped: WRITE -> RETRY_EXC_ERR after %.1f ms (QP timeout x tries = 201 ms)\n", dt);
 	CHECK(dt > 150 && dt < 5000); /* the cap (10 s) would mean the stop went unnoticed */
 	CHECK(kill(peer, SIGKILL) == 0);
+	close_end(e);
+}
+
+/* the parameter of a case (cases[].param), set before the roles fork */
+static int case_param;
+
+/* A QP entering ERR first executes, in wire order, the requests its peer had already sent: a
+ * stream of WRITEs and WRITE_WITH_IMMs sits in the target's socket behind the first WRITE_WITH_IMM
+ * (no receive posted: the stream stalls there), the target posts its receives and at once moves
+ * its QP to ERR (param 0) or makes it fail with a local error (param 1). Every receive a
+ * WRITE_WITH_IMM had reached completes successfully, in order, before the spare receives flush;
+ * every WRITE is placed; the initiator's WRs were acknowledged. */
+#define DRAIN_N 8
+#define DRAIN_BIG_AT 8192
+#define DRAIN_BIG (48 * 1024)
+enum { DRAIN_BY_MODIFY, DRAIN_BY_LOCAL_ERROR };
+
+/* Keep this process's other threads (the fabric's progress thread) off the CPU while this one
+ * runs without blocking: all on this thread's CPU, the others SCHED_IDLE, which never preempts
+ * a normal thread. Then nothing but this thread's own verbs calls touches the QP. `undo`
+ * gives every thread `all` CPUs again (an unprivileged thread cannot leave SCHED_IDLE). */
+static void starve_other_threads(const cpu_set_t *all, int undo)
+{
+	cpu_set_t one;
+	CPU_ZERO(&one);
+	CPU_SET(sched_getcpu(), &one);
+	const cpu_set_t *set = undo ? all : &one;
+	CHECK(sched_setaffinity(0, sizeof(*set), set) == 0);
+	DIR *d = opendir("/proc/self/task");
+	CHECK(d);
+	int others = 0;
+	for (struct dirent *de; (de = readdir(d));) {
+		pid_t t = (pid_t)atoi(de->d_name);
+		if (t <= 0 || t == gettid())
+			continue;
+		CHECK(sched_setaffinity(t, sizeof(*set), set) == 0);
+		struct sched_param sp = {0};
+		if (!undo)
+			CHECK(sched_setscheduler(t, SCHED_IDLE, &sp) == 0);
+		others++;
+	}
+	closedir(d);
+	CHECK(others >= 1);
+}
+
+static void err_drain_init(struct end *e)
+{
+	open_end(e, 1 << 16, ALL_ACCESS, 0, 0);
+	struct info p = pair_up(e, 14, 7); /* rnr_retry 7: waits for the target's receives */
+	for (int i = 0; i < DRAIN_N; i++) {
+		uint8_t *src = e->buf + i * 512;
+		memset(src, 0x40 + i, 512);
+		post(e, IBV_WR_RDMA_WRITE_WITH_IMM, (uint64_t)i, src, 256, e->mr->lkey, p.addr + (uint64_t)i * 512,
+		     p.rkey, IBV_SEND_SIGNALED, htonl(1000u + (uint32_t)i));
+		post(e, IBV_WR_RDMA_WRITE, 100u + (uint64_t)i, src + 256, 256, e->mr->lkey,
+		     p.addr + (uint64_t)i * 512 + 256, p.rkey, 0, 0);
+	}
+	/* a large WRITE too: its payload goes from the socket straight into the region */
+	for (int i = 0; i < DRAIN_BIG; i++)
+		e->buf[DRAIN_BIG_AT + i] = (uint8_t)(i % 251);
+	post(e, IBV_WR_RDMA_WRITE, 99, e->buf + DRAIN_BIG_AT, DRAIN_BIG, e->mr->lkey, p.addr + DRAIN_BIG_AT, p.rkey,
+	     IBV_SEND_SIGNALED, 0);
+	/* posted: a WR goes into the socket when posted, so the target's socket holds them all now */
+	sync_peer(e->sock);
+	for (int i = 0; i < DRAIN_N; i++)
+		expect_wc(e->scq, (uint64_t)i, IBV_WC_SUCCESS, NULL);
+	expect_wc(e->scq, 99, IBV_WC_SUCCESS, NULL);
+	sync_peer(e->sock);
+	close_end(e);
+}
+
+static void err_drain_target(struct end *e)
+{
+	open_end(e, 1 << 16, ALL_ACCESS, 0, 0);
+	pair_up(e, 14, 7);
+	sync_peer(e->sock);
+	usleep(50000); /* the first WRITE_WITH_IMM finds no receive: everything behind it waits */
+	struct ibv_wc wc;
+	CHECK(ibv_poll_cq(e->rcq, 1, &wc) == 0);
+	cpu_set_t all;
+	CHECK(sched_getaffinity(0, sizeof(all), &all) == 0);
+	/* posting a receive wakes the progress thread to resume the stream; without this, it
+	 * could do so before the transition below, and the case would test nothing */
+	starve_other_threads(&all, 0);
+	for (int i = 0; i < DRAIN_N; i++)
+		CHECK(e->buf[i * 512 + 256] == 0); /* nothing behind the stalled request was placed */
+	CHECK(e->buf[DRAIN_BIG_AT] == 0 && e->buf[DRAIN_BIG_AT + DRAIN_BIG - 1] == 0);
+	/* receives for every WRITE_WITH_IMM and two more, then at once to ERR */
+	struct ibv_recv_wr rw[DRAIN_N + 2], *bad;
+	for (int i = 0; i < DRAIN_N + 2; i++) {
+		memset(&rw[i], 0, sizeof(rw[i]));
+		rw[i].wr_id = (uint64_t)i;
+		rw[i].next = i + 1 < DRAIN_N + 2 ? &rw[i + 1] : NULL;
+	}
+	CHECK(ibv_post_recv(e->qp, rw, &bad) == 0);
+	if (case_param == DRAIN_BY_MODIFY) {
+		struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+		CHECK(ibv_modify_qp(e->qp, &a, IBV_QP_STATE) == 0);
+	} else {
+		post(e, IBV_WR_RDMA_WRITE, 77, e->buf, 64, e->mr->lkey + 0x100, 0, 0, IBV_SEND_SIGNALED, 0);
+	}
+	starve_other_threads(&all, 1);
+	if (case_param == DRAIN_BY_LOCAL_ERROR)
+		expect_wc(e->scq, 77, IBV_WC_LOC_PROT_ERR, NULL);
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	CHECK(ibv_query_qp(e->qp, &qa, IBV_QP_STATE, &qi) == 0);
+	CHECK(qa.qp_state == IBV_QPS_ERR);
+	for (int i = 0; i < DRAIN_N; i++) {
+		expect_wc(e->rcq, (uint64_t)i, IBV_WC_SUCCESS, &wc);
+		CHECK(wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM);
+		CHECK(wc.byte_len == 256 && (wc.wc_flags & IBV_WC_WITH_IMM) && ntohl(wc.imm_data) == 1000u + (uint32_t)i);
+	}
+	expect_wc(e->rcq, DRAIN_N, IBV_WC_WR_FLUSH_ERR, NULL);
+	expect_wc(e->rcq, DRAIN_N + 1, IBV_WC_WR_FLUSH_ERR, NULL);
+	expect_no_wc(e->rcq, 20);
+	for (int i = 0; i < DRAIN_N; i++)
+		for (int j = 0; j < 512; j++)
+			CHECK(e->buf[i * 512 + j] == 0x40 + i);
+	for (int i = 0; i < DRAIN_BIG; i++)
+		CHECK(e->buf[DRAIN_BIG_AT + i] == (uint8_t)(i % 251));
+	CHECK(guards_intact(e));
+	sync_peer(e->sock);
+	close_end(e);
+}
+
+/* Receiver not ready. The target posts no receive; the initiator posts a SEND, a WRITE_WITH_IMM
+ * and a WRITE behind it. The case's parameter is the initiator's rnr_retry:
+ * - 7 (rnr-forever): with the shortest RNR timer (code 1, 0.01 ms) the SEND still waits, and
+ *   succeeds once the target posts receives 300 ms later; the WRITE behind it was not placed
+ *   before (nothing passes the stalled request), and then is.
+ * - RNR_IN_TIME (rnr-in-time): rnr_retry 3 with timer code 0 (655.36 ms, the longest): the
+ *   receives come after 100 ms, within the retries, and everything succeeds.
+ * - 0, 3, 6 (rnr-retry-exceeded-N): timer code 20 (10.24 ms): the SEND completes with
+ *   RNR_RETRY_EXC_ERR no sooner than rnr_retry timers after it was posted and within
+ *   (rnr_retry + 1) timers plus a slack for a loaded host; the WRs behind it flush, the QP is
+ *   in ERR. The target stays in RTS and never sees the SEND or the WRITE_WITH_IMM: receives it
+ *   posts afterwards stay unused, the WRITE's bytes never land. */
+#define RNR_IN_TIME 8
+#define RNR_EXC_TIMER 20 /* 10.24 ms */
+#define RNR_SLACK_MS 2000.0
+
+static void rnr_init(struct end *e)
+{
+	int exceed = case_param < 7;
+	qp_rnr_retry = (uint8_t)(case_param == RNR_IN_TIME ? 3 : case_param);
+	open_end(e, 1 << 16, ALL_ACCESS, 0, 0);
+	struct info p = pair_up(e, 14, 7);
+	memset(e->buf, 0x5a, 4096);
+	double t0 = now_ms();
+	post(e, IBV_WR_SEND, 1, e->buf, 100, e->mr->lkey, 0, 0, IBV_SEND_SIGNALED, 0);
+	post(e, IBV_WR_RDMA_WRITE_WITH_IMM, 2, e->buf, 64, e->mr->lkey, p.addr + 8192, p.rkey, IBV_SEND_SIGNALED,
+	     htonl(5));
+	post(e, IBV_WR_RDMA_WRITE, 3, e->buf, 64, e->mr->lkey, p.addr + 4096, p.rkey, 0, 0);
+	if (exceed) {
+		struct ibv_wc wc;
+		CHECK(poll_wc(e->scq, &wc, 5000));
+		double dt = now_ms() - t0;
+		double timer = 10.24, lo = qp_rnr_retry * timer, hi = (qp_rnr_retry + 1) * timer + RNR_SLACK_MS;
+		printf("     rnr_retry %u, min_rnr_timer 10.24 ms: SEND -> %s after %.1f ms (at least %.1f ms)\n",
+		       qp_rnr_retry, ibv_wc_status_str(wc.status), dt, lo);
+		CHECK(wc.wr_id == 1 && wc.status == IBV_WC_RNR_RETRY_EXC_ERR && wc.opcode == IBV_WC_SEND);
+		CHECK(dt >= lo && dt <= hi);
+		expect_wc(e->scq, 2, IBV_WC_WR_FLUSH_ERR, NULL);
+		expect_wc(e->scq, 3, IBV_WC_WR_FLUSH_ERR, NULL);
+		struct ibv_qp_attr qa;
+		struct ibv_qp_init_attr qi;
+		CHECK(ibv_query_qp(e->qp, &qa, IBV_QP_STATE, &qi) == 0);
+		CHECK(qa.qp_state == IBV_QPS_ERR);
+		post(e, IBV_WR_RDMA_WRITE, 4, e->buf, 64, e->mr->lkey, p.addr + 4096, p.rkey, IBV_SEND_SIGNALED, 0);
+		expect_wc(e->scq, 4, IBV_WC_WR_FLUSH_ERR, NULL);
+		sync_peer(e->sock);
+	} else {
+		expect_no_wc(e->scq, case_param == RNR_IN_TIME ? 100 : 300);
+		sync_peer(e->sock); /* the target checks the WRITE did not pass, then posts receives */
+		expect_wc(e->scq, 1, IBV_WC_SUCCESS, NULL);
+		expect_wc(e->scq, 2, IBV_WC_SUCCESS, NULL);
+	}
+	sync_peer(e->sock);
+	close_end(e);
+}
+
+static void rnr_target(struct end *e)
+{
+	int exceed = case_param < 7;
+	qp_min_rnr_timer = exceed ? RNR_EXC_TIMER : case_param == RNR_IN_TIME ? 0 : 1;
+	open_end(e, 1 << 16, ALL_ACCESS, 0, 0);
+	pair_up(e, 14, 7);
+	sync_peer(e->sock); /* the initiator is done waiting (or failing) */
+	for (int i = 0; i < 64; i++)
+		CHECK(e->buf[4096 + i] == 0 && e->buf[8192 + i] == 0); /* nothing passed the SEND */
+	post_recv(e, 10, e->buf + 1024, 1024);
+	post_recv(e, 11, e->buf + 2048, 1024);
+	struct ibv_wc wc;
+	if (exceed) {
+		expect_no_wc(e->rcq, 100);
+		struct ibv_qp_attr qa;
+		struct ibv_qp_init_attr qi;
+		CHECK(ibv_query_qp(e->qp, &qa, IBV_QP_STATE, &qi) == 0);
+		CHECK(qa.qp_state == IBV_QPS_RTS);
+		for (int i = 0; i < 64; i++)
+			CHECK(e->buf[4096 + i] == 0 && e->buf[8192 + i] == 0);
+	} else {
+		expect_wc(e->rcq, 10, IBV_WC_SUCCESS, &wc);
+		CHECK(wc.opcode == IBV_WC_RECV && wc.byte_len == 100 && e->buf[1024] == 0x5a);
+		expect_wc(e->rcq, 11, IBV_WC_SUCCESS, &wc);
+		CHECK(wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM && ntohl(wc.imm_data) == 5);
+	}
+	sync_peer(e->sock);
+	if (!exceed)
+		for (int i = 0; i < 64; i++)
+			CHECK(e->buf[4096 + i] == 0x5a && e->buf[8192 + i] == 0x5a);
+	CHECK(guards_intact(e));
 	close_end(e);
 }
 
@@ -1430,6 +1650,13 @@ int main(int argc, char **argv)
 		{"peer-killed-idle", killed_idle_init, killed_target, -1},
 		{"peer-killed-forked", killed_forked_init, killed_forked_target, -1},
 		{"peer-stopped", stopped_init, killed_target, -1},
+		{"err-drain", err_drain_init, err_drain_target, DRAIN_BY_MODIFY},
+		{"err-drain-local-error", err_drain_init, err_drain_target, DRAIN_BY_LOCAL_ERROR},
+		{"rnr-forever", rnr_init, rnr_target, 7},
+		{"rnr-in-time", rnr_init, rnr_target, RNR_IN_TIME},
+		{"rnr-retry-exceeded-0", rnr_init, rnr_target, 0},
+		{"rnr-retry-exceeded-3", rnr_init, rnr_target, 3},
+		{"rnr-retry-exceeded-6", rnr_init, rnr_target, 6},
 	};
 	if (argc == 2 && strcmp(argv[1], "--list") == 0) {
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
@@ -1444,6 +1671,7 @@ int main(int argc, char **argv)
 			continue;
 		if (cases[i].bad >= 0)
 			bad_case = (enum bad_kind)cases[i].bad;
+		case_param = cases[i].bad;
 		fails += run_pair(cases[i].name, cases[i].init, cases[i].target);
 	}
 	return fails ? 1 : 0;
