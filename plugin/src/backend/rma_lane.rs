@@ -34,8 +34,6 @@ use std::sync::Arc;
 const INLINE_CHOICES: [u32; 3] = [256, 64, 0];
 /// Outstanding RDMA READs and atomics per lane, each way (fewer where the device refuses).
 const RD_ATOMIC: u8 = 16;
-/// Work requests of one post at most: the pieces of an operation in one chain.
-const MAX_CHAIN: usize = 8;
 /// Completions polled per call.
 pub(crate) const MAX_POLL: usize = 32;
 
@@ -179,13 +177,74 @@ impl Lane {
     /// errno when the provider refused (nothing of a refused chain was posted past the refused
     /// request; the core withdraws the request).
     pub(crate) fn post(&self, shared: &LaneShared, id: RequestId, plan: &Plan) -> Result<(), i32> {
-        // Most operations are one or two work requests (a put, a put and its signal): build
-        // only as many as that on the stack, not the longest chain.
+        // Most operations are one or two work requests (a put, a put and its signal): built in
+        // line with exactly as many on the stack; longer ones out of line.
         match plan.work_requests() {
             0 | 1 => self.post_in::<1>(shared, id, plan),
             2 => self.post_in::<2>(shared, id, plan),
-            _ => self.post_in::<MAX_CHAIN>(shared, id, plan),
+            _ => self.post_long(shared, id, plan),
         }
+    }
+
+    /// Operations of three or more work requests (transfers over 1 GiB): out of line, posted
+    /// two at a time ([`Chain`]).
+    #[inline(never)]
+    fn post_long(&self, shared: &LaneShared, id: RequestId, plan: &Plan) -> Result<(), i32> {
+        let mut chain = Chain::new(self, id);
+        let rdma = |remote_addr, rkey| ibv_send_wr_wr {
+            rdma: ibv_rdma_wr { remote_addr, rkey },
+        };
+        match *plan {
+            Plan::Nothing => return Ok(()),
+            Plan::Put(t) | Plan::PutSignal(Some(t), _) => {
+                let inline = if t.inline { send_flags::INLINE } else { 0 };
+                for p in t.pieces() {
+                    let sge = ibv_sge {
+                        addr: p.local,
+                        length: p.len,
+                        lkey: if t.inline { 0 } else { t.lkey },
+                    };
+                    let wr = rdma(p.remote, t.rkey);
+                    chain.push(sge, wr_opcode::RDMA_WRITE, inline, wr)?;
+                }
+            }
+            Plan::Get(t) => {
+                for p in t.pieces() {
+                    let sge = ibv_sge {
+                        addr: p.local,
+                        length: p.len,
+                        lkey: t.lkey,
+                    };
+                    chain.push(sge, wr_opcode::RDMA_READ, 0, rdma(p.remote, t.rkey))?;
+                }
+            }
+            Plan::PutSignal(None, _) => {}
+            Plan::FlushRead { remote, rkey } => {
+                let sge = ibv_sge {
+                    addr: shared.landing.addr() + 8,
+                    length: 1,
+                    lkey: shared.landing.lkey(),
+                };
+                chain.push(sge, wr_opcode::RDMA_READ, 0, rdma(remote, rkey))?;
+            }
+        }
+        if let Plan::PutSignal(_, s) = *plan {
+            let sge = ibv_sge {
+                addr: shared.landing.addr(),
+                length: 8,
+                lkey: shared.landing.lkey(),
+            };
+            let atomic = ibv_send_wr_wr {
+                atomic: ibv_atomic_wr {
+                    remote_addr: s.remote,
+                    compare_add: s.add,
+                    swap: 0,
+                    rkey: s.rkey,
+                },
+            };
+            chain.push(sge, wr_opcode::ATOMIC_FETCH_AND_ADD, 0, atomic)?;
+        }
+        chain.finish()
     }
 
     #[inline(always)]
@@ -295,5 +354,83 @@ impl Lane {
     /// Move the queue pair to the error state (every outstanding request completes flushed).
     pub(crate) fn fail(&self) {
         let _ = self.qp.modify_to_error();
+    }
+}
+
+/// The work requests of one operation, posted two at a time: most operations are one or two (a
+/// put, a put and its signal) and go in one post; the pieces of a transfer over 2 GiB go in
+/// several, which RC keeps in order on the queue pair. Only the last is signaled, with the
+/// request's own `wr_id`; the others carry its piece mark.
+struct Chain<'a> {
+    lane: &'a Lane,
+    id: RequestId,
+    wrs: [ibv_send_wr; 2],
+    sges: [ibv_sge; 2],
+    n: usize,
+}
+
+impl<'a> Chain<'a> {
+    #[inline(always)]
+    fn new(lane: &'a Lane, id: RequestId) -> Self {
+        Self {
+            lane,
+            id,
+            wrs: [ibv_send_wr::default(); 2],
+            sges: [ibv_sge::default(); 2],
+            n: 0,
+        }
+    }
+
+    /// Add a work request; post the two before it first when the chain is full (they are not the
+    /// operation's last).
+    #[inline(always)]
+    fn push(
+        &mut self,
+        sge: ibv_sge,
+        opcode: u32,
+        flags: u32,
+        wr: ibv_send_wr_wr,
+    ) -> Result<(), i32> {
+        if self.n == self.wrs.len() {
+            self.post()?;
+        }
+        self.sges[self.n] = sge;
+        self.wrs[self.n] = ibv_send_wr {
+            wr_id: self.id.piece_wr_id(),
+            num_sge: i32::from(sge.length > 0),
+            opcode,
+            send_flags: flags,
+            wr,
+            ..ibv_send_wr::default()
+        };
+        self.n += 1;
+        Ok(())
+    }
+
+    /// Post the last ones, the last of all signaled.
+    #[inline(always)]
+    fn finish(mut self) -> Result<(), i32> {
+        let Some(last) = self.n.checked_sub(1) else {
+            return Ok(());
+        };
+        let wr = &mut self.wrs[last];
+        wr.wr_id = self.id.wr_id();
+        wr.send_flags |= send_flags::SIGNALED;
+        self.post()
+    }
+
+    #[inline(always)]
+    fn post(&mut self) -> Result<(), i32> {
+        let n = core::mem::take(&mut self.n);
+        for (wr, sge) in self.wrs.iter_mut().zip(self.sges.iter_mut()).take(n) {
+            wr.sg_list = sge;
+        }
+        // SAFETY: every SGE is either inline host bytes of a window NCCL registered and keeps
+        // mapped (the core checked the range against the registration), registered window memory
+        // (checked likewise; the NIC checks the key), or this context's landing region; remote
+        // addresses were checked against the peer's window and are checked again by its NIC.
+        // `wrs` and `sges` outlive the call.
+        unsafe { self.lane.qp.post_send(&mut self.wrs[..n]) }
+            .map_err(|e| e.errno().unwrap_or(libc::EINVAL))
     }
 }

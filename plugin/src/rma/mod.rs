@@ -562,14 +562,21 @@ impl Op {
     }
 }
 
+#[inline(always)]
 fn window(call: &str, what: &str, mh: Ptr, group: Ptr) -> NetResult<&'static Window> {
     let (_, w) = WINDOWS.lookup(call, what, mh)?;
     if w.group != group {
-        return Err(NetError::invalid_argument(format!(
-            "{call}: {what} {mh:p} belongs to another RMA group"
-        )));
+        return Err(other_group(call, what, mh));
     }
     Ok(&w.window)
+}
+
+#[cold]
+#[inline(never)]
+fn other_group(call: &str, what: &str, mh: Ptr) -> NetError {
+    NetError::invalid_argument(format!(
+        "{call}: {what} {mh:p} belongs to another RMA group"
+    ))
 }
 
 /// Issue `op` towards `rank` on context index `context`; the request handle.
@@ -774,6 +781,8 @@ pub(crate) fn query_last_error(rma_ctx: Ptr) -> NetResult<bool> {
     Ok(guard.requests.has_error())
 }
 
+#[cold]
+#[inline(never)]
 fn rma_error(call: &str, e: RmaError) -> NetError {
     let class = match e {
         RmaError::OutOfWindow { .. }
