@@ -1523,6 +1523,51 @@ static void bench(void) {
       h_line("", "BENCH rma putsignal-half-rtt 8 %.2f", usec / 2);
     }
   }
+  /* The same round trip without the signal (an 8-byte iput, the peer polling the landed bytes)
+   * and with the signal alone (size 0), to tell the put's share from the atomic's. */
+  for (int variant = 0; variant < 2; variant++) {
+    if (!barrier("before a round-trip variant")) return;
+    if (g_rank > 1) continue;
+    int peer = 1 - g_rank;
+    volatile uint64_t* landing = (volatile uint64_t*)(W.base + 64);
+    uint64_t base_sig = signal_word(WORD_BENCH);
+    double start = 0;
+    for (int i = 1; i <= iters; i++) {
+      if (i == 2) start = h_now();
+      void* req = NULL;
+      uint64_t value = ((uint64_t)g_rank << 32) | (uint64_t)i;
+      int mine = (g_rank == 0);
+      for (int turn = 0; turn < 2; turn++, mine = !mine) {
+        if (mine) {
+          nccl_result r;
+          if (variant == 0) {
+            memcpy(S.base + 64, &value, 8);
+            r = R.iput(g_rctx, 0, 64, S.mh, 8, 64, W.mh, (uint32_t)peer, 0, &req);
+          } else {
+            r = R.iput_signal(g_rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)peer, WORD_BENCH * 8, G.mh, 1,
+                              RMA_SIGNAL_OP_ADD, true, 0, &req);
+          }
+          if (!posted(r, req, variant == 0 ? "bench put rtt" : "bench signal rtt", peer, 8)) return;
+          if (!wait_one(req, 30, "bench round trip")) return;
+          req = NULL;
+        } else {
+          uint64_t want = ((uint64_t)peer << 32) | (uint64_t)i;
+          double t0 = h_now();
+          while (variant == 0 ? *landing != want : signal_word(WORD_BENCH) < base_sig + (uint64_t)i) {
+            progress();
+            if (h_now() - t0 > 30) {
+              FAIL("round trip variant %d, %d: nothing came after 30 s", variant, i);
+              return;
+            }
+          }
+        }
+      }
+    }
+    if (g_rank == 0) {
+      double usec = (h_now() - start) / (iters - 1) * 1e6;
+      h_line("", "BENCH rma %s-half-rtt 8 %.2f", variant == 0 ? "put" : "signal", usec / 2);
+    }
+  }
   if (!barrier("after the bench")) return;
   pass("RMA figures measured");
   teardown(1);
