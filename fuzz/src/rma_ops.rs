@@ -39,13 +39,6 @@ pub mod seeds;
 const OWN_BASE_SPAN: u64 = 1 << 56;
 const OWN_MAX_LEN: u64 = 1 << 46;
 
-/// Finding 1 of the target's first run, fixed in the core since: `Window::range` accepted a
-/// range of a peer's entry whose `base + len` wraps past 2^64, so the address it returned plus
-/// the size overflowed (and `Transfer::pieces` panicked on the overflow in a debug build). With
-/// this `true` the target checks such entries strictly (refused past 2^64, accepted up to it)
-/// and splits their transfers into pieces; `false` would check them only up to the wrap.
-const CHECK_WRAPPING_ENTRIES: bool = true;
-
 /// Plan operations one input may run (with repeats), to keep an execution fast.
 const MAX_PLANNED: usize = 8192;
 
@@ -385,7 +378,12 @@ fn model_range(
     if end > e.len {
         return Err(oow);
     }
-    e.base.checked_add(offset).ok_or(oow)
+    // A peer's entry is untrusted: the range must also end within the address space (it may end
+    // exactly at 2^64).
+    if u128::from(e.base) + u128::from(end) > 1 << 64 {
+        return Err(oow);
+    }
+    Ok(e.base + offset)
 }
 
 /// `addr .. addr + len` lies inside rank `rank`'s entry of `w` (an entry may end exactly at
@@ -398,14 +396,12 @@ fn assert_inside(w: &Window, rank: u32, addr: u64, len: u64, what: &str) {
     );
     let entry_end = u128::from(e.base) + u128::from(e.len);
     let end = u128::from(addr) + u128::from(len);
-    if entry_end > 1 << 64 {
-        // A peer's entry that wraps: finding 1 (see CHECK_WRAPPING_ENTRIES).
-        if CHECK_WRAPPING_ENTRIES {
-            panic!("{what}: accepted a range of a wrapping entry {e:x?}");
-        }
-    } else {
-        assert!(end <= 1 << 64, "{what}: {addr:#x} + {len:#x} wraps");
-    }
+    // Even inside an entry that itself runs past 2^64 (a peer's word), an accepted range never
+    // does (finding 1 of the target's first run, fixed in the core).
+    assert!(
+        end <= 1 << 64,
+        "{what}: {addr:#x} + {len:#x} wraps (entry {e:x?})"
+    );
     assert!(
         end <= entry_end,
         "{what}: {addr:#x} + {len:#x} outside the entry {e:x?}"
@@ -416,8 +412,7 @@ fn assert_inside(w: &Window, rank: u32, addr: u64, len: u64, what: &str) {
 fn assert_pieces(t: &Transfer) {
     let count = t.piece_count();
     assert_eq!(u64::from(count), t.len.div_ceil(u64::from(MAX_WR_BYTES)));
-    let top = |a: u64| u128::from(a) + u128::from(t.len) > 1 << 64;
-    if count > 64 || ((top(t.local) || top(t.remote)) && !CHECK_WRAPPING_ENTRIES) {
+    if count > 64 {
         return;
     }
     let mut at = 0u64;
