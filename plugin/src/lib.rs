@@ -21,7 +21,7 @@
 //! | layer | modules | what |
 //! |---|---|---|
 //! | 0 | `sys` | C mirrors of NCCL's ABI: result codes, property structs, callbacks, function-table layouts |
-//! | 1 | `error`, `clock`, `random`, `log`, `version` | typed errors with their `ncclResult_t`, time, randomness, NCCL's logger, what this build is |
+//! | 1 | `error`, `clock`, `random`, `log`, `version`, `profiler` | typed errors with their `ncclResult_t`, time, randomness, NCCL's logger, what this build is, NCCL profiler events (kept with their comm) |
 //! | 2 | `handle` | the one typed handle layer: every object NCCL holds as `void*` is looked up here |
 //! | 3 | `oob` | the out-of-band TCP socket of the handshake |
 //! | 4 | `config`, `diag` | settings from the environment; the CLI's view of them |
@@ -29,7 +29,7 @@
 //! | 6 | `devices`, `mesh` | discovery: the ports NCCL sees and their properties; the mesh device over them (`RIVET_MESH=1`) |
 //! | 7 | `net` | lifecycle (`init`, contexts, `finalize`), opened ports |
 //! | 8 | `comm` | listen/connect/accept, registrations and the data path |
-//! | 9 | `profiler`, `collnet` | NCCL profiler events around the data path; CollNet groups over the p2p comms |
+//! | 9 | `collnet` | CollNet groups over the p2p comms |
 //! | 10 | `rma` | one-sided RMA: groups formed as CollNet's, their control exchange, windows, contexts of RC lanes |
 //! | 11 | `abi` | the exported tables, per-version shims, the panic guard, per-version properties |
 

@@ -12,7 +12,7 @@ use crate::comm;
 use crate::error::{NetError, NetResult};
 use crate::log;
 use crate::net;
-use crate::profiler::Callback;
+use crate::profiler::{Callback, Starts};
 use crate::sys::*;
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -542,6 +542,7 @@ fn size_t_v10(size: usize) -> NetResult<usize> {
 /// # Safety
 /// As the `isend` entries: `request` is NULL or valid for a write of a pointer; `comm` and `mh`
 /// are handles (checked); `data` is only handed to the NIC, inside the checked registration.
+#[allow(clippy::too_many_arguments)] // the C signature plus a size converter and the events
 unsafe fn isend_common<S>(
     comm: Ptr,
     data: Ptr,
@@ -550,10 +551,11 @@ unsafe fn isend_common<S>(
     mh: Ptr,
     request: *mut Ptr,
     size_of: impl FnOnce(S) -> NetResult<usize>,
+    starts: Option<Starts>,
 ) -> NcclResult {
     ffi_call("isend", move || {
         let size = size_checked(size_of(size)?, "isend")?;
-        let req = comm::isend(comm, data, size, tag, mh)?;
+        let req = comm::isend(comm, data, size, tag, mh, starts)?;
         // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
         unsafe { put(request, req, "isend: request") }
     })
@@ -601,7 +603,7 @@ pub(super) unsafe extern "C" fn isend_v9(
     request: *mut Ptr,
 ) -> NcclResult {
     // SAFETY: forwarded unchanged.
-    unsafe { isend_common(comm, data, size, tag, mh, request, Ok) }
+    unsafe { isend_common(comm, data, size, tag, mh, request, Ok, None) }
 }
 
 /// `isend` as NCCL's table calls it.
@@ -622,13 +624,11 @@ pub(super) unsafe extern "C" fn isend_v10(
     phandle: Ptr,
     request: *mut Ptr,
 ) -> NcclResult {
+    // The profiler's events start with the request, in its comm; `phandle` lives for the call.
+    // SAFETY: a one-element array.
+    let starts = profiler_callback().and_then(|cb| unsafe { Starts::new(cb, &raw const phandle) });
     // SAFETY: forwarded unchanged.
-    let rc = unsafe { isend_common(comm, data, size, tag, mh, request, size_t_v10) };
-    if let Some(profiler) = profiler_callback() {
-        // SAFETY: `request` was written by a successful isend_common.
-        unsafe { crate::profiler::on_isend(profiler, rc, comm, phandle, request, size) };
-    }
-    rc
+    unsafe { isend_common(comm, data, size, tag, mh, request, size_t_v10, starts) }
 }
 
 /// Copy NCCL's `n`-element arrays into `args`'s fixed arrays (no allocation), validating `n`
@@ -677,7 +677,7 @@ unsafe fn recv_arrays<S: Copy>(
 /// # Safety
 /// As the `irecv` entries: `data`, `sizes`, `tags` and `mhs` are NULL or arrays of `n` elements
 /// readable for the call; `request` is NULL or valid for a write of a pointer; `comm` is a handle.
-#[allow(clippy::too_many_arguments)] // mirrors the C signature plus a size converter
+#[allow(clippy::too_many_arguments)] // mirrors the C signature plus a size converter and the events
 unsafe fn irecv_common<S: Copy>(
     comm: Ptr,
     n: c_int,
@@ -687,6 +687,7 @@ unsafe fn irecv_common<S: Copy>(
     mhs: *mut Ptr,
     request: *mut Ptr,
     size_of: impl Fn(S) -> NetResult<usize>,
+    starts: Option<Starts>,
 ) -> NcclResult {
     ffi_call("irecv", move || {
         if n == 1 && !(data.is_null() || sizes.is_null() || tags.is_null() || mhs.is_null()) {
@@ -694,7 +695,7 @@ unsafe fn irecv_common<S: Copy>(
             // SAFETY: NCCL's arrays hold `n` = 1 element each (non-NULL, checked).
             let (ptr, size, tag, mh) = unsafe { (*data, *sizes, *tags, *mhs) };
             let size = size_checked(size_of(size)?, "irecv")?;
-            let req = comm::irecv_one(comm, ptr, size, tag, mh)?;
+            let req = comm::irecv_one(comm, ptr, size, tag, mh, starts)?;
             // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
             return unsafe { put(request, req, "irecv: request") };
         }
@@ -709,7 +710,7 @@ unsafe fn irecv_common<S: Copy>(
         unsafe { recv_arrays(&mut args, n, data, sizes, tags, mhs, size_of) }?;
         // `*request` may hold the NCCL_NET_OPTIONAL_RECV_COMPLETION hint on input; Rivet always
         // completes receives normally (allowed by the contract) and overwrites it.
-        let req = comm::irecv(comm, &args)?;
+        let req = comm::irecv(comm, &args, starts)?;
         // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
         unsafe { put(request, req, "irecv: request") }
     })
@@ -778,7 +779,7 @@ pub(super) unsafe extern "C" fn irecv_v9(
     request: *mut Ptr,
 ) -> NcclResult {
     // SAFETY: forwarded unchanged.
-    unsafe { irecv_common(comm, n, data, sizes, tags, mhs, request, Ok) }
+    unsafe { irecv_common(comm, n, data, sizes, tags, mhs, request, Ok, None) }
 }
 
 #[allow(clippy::too_many_arguments)] // the C signature
@@ -803,13 +804,10 @@ pub(super) unsafe extern "C" fn irecv_v10(
     phandles: *mut Ptr,
     request: *mut Ptr,
 ) -> NcclResult {
+    // SAFETY: NCCL's `phandles` holds `n` elements (or is NULL) for the call.
+    let starts = profiler_callback().and_then(|cb| unsafe { Starts::new(cb, phandles) });
     // SAFETY: forwarded unchanged.
-    let rc = unsafe { irecv_common(comm, n, data, sizes, tags, mhs, request, size_t_v10) };
-    if let Some(profiler) = profiler_callback() {
-        // SAFETY: NCCL's arrays hold `n` elements; `request` was written by irecv_common.
-        unsafe { crate::profiler::on_irecv(profiler, rc, comm, n, phandles, sizes, request) };
-    }
-    rc
+    unsafe { irecv_common(comm, n, data, sizes, tags, mhs, request, size_t_v10, starts) }
 }
 
 /// `iflush` as NCCL's table calls it.
@@ -908,9 +906,6 @@ pub(super) unsafe extern "C" fn test(
         if comm::test(request, &mut NcclSizes(sizes))? {
             // SAFETY: non-null (checked above).
             unsafe { done.write(1) };
-            if let Some(profiler) = profiler_callback() {
-                crate::profiler::stop(profiler, request);
-            }
         }
         Ok(())
     })

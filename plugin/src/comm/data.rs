@@ -23,6 +23,7 @@ use crate::error::{NetError, NetResult};
 use crate::handle::{Handle, Ptr, Registry, registry, unknown};
 use crate::log::{INIT_NET, info, warn};
 use crate::oob::socket::{self, Liveness};
+use crate::profiler::{self, Events, Starts};
 use core::ffi::c_int;
 use exclusive::{Busy, Exclusive, Guard};
 use rivet_core::data::codec::CTS_ENTRY_LEN;
@@ -96,6 +97,8 @@ struct State<Conn: Path> {
     /// The queue pair, or the lanes, the connection drives.
     endpoint: Conn::Nics,
     watch: Watch,
+    /// Profiler events of this comm's requests (empty unless a profiler returns handles).
+    events: Events,
 }
 
 /// How often (in data-path calls that found nothing to complete) the peer and the port are checked.
@@ -173,6 +176,7 @@ impl<Conn: Path> Side<Conn> {
                 conn,
                 endpoint,
                 watch,
+                events: Events::new(),
             }),
             port,
             ports,
@@ -294,6 +298,7 @@ impl<Conn: Path> Side<Conn> {
             conn,
             endpoint,
             watch,
+            events: _,
         } = &mut *state;
         let outstanding = conn.outstanding();
         let start = clock::now();
@@ -351,6 +356,7 @@ impl<Conn: Path> Side<Conn> {
             conn,
             endpoint,
             watch,
+            events,
         } = &mut *state;
         match conn.test(endpoint, req, sizes) {
             Ok(false) => match watch.check(&self.port) {
@@ -364,6 +370,10 @@ impl<Conn: Path> Side<Conn> {
                 }
             },
             Ok(done) => {
+                // One branch on the comm's open events: none unless a profiler returned handles.
+                if !events.is_empty() {
+                    events.stop(req.to_bits());
+                }
                 state.leave();
                 Ok(done)
             }
@@ -513,14 +523,30 @@ impl mr::UserMr {
 /// `isend`: the request, or NULL ("try later"). Inlined into the C entry point, like `irecv` and
 /// `test`: the result is then built where the shim reads it, not copied up through each layer.
 #[inline(always)]
-pub(crate) fn isend(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> NetResult<Ptr> {
+pub(crate) fn isend(
+    comm: Ptr,
+    data: Ptr,
+    size: usize,
+    tag: c_int,
+    mh: Ptr,
+    starts: Option<Starts>,
+) -> NetResult<Ptr> {
     let (handle, entry) = COMMS.lookup("isend", "sendComm", comm)?;
     match entry {
-        DataComm::Send(side) => side.isend(handle, data, size, tag, mh),
-        DataComm::SendMulti(side) => isend_lanes(side, handle, data, size, tag, mh),
+        DataComm::Send(side) => side.isend(handle, data, size, tag, mh, starts),
+        DataComm::SendMulti(side) => isend_lanes(side, handle, data, size, tag, mh, starts),
         // A default arm, not the two receive variants: two compares instead of a jump table.
         _ => Err(NetError::misuse("isend on a receive comm")),
     }
+}
+
+/// The profiler events a post starts once it made a request: NCCL's callback and `pHandle`s,
+/// the work request's opcode, each buffer's size.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EventStart<'a> {
+    starts: Starts,
+    opcode: i32,
+    sizes: &'a [usize],
 }
 
 impl<Conn: Path> Guard<'_, State<Conn>> {
@@ -533,9 +559,20 @@ impl<Conn: Path> Guard<'_, State<Conn>> {
         call: &'static str,
         handle: Handle,
         posted: Result<Option<RequestId>, DataError>,
+        events: Option<EventStart<'_>>,
     ) -> NetResult<Ptr> {
         let answer = match posted {
-            Ok(Some(req)) => Ok(handle.request_ptr(req.to_bits())),
+            Ok(Some(req)) => {
+                let request = handle.request_ptr(req.to_bits());
+                if let Some(e) = events
+                    && self.events.due()
+                {
+                    let qpn = self.endpoint.qp_num();
+                    self.events
+                        .start(e.starts, request, req.to_bits(), qpn, e.opcode, e.sizes);
+                }
+                Ok(request)
+            }
             Ok(None) => match self.watch.check(&side.port) {
                 None => Ok(core::ptr::null_mut()),
                 Some(err) => {
@@ -552,7 +589,15 @@ impl<Conn: Path> Guard<'_, State<Conn>> {
 
 impl<Conn: SendPath> Side<Conn> {
     #[inline(always)]
-    fn isend(&self, handle: Handle, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> NetResult<Ptr> {
+    fn isend(
+        &self,
+        handle: Handle,
+        data: Ptr,
+        size: usize,
+        tag: c_int,
+        mh: Ptr,
+        starts: Option<Starts>,
+    ) -> NetResult<Ptr> {
         let side = self;
         let len = size as u64;
         let mr = if size == 0 && mh.is_null() {
@@ -569,6 +614,7 @@ impl<Conn: SendPath> Side<Conn> {
             conn,
             endpoint,
             watch: _,
+            events: _,
         } = &mut *state;
         let buf = SendBuf {
             addr: data as u64,
@@ -581,7 +627,12 @@ impl<Conn: SendPath> Side<Conn> {
         } else {
             conn.isend(endpoint, buf, tag as u32)
         };
-        state.answer(side, "isend", handle, posted)
+        let events = starts.map(|starts| EventStart {
+            starts,
+            opcode: profiler::OPCODE_SEND,
+            sizes: core::slice::from_ref(&size),
+        });
+        state.answer(side, "isend", handle, posted, events)
     }
 }
 
@@ -595,8 +646,9 @@ fn isend_lanes<Conn: SendPath>(
     size: usize,
     tag: c_int,
     mh: Ptr,
+    starts: Option<Starts>,
 ) -> NetResult<Ptr> {
-    side.isend(handle, data, size, tag, mh)
+    side.isend(handle, data, size, tag, mh, starts)
 }
 
 #[inline(never)]
@@ -604,8 +656,9 @@ fn irecv_lanes<Conn: RecvPath>(
     side: &Side<Conn>,
     handle: Handle,
     args: &RecvArgs,
+    starts: Option<Starts>,
 ) -> NetResult<Ptr> {
-    side.irecv(handle, args)
+    side.irecv(handle, args, starts)
 }
 
 #[inline(never)]
@@ -642,22 +695,31 @@ fn irecv_keyed<Conn: RecvPath>(
 
 /// `irecv`: the request, or NULL ("try later").
 #[inline]
-pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Ptr> {
+pub(crate) fn irecv(comm: Ptr, args: &RecvArgs, starts: Option<Starts>) -> NetResult<Ptr> {
     let (handle, entry) = COMMS.lookup("irecv", "recvComm", comm)?;
     match entry {
-        DataComm::Recv(side) => side.irecv(handle, args),
-        DataComm::RecvMulti(side) => irecv_lanes(side, handle, args),
+        DataComm::Recv(side) => side.irecv(handle, args, starts),
+        DataComm::RecvMulti(side) => irecv_lanes(side, handle, args, starts),
         _ => Err(NetError::misuse("irecv on a send comm")),
     }
 }
 
 /// `irecv` of one buffer (NCCL's point-to-point receive): the request, or NULL ("try later").
 #[inline(always)]
-pub(crate) fn irecv_one(comm: Ptr, data: Ptr, size: usize, tag: c_int, mh: Ptr) -> NetResult<Ptr> {
+pub(crate) fn irecv_one(
+    comm: Ptr,
+    data: Ptr,
+    size: usize,
+    tag: c_int,
+    mh: Ptr,
+    starts: Option<Starts>,
+) -> NetResult<Ptr> {
     let (handle, entry) = COMMS.lookup("irecv", "recvComm", comm)?;
     match entry {
-        DataComm::Recv(side) => side.post_recv_one(handle, data, size, mh, tag as u32),
-        DataComm::RecvMulti(side) => irecv_one_lanes(side, handle, data, size, mh, tag as u32),
+        DataComm::Recv(side) => side.post_recv_one(handle, data, size, mh, tag as u32, starts),
+        DataComm::RecvMulti(side) => {
+            irecv_one_lanes(side, handle, data, size, mh, tag as u32, starts)
+        }
         // As in `isend`: a default arm for both send kinds.
         _ => Err(NetError::misuse("irecv on a send comm")),
     }
@@ -671,17 +733,18 @@ fn irecv_one_lanes<Conn: RecvPath>(
     size: usize,
     mh: Ptr,
     tag: u32,
+    starts: Option<Starts>,
 ) -> NetResult<Ptr> {
-    side.post_recv_one(handle, data, size, mh, tag)
+    side.post_recv_one(handle, data, size, mh, tag, starts)
 }
 
 impl<Conn: RecvPath> Side<Conn> {
     #[inline(always)]
-    fn irecv(&self, handle: Handle, args: &RecvArgs) -> NetResult<Ptr> {
+    fn irecv(&self, handle: Handle, args: &RecvArgs, starts: Option<Starts>) -> NetResult<Ptr> {
         if args.n == 1 {
             // One-entry arrays, not eight.
             let (data, size, mh) = (args.data[0], args.sizes[0], args.mhandles[0]);
-            return self.post_recv_one(handle, data, size, mh, args.tags[0] as u32);
+            return self.post_recv_one(handle, data, size, mh, args.tags[0] as u32, starts);
         }
         let mut bufs = [RecvBuf {
             addr: 0,
@@ -695,7 +758,12 @@ impl<Conn: RecvPath> Side<Conn> {
             tags[i] = args.tags[i] as u32;
         }
         let n = args.n;
-        self.post_recv(handle, &bufs[..n], &mrs[..n], &tags[..n])
+        let events = starts.map(|starts| EventStart {
+            starts,
+            opcode: profiler::OPCODE_RECV,
+            sizes: &args.sizes[..n],
+        });
+        self.post_recv(handle, &bufs[..n], &mrs[..n], &tags[..n], events)
     }
 
     /// Post the receive of `bufs` (registered as `mrs`, tagged `tags`): on a fused device with
@@ -707,19 +775,21 @@ impl<Conn: RecvPath> Side<Conn> {
         bufs: &[RecvBuf],
         mrs: &[Option<&mr::UserMr>],
         tags: &[u32],
+        events: Option<EventStart<'_>>,
     ) -> NetResult<Ptr> {
         let mut state = self.lock("irecv")?;
         let State {
             conn,
             endpoint,
             watch: _,
+            events: _,
         } = &mut *state;
         let posted = if endpoint.devices() > 1 {
             irecv_keyed(conn, endpoint, bufs, mrs, tags)?
         } else {
             conn.irecv(endpoint, bufs, tags)
         };
-        state.answer(self, "irecv", handle, posted)
+        state.answer(self, "irecv", handle, posted, events)
     }
 
     /// [`post_recv`](Self::post_recv) of one buffer (`data`, `size` bytes, registered as `mh`),
@@ -733,6 +803,7 @@ impl<Conn: RecvPath> Side<Conn> {
         size: usize,
         mh: Ptr,
         tag: u32,
+        starts: Option<Starts>,
     ) -> NetResult<Ptr> {
         let mut state = self.lock("irecv")?;
         let (buf, mr) = recv_buf(data, size, mh)?;
@@ -740,13 +811,19 @@ impl<Conn: RecvPath> Side<Conn> {
             conn,
             endpoint,
             watch: _,
+            events: _,
         } = &mut *state;
         let posted = if endpoint.devices() > 1 {
             irecv_keyed(conn, endpoint, &[buf], &[mr], &[tag])?
         } else {
             conn.irecv_one(endpoint, buf, tag, self.max_inline)
         };
-        state.answer(self, "irecv", handle, posted)
+        let events = starts.map(|starts| EventStart {
+            starts,
+            opcode: profiler::OPCODE_RECV,
+            sizes: core::slice::from_ref(&size),
+        });
+        state.answer(self, "irecv", handle, posted, events)
     }
 
     /// `iflush` on this receive comm (`None`: nothing to flush).
@@ -766,17 +843,6 @@ impl<Conn: RecvPath> Side<Conn> {
             .flush("test")?
             .ok_or_else(|| unknown("test", "request", request))?;
         flush.test(flush_id)
-    }
-}
-
-/// The local QP number of a data comm, for profiler events (asked only with a profiler attached).
-pub(crate) fn local_qp(comm: Ptr) -> Option<u32> {
-    let (_, entry) = COMMS.lookup("profiler", "comm", comm).ok()?;
-    match entry {
-        DataComm::Send(side) => Some(side.lock("profiler").ok()?.endpoint.qp_num()),
-        DataComm::Recv(side) => Some(side.lock("profiler").ok()?.endpoint.qp_num()),
-        DataComm::SendMulti(side) => Some(side.lock("profiler").ok()?.endpoint.qp_num()),
-        DataComm::RecvMulti(side) => Some(side.lock("profiler").ok()?.endpoint.qp_num()),
     }
 }
 

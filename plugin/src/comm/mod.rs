@@ -32,7 +32,7 @@ use core::ffi::c_int;
 use std::sync::Arc;
 
 pub(crate) use connect::connect;
-pub(crate) use data::{RecvArgs, local_qp};
+pub(crate) use data::RecvArgs;
 pub(crate) use data::{close_recv, close_send, iflush, irecv, irecv_one, isend, test};
 pub(crate) use flush::FlushArgs;
 pub(crate) use listen::{accept, close_listen, listen};
@@ -51,13 +51,13 @@ pub(crate) mod internal {
     /// [`isend`](data::isend).
     #[inline(never)]
     pub(crate) fn isend(comm: Ptr, buf: Ptr, size: usize, tag: c_int, mh: Ptr) -> NetResult<Ptr> {
-        data::isend(comm, buf, size, tag, mh)
+        data::isend(comm, buf, size, tag, mh, None)
     }
 
     /// [`irecv`](data::irecv).
     #[inline(never)]
     pub(crate) fn irecv(comm: Ptr, args: &RecvArgs) -> NetResult<Ptr> {
-        data::irecv(comm, args)
+        data::irecv(comm, args, None)
     }
 
     /// [`test`](data::test), the answer as one value.
