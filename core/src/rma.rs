@@ -253,10 +253,11 @@ impl Window {
             nranks: self.entries.len() as u32,
         })?;
         // Within the entry's length, and (the entry is a peer's word, untrusted) within the
-        // address space: a range may end at 2^64, never past it.
+        // address space: a range may end at 2^64, never past it, and its first address must be
+        // one (an empty range at 2^64 is not).
         let end = u128::from(entry.base) + u128::from(offset) + u128::from(size);
-        match offset.checked_add(size) {
-            Some(within) if within <= entry.len && end <= 1 << 64 => Ok(entry.base + offset),
+        match (offset.checked_add(size), entry.base.checked_add(offset)) {
+            (Some(within), Some(addr)) if within <= entry.len && end <= 1 << 64 => Ok(addr),
             _ => Err(()),
         }
         .map_err(|()| RmaError::OutOfWindow {

@@ -383,7 +383,7 @@ fn model_range(
     if u128::from(e.base) + u128::from(end) > 1 << 64 {
         return Err(oow);
     }
-    Ok(e.base + offset)
+    e.base.checked_add(offset).ok_or(oow)
 }
 
 /// `addr .. addr + len` lies inside rank `rank`'s entry of `w` (an entry may end exactly at
