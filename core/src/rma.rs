@@ -660,6 +660,11 @@ impl Requests {
         Ok(index)
     }
 
+    /// The peer of the outstanding request `id` (`None` when it is not outstanding).
+    pub fn peer_of_request(&self, id: RequestId) -> Option<u32> {
+        self.slot(id).map(|s| self.peer_of(s.lane))
+    }
+
     /// The peer rank of lane `lane`.
     pub fn peer_of(&self, lane: u32) -> u32 {
         lane % self.nranks.max(1)

@@ -273,6 +273,8 @@ fn a_failure_fails_the_lane_and_its_requests_at_once_and_sticks() {
     let a = r.begin(to1, 2).unwrap();
     let b = r.begin(to1, 1).unwrap();
     let c = r.begin(to2, 1).unwrap();
+    assert_eq!(r.peer_of_request(b), Some(1));
+    assert_eq!(r.peer_of_request(c), Some(2));
     // A's unsignaled piece fails: every request on lane 1 fails now, before any flush comes.
     assert_eq!(r.failed_lanes(), 0);
     r.handle_completion(a.piece_wr_id(), WcStatus::RETRY_EXC_ERR);
@@ -290,6 +292,7 @@ fn a_failure_fails_the_lane_and_its_requests_at_once_and_sticks() {
     assert_eq!(r.test(c), Ok(Tested::Pending));
     r.handle_completion(c.wr_id(), WcStatus::SUCCESS);
     assert_eq!(r.test(c), Ok(Tested::Done));
+    assert_eq!(r.peer_of_request(c), None, "released");
     // The flushed completions arrive later and free what the orphans reserved.
     assert_eq!(r.reserved(), 3);
     r.handle_completion(a.wr_id(), WcStatus::WR_FLUSH_ERR);

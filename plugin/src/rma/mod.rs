@@ -129,6 +129,11 @@ struct Lanes {
     /// `requests.failed_lanes()` when the lanes were last looked at.
     failed_seen: u32,
     max_inline: u32,
+    /// By request slot: the call that issued the request (for the WARN naming the operation that
+    /// failed first).
+    ops: Vec<&'static str>,
+    /// By peer: the operation whose failure was seen first.
+    first_failed: Vec<Option<&'static str>>,
 }
 
 static LISTENS: Registry<RmaListen> = registry!(0x5a11_157e, "live RMA listen comms");
@@ -453,6 +458,8 @@ pub(crate) fn create_context(coll: Ptr, config: ContextConfig) -> NetResult<Ptr>
             seen: vec![false; lanes.len()],
             warned_peers: vec![false; n as usize],
             failed_seen: 0,
+            ops: Vec::new(),
+            first_failed: vec![None; n as usize],
             lanes,
             shared,
             requests,
@@ -606,6 +613,11 @@ pub(crate) fn issue(rma_ctx: Ptr, context: c_int, rank: u32, op: Op) -> NetResul
         .requests
         .begin(lane, plan.work_requests())
         .map_err(|e| rma_error(call, e))?;
+    let slot = slot_of(id.wr_id());
+    if st.ops.len() <= slot {
+        st.ops.resize(slot + 1, "");
+    }
+    st.ops[slot] = call;
     if plan != Plan::Nothing {
         let posted = match &st.lanes[lane as usize] {
             Some(l) => l.post(&st.shared, id, &plan),
@@ -704,11 +716,40 @@ fn poll(st: &mut Lanes, call: &str) -> NetResult<()> {
             ))
         })?;
         for &(wr_id, status) in &out[..n] {
+            if !status.is_success() {
+                note_failed_op(st, wr_id);
+            }
             st.requests.handle_completion(wr_id, status);
         }
         if n < MAX_POLL {
             return Ok(());
         }
+    }
+}
+
+/// The slot of the request a `wr_id` names (its piece mark and generation dropped).
+fn slot_of(wr_id: u64) -> usize {
+    (wr_id & !rma::PIECE_MARK) as usize & (rma::MAX_SLOTS - 1)
+}
+
+/// Remember which operation failed first towards its peer.
+#[cold]
+#[inline(never)]
+fn note_failed_op(st: &mut Lanes, wr_id: u64) {
+    let Some(id) = u32::try_from(wr_id & !rma::PIECE_MARK)
+        .ok()
+        .and_then(RequestId::from_bits)
+    else {
+        return;
+    };
+    let (Some(&op), Some(peer)) = (st.ops.get(slot_of(wr_id)), st.requests.peer_of_request(id))
+    else {
+        return;
+    };
+    if let Some(first) = st.first_failed.get_mut(peer as usize)
+        && first.is_none()
+    {
+        *first = Some(op);
     }
 }
 
@@ -735,9 +776,16 @@ fn warn_failures(st: &mut Lanes, call: &str) {
         let peer = lane % n;
         if !st.warned_peers[peer] {
             st.warned_peers[peer] = true;
+            let op = st.first_failed[peer].unwrap_or("an operation");
+            let why = match e {
+                RmaError::PeerFailed {
+                    context, status, ..
+                } => format!("queue pair of context {context}: {status}"),
+                other => other.to_string(),
+            };
             warn!(
-                "RMA {call}: {e}; its requests fail, later ones to that rank are refused, other \
-                 ranks keep working"
+                "RMA: {op} to rank {peer} failed ({why}; seen by {call}); its requests fail, \
+                 later ones to that rank are refused, other ranks keep working"
             );
         }
     }
