@@ -9,7 +9,7 @@
  * this program knows each rank wrote: data bytes, the 64-bit signal words (exact sums), guard
  * bytes around every registered window.
  *
- * usage: rma LIB [--ranks N] [--version 13|14|15|16] [--quick] [--kill] [--bench]
+ * usage: rma LIB [--ranks N] [--version 13|14|15|16] [--quick] [--kill] [--bench] [--big]
  *                [--serve PORT | --server ADDR:PORT] [--first-rank F] [--local K]
  *   default: iput, iputSignal (INC, ADD), iget at 0, 1, 8, 4095, 64 KiB and 4 MiB from every rank
  *            to every rank at once (itself included), iflush to every rank; signal words exact
@@ -21,6 +21,8 @@
  *             must see an error from test within 60 s (NCCL_IB_TIMEOUT=12 NCCL_IB_RETRY_CNT=2
  *             unless set), queryLastError then says so, and operations between the survivors
  *             still complete and move the right bytes.
+ *   --big:    one iput and one iget of 2 GiB + 5 bytes between ranks 0 and 1 (posted in pieces of
+ *             at most 1 GiB); needs ~10 GiB of memory, not run in CI.
  *   --bench:  rank 0 puts to rank 1 (64 KiB, 1 MiB, 4 MiB; 8 in flight): "BENCH rma put <size>
  *             <GB/s>"; the 8-byte put-with-signal round trip rank 0 -> 1 -> 0: "BENCH rma
  *             putsignal-rtt 8 <usec>" and "BENCH rma putsignal-half-rtt 8 <usec>".
@@ -1573,8 +1575,61 @@ static void bench(void) {
   teardown(1);
 }
 
+/* ---- --big: one transfer over 2 GiB, so the plugin posts it in pieces of at most 1 GiB ---- */
+
+/* Rank 0 puts 2 GiB + 5 bytes from its source window into rank 1's data window at offset 3 (three
+ * work requests: 1 GiB, 1 GiB, 5 bytes), then gets them back into another part of its own source
+ * window; both sides check every byte and the bytes around. Not in CI: 4 windows of 2 GiB. */
+static void test_big(void) {
+  const size_t size = ((size_t)2 << 30) + 5, off = 3, room = size + 2 * 4096;
+  window B, D;
+  memset(&B, 0, sizeof B);
+  memset(&D, 0, sizeof D);
+  if (!win_alloc(&B, 2 * room, 0, "big source") || !win_alloc(&D, room, 0, "big data")) return;
+  if (g_rank == 0) pat_fill(B.base, size, 77);
+  if (!barrier("before the big put")) return;
+  if (g_rank == 0) {
+    void* req = NULL;
+    double t0 = h_now();
+    nccl_result r = R.iput(g_rctx, 0, 0, B.mh, size, off, D.mh, 1, 0, &req);
+    if (!posted(r, req, "big iput", 1, size) || !wait_one(req, 300, "big iput")) return;
+    double put_s = h_now() - t0;
+    req = NULL;
+    r = R.iget(g_rctx, 0, off, D.mh, size, room, B.mh, 1, 0, &req);
+    if (!posted(r, req, "big iget", 1, size) || !wait_one(req, 300, "big iget")) return;
+    size_t bad = pat_check(B.base + room, size, 77);
+    if (bad < size) {
+      FAIL("big iget: byte %zu of %zu differs", bad, size);
+      return;
+    }
+    pass("a put and a get of %zu bytes (three work requests each) moved every byte (put %.1f s)", size, put_s);
+  }
+  if (!barrier("after the big put")) return;
+  if (g_rank == 1) {
+    size_t bad = pat_check(D.base + off, size, 77);
+    if (bad < size) {
+      FAIL("big iput: byte %zu of %zu differs at the target", bad, size);
+      return;
+    }
+    if (D.base[off - 1] != 0 || D.base[off + size] != 0) {
+      FAIL("big iput: a byte next to the %zu put is not zero", size);
+      return;
+    }
+  }
+  if (!guards_intact(&B) || !guards_intact(&D)) return;
+  if (R.dereg(g_coll, B.mh) != NCCL_OK || R.dereg(g_coll, D.mh) != NCCL_OK) FAIL("big: deregMrSym failed");
+  free(B.alloc);
+  free(D.alloc);
+}
+
 static int run_rank(const char* path, int mode) {
   if (!load_table(path) || !setup()) return 1;
+  if (mode == 3) {
+    test_big();
+    if (!barrier("before the teardown")) return h_failures + 1;
+    teardown(1);
+    return h_failures;
+  }
   if (mode == 1) {
     test_kill();
     return h_failures;
@@ -1684,7 +1739,7 @@ int main(int argc, char** argv) {
   h_role = g_role;
   if (argc < 2) {
     fprintf(stderr,
-            "usage: %s LIB [--ranks N] [--version 13|14|15|16] [--quick] [--kill] [--bench] [--serve PORT | --server "
+            "usage: %s LIB [--ranks N] [--version 13|14|15|16] [--quick] [--kill] [--bench] [--big] [--serve PORT | --server "
             "ADDR:PORT] [--first-rank F] [--local K]\n",
             argv[0]);
     return 2;
@@ -1697,6 +1752,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--quick")) g_quick = 1;
     else if (!strcmp(argv[i], "--kill")) mode = 1;
     else if (!strcmp(argv[i], "--bench")) mode = 2;
+    else if (!strcmp(argv[i], "--big")) mode = 3;
     else if (!strcmp(argv[i], "--serve") && i + 1 < argc) serve_port = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--server") && i + 1 < argc) server = argv[++i];
     else if (!strcmp(argv[i], "--first-rank") && i + 1 < argc) first = atoi(argv[++i]);
@@ -1775,6 +1831,6 @@ int main(int argc, char** argv) {
     }
   }
   fprintf(stderr, "rma: v%d, %d ranks (%d here), %s, %d rank(s) failed, %.1f s\n", g_version, nranks, nlocal,
-          mode == 1 ? "killed member" : mode == 2 ? "bench" : g_quick ? "quick" : "full", bad, h_now() - start);
+          mode == 1 ? "killed member" : mode == 2 ? "bench" : mode == 3 ? "big" : g_quick ? "quick" : "full", bad, h_now() - start);
   return bad ? 1 : 0;
 }

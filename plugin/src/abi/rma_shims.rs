@@ -12,26 +12,14 @@
 
 use super::props::VersionedProps;
 use super::shims::guard::ffi_call;
-use crate::error::{NetError, NetResult};
+use super::shims::put;
+use crate::error::NetError;
 use crate::log;
 use crate::rma::{self, ContextConfig, Op};
 use crate::sys::*;
 use core::ffi::{c_int, c_void};
 
 type Ptr = *mut c_void;
-
-/// Write through an out-pointer, or fail naming `what`.
-///
-/// # Safety
-/// `out` must be NULL or valid for a write of `T`.
-unsafe fn put<T>(out: *mut T, value: T, what: &str) -> NetResult<()> {
-    if out.is_null() {
-        return Err(NetError::misuse(format!("{what} is NULL")));
-    }
-    // SAFETY: non-null; the caller guarantees validity.
-    unsafe { out.write(value) };
-    Ok(())
-}
 
 // ---- lifecycle ----
 

@@ -54,7 +54,7 @@ pub(super) fn profiler_callback() -> Option<Callback> {
 ///
 /// # Safety
 /// `out` must be NULL or valid for a write of `T`.
-unsafe fn put<T>(out: *mut T, value: T, what: &'static str) -> NetResult<()> {
+pub(super) unsafe fn put<T>(out: *mut T, value: T, what: &'static str) -> NetResult<()> {
     if out.is_null() {
         return Err(null_out(what));
     }

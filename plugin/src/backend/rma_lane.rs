@@ -191,62 +191,13 @@ impl Lane {
     #[inline(never)]
     fn post_long(&self, shared: &LaneShared, id: RequestId, plan: &Plan) -> Result<(), i32> {
         let mut chain = Chain::new(self, id);
-        let rdma = |remote_addr, rkey| ibv_send_wr_wr {
-            rdma: ibv_rdma_wr { remote_addr, rkey },
-        };
-        match *plan {
-            Plan::Nothing => return Ok(()),
-            Plan::Put(t) | Plan::PutSignal(Some(t), _) => {
-                let inline = if t.inline { send_flags::INLINE } else { 0 };
-                for p in t.pieces() {
-                    let sge = ibv_sge {
-                        addr: p.local,
-                        length: p.len,
-                        lkey: if t.inline { 0 } else { t.lkey },
-                    };
-                    let wr = rdma(p.remote, t.rkey);
-                    chain.push(sge, wr_opcode::RDMA_WRITE, inline, wr)?;
-                }
-            }
-            Plan::Get(t) => {
-                for p in t.pieces() {
-                    let sge = ibv_sge {
-                        addr: p.local,
-                        length: p.len,
-                        lkey: t.lkey,
-                    };
-                    chain.push(sge, wr_opcode::RDMA_READ, 0, rdma(p.remote, t.rkey))?;
-                }
-            }
-            Plan::PutSignal(None, _) => {}
-            Plan::FlushRead { remote, rkey } => {
-                let sge = ibv_sge {
-                    addr: shared.landing.addr() + 8,
-                    length: 1,
-                    lkey: shared.landing.lkey(),
-                };
-                chain.push(sge, wr_opcode::RDMA_READ, 0, rdma(remote, rkey))?;
-            }
-        }
-        if let Plan::PutSignal(_, s) = *plan {
-            let sge = ibv_sge {
-                addr: shared.landing.addr(),
-                length: 8,
-                lkey: shared.landing.lkey(),
-            };
-            let atomic = ibv_send_wr_wr {
-                atomic: ibv_atomic_wr {
-                    remote_addr: s.remote,
-                    compare_add: s.add,
-                    swap: 0,
-                    rkey: s.rkey,
-                },
-            };
-            chain.push(sge, wr_opcode::ATOMIC_FETCH_AND_ADD, 0, atomic)?;
-        }
+        each_work_request(plan, shared, |sge, opcode, flags, wr| {
+            chain.push(sge, opcode, flags, wr)
+        })?;
         chain.finish()
     }
 
+    /// Post an operation of at most `N` work requests in one chain.
     #[inline(always)]
     fn post_in<const N: usize>(
         &self,
@@ -257,81 +208,15 @@ impl Lane {
         let mut sges = [ibv_sge::default(); N];
         let mut wrs = [ibv_send_wr::default(); N];
         let mut n = 0;
-        let mut push =
-            |n: &mut usize, sge: ibv_sge, opcode: u32, flags: u32, wr: ibv_send_wr_wr| {
-                if *n == N {
-                    return Err(libc::E2BIG);
-                }
-                sges[*n] = sge;
-                wrs[*n] = ibv_send_wr {
-                    wr_id: id.piece_wr_id(),
-                    num_sge: i32::from(sge.length > 0),
-                    opcode,
-                    send_flags: flags,
-                    wr,
-                    ..ibv_send_wr::default()
-                };
-                *n += 1;
-                Ok(())
-            };
-        let rdma = |remote_addr, rkey| ibv_send_wr_wr {
-            rdma: ibv_rdma_wr { remote_addr, rkey },
-        };
-        match *plan {
-            Plan::Nothing => return Ok(()),
-            Plan::Put(t) | Plan::PutSignal(Some(t), _) => {
-                let inline = if t.inline { send_flags::INLINE } else { 0 };
-                for p in t.pieces() {
-                    let sge = ibv_sge {
-                        addr: p.local,
-                        length: p.len,
-                        lkey: if t.inline { 0 } else { t.lkey },
-                    };
-                    push(
-                        &mut n,
-                        sge,
-                        wr_opcode::RDMA_WRITE,
-                        inline,
-                        rdma(p.remote, t.rkey),
-                    )?;
-                }
+        each_work_request(plan, shared, |sge, opcode, flags, wr| {
+            if n == N {
+                return Err(libc::E2BIG);
             }
-            Plan::Get(t) => {
-                for p in t.pieces() {
-                    let sge = ibv_sge {
-                        addr: p.local,
-                        length: p.len,
-                        lkey: t.lkey,
-                    };
-                    push(&mut n, sge, wr_opcode::RDMA_READ, 0, rdma(p.remote, t.rkey))?;
-                }
-            }
-            Plan::PutSignal(None, _) => {}
-            Plan::FlushRead { remote, rkey } => {
-                let sge = ibv_sge {
-                    addr: shared.landing.addr() + 8,
-                    length: 1,
-                    lkey: shared.landing.lkey(),
-                };
-                push(&mut n, sge, wr_opcode::RDMA_READ, 0, rdma(remote, rkey))?;
-            }
-        }
-        if let Plan::PutSignal(_, s) = *plan {
-            let sge = ibv_sge {
-                addr: shared.landing.addr(),
-                length: 8,
-                lkey: shared.landing.lkey(),
-            };
-            let atomic = ibv_send_wr_wr {
-                atomic: ibv_atomic_wr {
-                    remote_addr: s.remote,
-                    compare_add: s.add,
-                    swap: 0,
-                    rkey: s.rkey,
-                },
-            };
-            push(&mut n, sge, wr_opcode::ATOMIC_FETCH_AND_ADD, 0, atomic)?;
-        }
+            sges[n] = sge;
+            wrs[n] = work_request(id, sge, opcode, flags, wr);
+            n += 1;
+            Ok(())
+        })?;
         if n == 0 {
             return Ok(());
         }
@@ -343,9 +228,8 @@ impl Lane {
         let last = &mut wrs[n - 1];
         last.wr_id = id.wr_id();
         last.send_flags |= send_flags::SIGNALED;
-        // SAFETY: every SGE is either inline host bytes of a window NCCL registered and keeps
-        // mapped (the core checked the range against the registration), registered window memory
-        // (checked likewise; the NIC checks the key), or this context's landing region; remote
+        // SAFETY: as in `Chain::post`: every SGE is inline host bytes of a registered window,
+        // registered window memory (both checked by the core), or the landing region; remote
         // addresses were checked against the peer's window and are checked again by its NIC.
         // `wrs` and `sges` outlive the call.
         unsafe { self.qp.post_send(&mut wrs[..n]) }.map_err(|e| e.errno().unwrap_or(libc::EINVAL))
@@ -354,6 +238,91 @@ impl Lane {
     /// Move the queue pair to the error state (every outstanding request completes flushed).
     pub(crate) fn fail(&self) {
         let _ = self.qp.modify_to_error();
+    }
+}
+
+/// Hand `f` the work requests of `plan` in order, each as (scatter entry, opcode, flags, remote
+/// part): the writes or reads of its transfer's pieces, a flush's 1-byte read, then a signal's
+/// fetch-and-add. The one translation of a plan into verbs; the posts differ only in how they
+/// batch.
+#[inline(always)]
+fn each_work_request(
+    plan: &Plan,
+    shared: &LaneShared,
+    mut f: impl FnMut(ibv_sge, u32, u32, ibv_send_wr_wr) -> Result<(), i32>,
+) -> Result<(), i32> {
+    let rdma = |remote_addr, rkey| ibv_send_wr_wr {
+        rdma: ibv_rdma_wr { remote_addr, rkey },
+    };
+    match *plan {
+        Plan::Nothing => return Ok(()),
+        Plan::Put(t) | Plan::PutSignal(Some(t), _) => {
+            let inline = if t.inline { send_flags::INLINE } else { 0 };
+            for p in t.pieces() {
+                let sge = ibv_sge {
+                    addr: p.local,
+                    length: p.len,
+                    lkey: if t.inline { 0 } else { t.lkey },
+                };
+                f(sge, wr_opcode::RDMA_WRITE, inline, rdma(p.remote, t.rkey))?;
+            }
+        }
+        Plan::Get(t) => {
+            for p in t.pieces() {
+                let sge = ibv_sge {
+                    addr: p.local,
+                    length: p.len,
+                    lkey: t.lkey,
+                };
+                f(sge, wr_opcode::RDMA_READ, 0, rdma(p.remote, t.rkey))?;
+            }
+        }
+        Plan::PutSignal(None, _) => {}
+        Plan::FlushRead { remote, rkey } => {
+            let sge = ibv_sge {
+                addr: shared.landing.addr() + 8,
+                length: 1,
+                lkey: shared.landing.lkey(),
+            };
+            f(sge, wr_opcode::RDMA_READ, 0, rdma(remote, rkey))?;
+        }
+    }
+    if let Plan::PutSignal(_, s) = *plan {
+        let sge = ibv_sge {
+            addr: shared.landing.addr(),
+            length: 8,
+            lkey: shared.landing.lkey(),
+        };
+        let atomic = ibv_send_wr_wr {
+            atomic: ibv_atomic_wr {
+                remote_addr: s.remote,
+                compare_add: s.add,
+                swap: 0,
+                rkey: s.rkey,
+            },
+        };
+        f(sge, wr_opcode::ATOMIC_FETCH_AND_ADD, 0, atomic)?;
+    }
+    Ok(())
+}
+
+/// One unsignaled work request of request `id` (its piece mark in the `wr_id`; the last of an
+/// operation is made signaled, with the request's own `wr_id`, when posted).
+#[inline(always)]
+fn work_request(
+    id: RequestId,
+    sge: ibv_sge,
+    opcode: u32,
+    flags: u32,
+    wr: ibv_send_wr_wr,
+) -> ibv_send_wr {
+    ibv_send_wr {
+        wr_id: id.piece_wr_id(),
+        num_sge: i32::from(sge.length > 0),
+        opcode,
+        send_flags: flags,
+        wr,
+        ..ibv_send_wr::default()
     }
 }
 
@@ -395,14 +364,7 @@ impl<'a> Chain<'a> {
             self.post()?;
         }
         self.sges[self.n] = sge;
-        self.wrs[self.n] = ibv_send_wr {
-            wr_id: self.id.piece_wr_id(),
-            num_sge: i32::from(sge.length > 0),
-            opcode,
-            send_flags: flags,
-            wr,
-            ..ibv_send_wr::default()
-        };
+        self.wrs[self.n] = work_request(self.id, sge, opcode, flags, wr);
         self.n += 1;
         Ok(())
     }

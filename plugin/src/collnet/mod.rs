@@ -62,6 +62,13 @@ pub(crate) fn listen(ctx: Ptr, dev: c_int, handle: &mut [u8; 128]) -> NetResult<
         })
 }
 
+/// The p2p listen comm, device and context behind a listen comm (for the RMA groups, which
+/// listen the same way).
+pub(crate) fn listen_parts(call: &str, listen: Ptr) -> NetResult<(Ptr, c_int, Ptr)> {
+    let (_, l) = LISTENS.lookup(call, "listenComm", listen)?;
+    Ok((l.p2p, l.dev, l.ctx))
+}
+
 /// `closeListen`.
 pub(crate) fn close_listen(listen: Ptr) -> NetResult<()> {
     let (handle, _) = LISTENS.lookup("closeListen", "listenComm", listen)?;

@@ -549,6 +549,18 @@ pub(crate) struct EventStart<'a> {
     sizes: &'a [usize],
 }
 
+impl<'a> EventStart<'a> {
+    /// The events of a post of `sizes` (one per buffer) with `opcode`, if NCCL asked for them.
+    #[inline(always)]
+    fn of(starts: Option<Starts>, opcode: i32, sizes: &'a [usize]) -> Option<Self> {
+        starts.map(|starts| Self {
+            starts,
+            opcode,
+            sizes,
+        })
+    }
+}
+
 impl<Conn: Path> Guard<'_, State<Conn>> {
     /// The C answer to a post (`isend`/`irecv`): the request; NULL to try later, unless the peer or
     /// the port has failed the connection meanwhile; or the comm's failure. Leaves the cell.
@@ -627,11 +639,7 @@ impl<Conn: SendPath> Side<Conn> {
         } else {
             conn.isend(endpoint, buf, tag as u32)
         };
-        let events = starts.map(|starts| EventStart {
-            starts,
-            opcode: profiler::OPCODE_SEND,
-            sizes: core::slice::from_ref(&size),
-        });
+        let events = EventStart::of(starts, profiler::OPCODE_SEND, core::slice::from_ref(&size));
         state.answer(side, "isend", handle, posted, events)
     }
 }
@@ -758,11 +766,7 @@ impl<Conn: RecvPath> Side<Conn> {
             tags[i] = args.tags[i] as u32;
         }
         let n = args.n;
-        let events = starts.map(|starts| EventStart {
-            starts,
-            opcode: profiler::OPCODE_RECV,
-            sizes: &args.sizes[..n],
-        });
+        let events = EventStart::of(starts, profiler::OPCODE_RECV, &args.sizes[..n]);
         self.post_recv(handle, &bufs[..n], &mrs[..n], &tags[..n], events)
     }
 
@@ -818,11 +822,7 @@ impl<Conn: RecvPath> Side<Conn> {
         } else {
             conn.irecv_one(endpoint, buf, tag, self.max_inline)
         };
-        let events = starts.map(|starts| EventStart {
-            starts,
-            opcode: profiler::OPCODE_RECV,
-            sizes: core::slice::from_ref(&size),
-        });
+        let events = EventStart::of(starts, profiler::OPCODE_RECV, core::slice::from_ref(&size));
         state.answer(self, "irecv", handle, posted, events)
     }
 

@@ -56,19 +56,6 @@ pub(crate) const MAX_RANKS: u32 = 4096;
 /// `NCCL_NET_DEVICE_GIN_PROXY`.
 const GIN_PROXY: c_int = crate::sys::NCCL_NET_DEVICE_GIN_PROXY;
 
-/// An RMA listen comm.
-#[derive(Debug)]
-struct RmaListen {
-    p2p: Ptr,
-    dev: c_int,
-    ctx: Ptr,
-}
-
-// SAFETY: opaque handles of other tables, never dereferenced.
-unsafe impl Send for RmaListen {}
-// SAFETY: as above.
-unsafe impl Sync for RmaListen {}
-
 /// An RMA group (`collComm`).
 #[derive(Debug)]
 pub(crate) struct Group {
@@ -136,7 +123,6 @@ struct Lanes {
     first_failed: Vec<Option<&'static str>>,
 }
 
-static LISTENS: Registry<RmaListen> = registry!(0x5a11_157e, "live RMA listen comms");
 static GROUPS: Registry<Group> = registry!(0x5a11_c033, "live RMA groups");
 static WINDOWS: Registry<SymWindow> = registry!(0x5a11_3e3e, "live RMA windows");
 static CONTEXTS: Registry<RmaContext> = registry!(0x5a11_c7c7, "live RMA contexts");
@@ -161,26 +147,9 @@ pub(crate) fn properties(dev: c_int) -> NetResult<(DeviceProps, c_int)> {
 
 // ---- group ----
 
-/// `listen(ctx, dev, handle, &listenComm)`.
-pub(crate) fn listen(ctx: Ptr, dev: c_int, handle: &mut [u8; 128]) -> NetResult<Ptr> {
-    let p2p = comm::listen(net::context(ctx)?, dev, handle)?;
-    LISTENS
-        .insert(Box::new(RmaListen { p2p, dev, ctx }))
-        .map(Handle::to_ptr)
-        .map_err(|full| {
-            let _ = comm::close_listen(p2p);
-            NetError::system(format!("RMA listen: {full}"))
-        })
-}
-
-/// `closeListen`.
-pub(crate) fn close_listen(listen: Ptr) -> NetResult<()> {
-    let (handle, _) = LISTENS.lookup("RMA closeListen", "listenComm", listen)?;
-    // SAFETY: NCCL closes a listen comm after `connect` returned; no reference is kept.
-    let l = unsafe { LISTENS.remove(handle) }
-        .ok_or_else(|| unknown("RMA closeListen", "listenComm", listen))?;
-    comm::close_listen(l.p2p)
-}
+/// `listen` and `closeListen`: a listen comm as a CollNet group's (a p2p listen comm whose
+/// 128-byte handle is the group's).
+pub(crate) use crate::collnet::{close_listen, listen};
 
 /// `connect(ctx, handles, nranks, rank, listenComm, &collComm)`: blocks until the group formed
 /// or failed (bounded by the handshake deadline). NCCL's `ctx` here is not used (see the module
@@ -199,8 +168,8 @@ pub(crate) fn connect(handles: Vec<[u8; 128]>, rank: c_int, listen: Ptr) -> NetR
         )));
     }
     let nranks = nranks as u32;
-    let (_, l) = LISTENS.lookup("RMA connect", "listenComm", listen)?;
-    let port = net::open_port(l.dev)?;
+    let (p2p, dev, ctx) = crate::collnet::listen_parts("RMA connect", listen)?;
+    let port = net::open_port(dev)?;
     let hello_at = control::area(nranks);
     let scratch = Scratch::new(hello_at + group::hello_area(nranks));
     let mh = comm::reg_mr_on_port(
@@ -214,7 +183,7 @@ pub(crate) fn connect(handles: Vec<[u8; 128]>, rank: c_int, listen: Ptr) -> NetR
     let (sends, recvs) = if nranks == 1 {
         (vec![core::ptr::null_mut()], vec![core::ptr::null_mut()])
     } else {
-        match group::establish(l.ctx, l.dev, l.p2p, handles, rank, &scratch, hello_at, mh) {
+        match group::establish(ctx, dev, p2p, handles, rank, &scratch, hello_at, mh) {
             Ok(c) => (c.sends, c.recvs),
             Err(e) => {
                 let _ = comm::dereg_mr_on_port(&port, mh);
@@ -232,7 +201,7 @@ pub(crate) fn connect(handles: Vec<[u8; 128]>, rank: c_int, listen: Ptr) -> NetR
             nranks,
             rank,
             port,
-            ctx: l.ctx,
+            ctx,
             control: Mutex::new(control),
         }))
         .map(Handle::to_ptr)
