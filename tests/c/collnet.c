@@ -789,51 +789,6 @@ static int run_rank(const char* path, int mode) {
   return h_failures;
 }
 
-/* A rank on a client host: connect to the exchange server (it may not be up yet), say who we are. */
-static int connect_server(const char* addr_port, int rank) {
-  int fd = h_control_dial(addr_port, 60);
-  if (fd < 0) return -1;
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  uint32_t r = (uint32_t)rank;
-  if (!h_control_send(fd, &r, sizeof r)) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-/* The server host: accept the ranks of the other hosts; each says its rank first. */
-static int accept_remote_ranks(int port, int* fds, const int* local, int nranks) {
-  int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-  setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  if (ls < 0 || bind(ls, (struct sockaddr*)&sa, sizeof sa) || listen(ls, 16)) {
-    h_fail("exchange server on port %d: %s", port, strerror(errno));
-    return 0;
-  }
-  int remote = 0;
-  for (int r = 0; r < nranks; r++) remote += !local[r];
-  while (remote > 0) {
-    int fd = accept(ls, NULL, NULL);
-    if (fd < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    uint32_t r = 0;
-    if (!h_control_recv(fd, &r, sizeof r) || r >= (uint32_t)nranks || local[r] || fds[r] >= 0) {
-      h_fail("exchange server: a connection claimed rank %u", r);
-      close(fd);
-      continue;
-    }
-    fds[r] = fd;
-    remote--;
-  }
-  close(ls);
-  return remote == 0;
-}
-
 int main(int argc, char** argv) {
   h_role = g_role;
   if (argc < 2) {
@@ -886,7 +841,7 @@ int main(int argc, char** argv) {
       g_rank = r;
       snprintf(g_role, sizeof g_role, "rank %d", r);
       if (server) {
-        g_fd = connect_server(server, r);
+        g_fd = h_rank_dial(server, r);
         if (g_fd < 0) {
           h_fail("cannot reach the exchange server %s", server);
           _exit(1);
@@ -908,7 +863,7 @@ int main(int argc, char** argv) {
     pids[r] = pid;
   }
   int bad = 0;
-  if (serve_port && !accept_remote_ranks(serve_port, fds, local, nranks)) bad++;
+  if (serve_port && !h_rank_accept(serve_port, fds, local, nranks)) bad++;
   /* Serve exchanges until a rank closes its end (the clients' parents only wait). */
   while (!server && !bad) {
     uint32_t len = 0, first_len = 0;

@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -269,5 +270,52 @@ static inline int h_control_recv(int fd, void* buf, size_t n) {
     n -= (size_t)r;
   }
   return 1;
+}
+
+/* Multi-rank programs across hosts (collnet.c, rma.c): the host that serves the out-of-band exchange
+ * accepts the ranks of the other hosts (h_rank_accept: each says its rank first; fds[r] for each rank
+ * not local), and a rank on another host dials it (h_rank_dial: it may not be up yet) and says its
+ * rank. */
+static inline int h_rank_dial(const char* addr_port, int rank) {
+  int fd = h_control_dial(addr_port, 60);
+  if (fd < 0) return -1;
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  uint32_t r = (uint32_t)rank;
+  if (!h_control_send(fd, &r, sizeof r)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static inline int h_rank_accept(int port, int* fds, const int* local, int nranks) {
+  int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+  setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  if (ls < 0 || bind(ls, (struct sockaddr*)&sa, sizeof sa) || listen(ls, 16)) {
+    h_fail("exchange server on port %d: %s", port, strerror(errno));
+    return 0;
+  }
+  int remote = 0;
+  for (int r = 0; r < nranks; r++) remote += !local[r];
+  while (remote > 0) {
+    int fd = accept(ls, NULL, NULL);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    uint32_t r = 0;
+    if (!h_control_recv(fd, &r, sizeof r) || r >= (uint32_t)nranks || local[r] || fds[r] >= 0) {
+      h_fail("exchange server: a connection claimed rank %u", r);
+      close(fd);
+      continue;
+    }
+    fds[r] = fd;
+    remote--;
+  }
+  close(ls);
+  return remote == 0;
 }
 #endif

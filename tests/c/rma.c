@@ -1658,49 +1658,6 @@ static int run_rank(const char* path, int mode) {
 
 /* ---- the exchange: the parent (or the --serve host) relays every round ---- */
 
-static int connect_server(const char* addr_port, int rank) {
-  int fd = h_control_dial(addr_port, 60);
-  if (fd < 0) return -1;
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  uint32_t r = (uint32_t)rank;
-  if (!h_control_send(fd, &r, sizeof r)) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-static int accept_remote_ranks(int port, int* fds, const int* local, int nranks) {
-  int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-  setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  if (ls < 0 || bind(ls, (struct sockaddr*)&sa, sizeof sa) || listen(ls, 16)) {
-    FAIL("exchange server on port %d: %s", port, strerror(errno));
-    return 0;
-  }
-  int remote = 0;
-  for (int r = 0; r < nranks; r++) remote += !local[r];
-  while (remote > 0) {
-    int fd = accept(ls, NULL, NULL);
-    if (fd < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    uint32_t r = 0;
-    if (!h_control_recv(fd, &r, sizeof r) || r >= (uint32_t)nranks || local[r] || fds[r] >= 0) {
-      FAIL("exchange server: a connection claimed rank %u", r);
-      close(fd);
-      continue;
-    }
-    fds[r] = fd;
-    remote--;
-  }
-  close(ls);
-  return remote == 0;
-}
-
 /* Relay rounds until every rank has closed its end. A rank that dies is left out of later rounds:
  * its part is zeroed and its bit set in the mask every rank receives. */
 static void serve_exchange(int* fds, int nranks) {
@@ -1794,7 +1751,7 @@ int main(int argc, char** argv) {
       g_rank = r;
       snprintf(g_role, sizeof g_role, "rank %d", r);
       if (server) {
-        g_fd = connect_server(server, r);
+        g_fd = h_rank_dial(server, r);
         if (g_fd < 0) {
           FAIL("cannot reach the exchange server %s", server);
           _exit(1);
@@ -1816,7 +1773,7 @@ int main(int argc, char** argv) {
     pids[r] = pid;
   }
   int bad = 0;
-  if (serve_port && !accept_remote_ranks(serve_port, fds, local, nranks)) bad++;
+  if (serve_port && !h_rank_accept(serve_port, fds, local, nranks)) bad++;
   if (!server && !bad) serve_exchange(fds, nranks);
   for (int r = 0; r < nranks; r++)
     if (fds[r] >= 0) close(fds[r]);
