@@ -101,17 +101,26 @@ pub(super) unsafe extern "C" fn init_v11(
 
 // ---- group setup ----
 
+/// `listen` of every CollNet version and of the RMA tables (a group's listen comm is the same
+/// for both); `name` is the call as its table names it, for the error.
+///
 /// # Safety
 /// `handle` is NULL or points to `NCCL_NET_HANDLE_MAXSIZE` writable bytes; `listen_comm` is NULL
 /// or valid for a write of a pointer; `ctx` is a handle (checked).
-unsafe fn listen_common(ctx: Ptr, dev: c_int, handle: Ptr, listen_comm: *mut Ptr) -> NcclResult {
-    ffi_call("CollNet listen", || {
+pub(super) unsafe fn listen_common(
+    name: &'static str,
+    ctx: Ptr,
+    dev: c_int,
+    handle: Ptr,
+    listen_comm: *mut Ptr,
+) -> NcclResult {
+    ffi_call(name, || {
         // SAFETY: NCCL's handle is a `char[NCCL_NET_HANDLE_MAXSIZE]` buffer.
         let handle = unsafe { handle.cast::<[u8; NCCL_NET_HANDLE_MAXSIZE]>().as_mut() }
-            .ok_or_else(|| NetError::misuse("CollNet listen: handle is NULL"))?;
+            .ok_or_else(|| NetError::misuse(format!("{name}: handle is NULL")))?;
         let comm = collnet::listen(ctx, dev, handle)?;
         // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
-        unsafe { put(listen_comm, comm, "CollNet listen: listenComm") }
+        unsafe { put(listen_comm, comm, "listen: listenComm") }
     })
 }
 
@@ -127,7 +136,15 @@ pub(super) unsafe extern "C" fn listen_v6(
     listen_comm: *mut Ptr,
 ) -> NcclResult {
     // SAFETY: forwarded unchanged.
-    unsafe { listen_common(core::ptr::null_mut(), dev, handle, listen_comm) }
+    unsafe {
+        listen_common(
+            "CollNet listen",
+            core::ptr::null_mut(),
+            dev,
+            handle,
+            listen_comm,
+        )
+    }
 }
 
 /// `listen(ctx, dev, handle, listenComm)` of v11+.
@@ -144,7 +161,7 @@ pub(super) unsafe extern "C" fn listen_v11(
     listen_comm: *mut Ptr,
 ) -> NcclResult {
     // SAFETY: forwarded unchanged.
-    unsafe { listen_common(ctx, dev, handle, listen_comm) }
+    unsafe { listen_common("CollNet listen", ctx, dev, handle, listen_comm) }
 }
 
 /// `connect(handles[], nranks, rank, listenComm, collComm)` of every version.

@@ -89,7 +89,7 @@ pub(super) unsafe extern "C" fn get_rma_properties(
 
 // ---- group ----
 
-/// `listen(ctx, dev, handle, &listenComm)`.
+/// `listen(ctx, dev, handle, &listenComm)`: a listen comm as a CollNet group's.
 ///
 /// # Safety
 /// `handle` is NULL or points to `NCCL_NET_HANDLE_MAXSIZE` writable bytes; `listen_comm` is
@@ -100,14 +100,8 @@ pub(super) unsafe extern "C" fn listen(
     handle: Ptr,
     listen_comm: *mut Ptr,
 ) -> NcclResult {
-    ffi_call("RMA listen", || {
-        // SAFETY: NCCL's handle is a `char[NCCL_NET_HANDLE_MAXSIZE]` buffer.
-        let handle = unsafe { handle.cast::<[u8; NCCL_NET_HANDLE_MAXSIZE]>().as_mut() }
-            .ok_or_else(|| NetError::misuse("RMA listen: handle is NULL"))?;
-        let comm = rma::listen(ctx, dev, handle)?;
-        // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
-        unsafe { put(listen_comm, comm, "RMA listen: listenComm") }
-    })
+    // SAFETY: forwarded unchanged.
+    unsafe { super::collnet_shims::listen_common("RMA listen", ctx, dev, handle, listen_comm) }
 }
 
 /// `connect(ctx, handles[], nranks, rank, listenComm, &collComm)`. `ctx` is NCCL's net plugin

@@ -147,9 +147,9 @@ pub(crate) fn properties(dev: c_int) -> NetResult<(DeviceProps, c_int)> {
 
 // ---- group ----
 
-/// `listen` and `closeListen`: a listen comm as a CollNet group's (a p2p listen comm whose
-/// 128-byte handle is the group's).
-pub(crate) use crate::collnet::{close_listen, listen};
+/// `closeListen`: a listen comm is a CollNet group's (a p2p listen comm whose 128-byte handle is
+/// the group's; `listen` goes straight to CollNet's).
+pub(crate) use crate::collnet::close_listen;
 
 /// `connect(ctx, handles, nranks, rank, listenComm, &collComm)`: blocks until the group formed
 /// or failed (bounded by the handshake deadline). NCCL's `ctx` here is not used (see the module
