@@ -239,7 +239,7 @@ done
 # Wait for every QEMU; a VM killed for --reboot-on boots again, with what is left of the timeout.
 declare -A waiting=()
 for v in "${vms[@]}"; do waiting[${qemu_pid[$v]}]=$v; done
-timed_out=0
+timed_out=0 panicked=0
 while ((${#waiting[@]})); do
     finished='' status=0
     wait -n -p finished "${!waiting[@]}" || status=$?
@@ -273,6 +273,13 @@ while ((${#waiting[@]})); do
         result[$v]=died
         say "$v stopped before its command finished (qemu exit status $status)"
         vm_show_console "$setdir/$v" "$v"
+        # A guest kernel panic is the kernel's bug, not the command's failure, and the other VMs'
+        # commands would only wait for a peer that is gone (until --timeout): stop them now.
+        if grep -q 'Kernel panic' "$setdir/$v/console.log" 2>/dev/null && ((!panicked)); then
+            panicked=1
+            say "GUEST KERNEL PANIC in $v: stopping the set (scripts/vm-rig.sh reruns a set once for this)"
+            for p in "${!waiting[@]}"; do kill "$p" 2>/dev/null || true; done
+        fi
     fi
 done
 
