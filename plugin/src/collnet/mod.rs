@@ -98,15 +98,7 @@ pub(crate) fn connect(handles: Vec<[u8; 128]>, rank: c_int, listen: Ptr) -> NetR
     let port = net::open_port(listen_comm.dev)?;
     let slots = engine::slot_area(nranks);
     let hello_at = 2 * slots;
-    let scratch = Scratch::new(hello_at + group::hello_area(nranks));
-    let mh = comm::reg_mr_on_port(
-        port.clone(),
-        scratch.addr(0) as Ptr,
-        scratch.len(),
-        NCCL_PTR_HOST,
-        None,
-        false,
-    )?;
+    let (scratch, mh) = Scratch::registered(&port, hello_at + group::hello_area(nranks))?;
     let connections = match group::establish(
         listen_comm.ctx,
         listen_comm.dev,

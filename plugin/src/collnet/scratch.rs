@@ -7,6 +7,13 @@
 
 #![allow(unsafe_code)]
 
+use crate::backend::OpenPort;
+use crate::comm;
+use crate::error::NetResult;
+use crate::handle::Ptr;
+use crate::sys::NCCL_PTR_HOST;
+use std::sync::Arc;
+
 /// The allocation. Never moves or grows while it lives.
 #[derive(Debug)]
 pub(crate) struct Scratch {
@@ -29,6 +36,21 @@ impl Scratch {
             ptr: Box::into_raw(boxed).cast::<u8>(),
             len,
         }
+    }
+
+    /// `len` zeroed bytes registered on `port` (a group's one registration of its scratch
+    /// memory): the memory and its registration handle.
+    pub(crate) fn registered(port: &Arc<OpenPort>, len: usize) -> NetResult<(Self, Ptr)> {
+        let scratch = Self::new(len);
+        let mh = comm::reg_mr_on_port(
+            Arc::clone(port),
+            scratch.addr(0) as Ptr,
+            scratch.len(),
+            NCCL_PTR_HOST,
+            None,
+            false,
+        )?;
+        Ok((scratch, mh))
     }
 
     /// The address of byte `offset` (for registration and the NIC).

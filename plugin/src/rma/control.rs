@@ -117,6 +117,8 @@ impl Control {
         let others: Vec<u32> = (0..n).filter(|&q| q != self.rank).collect();
         let mut incoming = vec![Vec::new(); n as usize];
         incoming[self.rank as usize] = outgoing(self.rank);
+        // Each message's length (header included), by rank, as written into its send slot.
+        let mut msg_len = vec![0usize; n as usize];
         for &q in &others {
             let payload = outgoing(q);
             if payload.len() > MAX_PAYLOAD {
@@ -133,6 +135,7 @@ impl Control {
             // SAFETY: the send slot of `q` is used by no transfer (the previous exchange waited
             // for all of its sends).
             unsafe { self.scratch.bytes_mut(self.send_slot(q), msg.len()) }.copy_from_slice(&msg);
+            msg_len[q as usize] = msg.len();
         }
         // Receives first, so every peer's message has a buffer when it comes.
         let mut recv_req: Vec<Option<Ptr>> = vec![None; n as usize];
@@ -174,14 +177,7 @@ impl Control {
                 if !send_done[i] {
                     all = false;
                     if send_req[i].is_none() {
-                        let len = HEADER
-                            + u32::from_le_bytes(
-                                // SAFETY: the own send slot, written above, used by no transfer
-                                // until the isend below.
-                                unsafe { self.scratch.bytes(self.send_slot(q) + 12, 4) }
-                                    .try_into()
-                                    .unwrap_or([0; 4]),
-                            ) as usize;
+                        let len = msg_len[i];
                         let addr = self.scratch.addr(self.send_slot(q)) as Ptr;
                         let r = comm::internal::isend(self.sends[i], addr, len, TAG, self.mh)
                             .map_err(|e| peer_error(call, q, &e))?;

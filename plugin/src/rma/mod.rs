@@ -171,15 +171,7 @@ pub(crate) fn connect(handles: Vec<[u8; 128]>, rank: c_int, listen: Ptr) -> NetR
     let (p2p, dev, ctx) = crate::collnet::listen_parts("RMA connect", listen)?;
     let port = net::open_port(dev)?;
     let hello_at = control::area(nranks);
-    let scratch = Scratch::new(hello_at + group::hello_area(nranks));
-    let mh = comm::reg_mr_on_port(
-        port.clone(),
-        scratch.addr(0) as Ptr,
-        scratch.len(),
-        NCCL_PTR_HOST,
-        None,
-        false,
-    )?;
+    let (scratch, mh) = Scratch::registered(&port, hello_at + group::hello_area(nranks))?;
     let (sends, recvs) = if nranks == 1 {
         (vec![core::ptr::null_mut()], vec![core::ptr::null_mut()])
     } else {
@@ -358,11 +350,12 @@ pub(crate) fn create_context(coll: Ptr, config: ContextConfig) -> NetResult<Ptr>
     let lanes_total = contexts * n;
     let depth = (lanes_total * 2 * rma::MAX_REQUESTS_PER_LANE).clamp(1024, 32767);
     let shared = LaneShared::new(&g.port, depth).map_err(|e| verbs_error("createContext", &e))?;
-    let probe = Requests::new(contexts, n, g.rank, stride, shared.depth());
+    // The request machine also says which lanes the stride connects.
+    let requests = Requests::new(contexts, n, g.rank, stride, shared.depth());
     let mut lanes: Vec<Option<Lane>> = Vec::with_capacity(lanes_total as usize);
     for l in 0..lanes_total {
         let peer = l % n;
-        lanes.push(if probe.is_connected(peer) {
+        lanes.push(if requests.is_connected(peer) {
             Some(Lane::new(&g.port, &shared).map_err(|e| verbs_error("createContext", &e))?)
         } else {
             None
@@ -387,7 +380,7 @@ pub(crate) fn create_context(coll: Ptr, config: ContextConfig) -> NetResult<Ptr>
     let all = ctl.exchange("createContext", Kind::Lanes, &outgoing)?;
     for (q, m) in all.iter().enumerate() {
         let q = q as u32;
-        if !probe.is_connected(q) {
+        if !requests.is_connected(q) {
             continue;
         }
         if m.len() != contexts as usize * ENDPOINT_INFO_LEN {
@@ -411,7 +404,6 @@ pub(crate) fn create_context(coll: Ptr, config: ContextConfig) -> NetResult<Ptr>
         .map(Lane::max_inline)
         .min()
         .unwrap_or(0);
-    let requests = Requests::new(contexts, n, g.rank, stride, shared.depth());
     info!(
         INIT_NET,
         "RMA: context of {contexts} x {n} lane(s) ready on {} port {} (rank {}, stride {stride}, \
