@@ -189,6 +189,7 @@ impl Harness for Mlx5Pair {
             addr: mr.addr,
             len: len as u64,
             rkey: mr.rkey,
+            host: false,
         }
     }
 }

@@ -83,6 +83,7 @@
 //! `isend`, `irecv` and `test` never allocate.
 
 pub mod codec;
+pub mod eager;
 mod error;
 #[cfg(test)]
 mod mock;
@@ -119,8 +120,9 @@ pub const RECV_STAGING_LEN: usize = SLOTS * codec::CTS_SLOT_LEN;
 
 /// Send-queue depth (`max_send_wr`) to create the queue pair with, on both sides.
 pub const SEND_QUEUE_DEPTH: usize = 512;
-/// Receive-queue depth (`max_recv_wr`) to create the queue pair with (the sender needs none).
-pub const RECV_QUEUE_DEPTH: usize = SLOTS;
+/// Receive-queue depth (`max_recv_wr`) to create the queue pair with (the sender needs none):
+/// one receive work request per outstanding receive, and one per ring slot for eager messages.
+pub const RECV_QUEUE_DEPTH: usize = SLOTS + eager::EAGER_SLOTS;
 /// Completion-queue depth, on both sides: every send and receive work request may complete
 /// (with a flush error) at once.
 pub const CQ_DEPTH: usize = SEND_QUEUE_DEPTH + RECV_QUEUE_DEPTH;
@@ -190,6 +192,9 @@ pub struct RecvBuf {
     pub len: u64,
     /// Remote key of the memory region covering the buffer.
     pub rkey: u32,
+    /// Host memory the driver may copy into ([`Nic::deliver_inbound`]): an eager message may
+    /// fill it. False for GPU memory, which the CPU never touches.
+    pub host: bool,
 }
 
 /// Answer of `test`.
@@ -519,6 +524,15 @@ mod pool {
             }
             self.in_use += 1;
             let slot = &mut self.slots[usize::from(index)];
+            slot.state = state;
+            slot.id
+        }
+
+        /// Change the state of the request in use in slot `index` (it keeps its id).
+        #[inline(always)]
+        pub(super) fn reoccupy(&mut self, index: u8, state: S) -> RequestId {
+            let slot = &mut self.slots[usize::from(index)];
+            debug_assert!(!slot.state.is_free(), "reoccupy keeps a request in use");
             slot.state = state;
             slot.id
         }
@@ -987,6 +1001,6 @@ mod tests {
     fn layout_constants() {
         assert_eq!(SEND_INBOUND_LEN, 64 * 1024);
         assert_eq!(RECV_INBOUND_LEN, 8 * 1024);
-        assert_eq!(CQ_DEPTH, 768);
+        assert_eq!(CQ_DEPTH, 784);
     }
 }

@@ -338,6 +338,13 @@ pub trait Nic {
 
     /// Copy `bytes` into the outbound staging region at `offset`.
     fn write_staging(&mut self, offset: usize, bytes: &[u8]);
+
+    /// Copy `len` bytes at `offset` of the inbound control region (an eager message the peer
+    /// wrote, whose write-with-immediate completed) into the receive buffer at `dst`, which the
+    /// driver handed to the core as host memory ([`RecvBuf::host`](crate::data::RecvBuf::host))
+    /// after checking it lies in its registration, and `len` is at most that buffer's capacity.
+    /// The core never names GPU memory here.
+    fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64);
 }
 
 /// A region of the peer's memory that this side may RDMA-write into: the peer's inbound

@@ -38,10 +38,12 @@ mod multi_pair;
 mod pair;
 pub mod suite;
 
-pub use drive::{irecv_direct, isend_direct, read_head};
+pub use drive::{irecv_direct, isend_direct, isend_direct_host, read_head};
 pub use multi_pair::MultiPair;
 pub use pair::DataPair;
 
+#[cfg(test)]
+mod eager_tests;
 #[cfg(test)]
 mod flap_tests;
 #[cfg(test)]
@@ -618,6 +620,24 @@ impl Nic for SimNic {
             .slice_mut(staging.addr + offset as u64, bytes.len())
             .expect("sim: staging region not allocated");
         dst.copy_from_slice(bytes);
+    }
+
+    fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
+        let mut inner = self.inner.borrow_mut();
+        let inbound = inner.qps[self.qp].inbound;
+        let ep = inner.qps[self.qp].endpoint;
+        assert!(
+            offset + len <= inbound.len as usize,
+            "sim: inbound copy {offset}+{len} outside the region"
+        );
+        let bytes = inner.endpoints[ep]
+            .slice(inbound.addr + offset as u64, len)
+            .expect("sim: inbound region not allocated")
+            .to_vec();
+        let out = inner.endpoints[ep]
+            .slice_mut(dst, len)
+            .expect("sim: eager copy into memory that was never allocated");
+        out.copy_from_slice(&bytes);
     }
 }
 

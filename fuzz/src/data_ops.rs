@@ -207,6 +207,7 @@ impl Harness {
                         addr: 0,
                         len: 0,
                         rkey: 0xbad,
+                        host: false,
                     }
                 } else {
                     self.p.recv_buf(cap)

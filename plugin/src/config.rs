@@ -83,6 +83,11 @@ pub(crate) struct Config {
     pub(crate) mesh: bool,
     /// How connections use several queue pairs.
     pub(crate) lanes: LaneSettings,
+    /// `NCCL_RIVET_EAGER_THRESHOLD` (bytes, default
+    /// [`DEFAULT_EAGER_THRESHOLD`](rivet_core::data::eager::DEFAULT_EAGER_THRESHOLD), at most
+    /// [`EAGER_MAX`](rivet_core::data::eager::EAGER_MAX), 0 off): host-memory sends up to this
+    /// size may go eager, and receive comms take eager messages (single-queue-pair connections).
+    pub(crate) eager_threshold: u64,
 }
 
 /// NCCL's multi-QP settings, read as NCCL reads them.
@@ -191,6 +196,12 @@ impl Config {
             ),
             interface: interface_rules(),
             lanes: LaneSettings::from_env(),
+            eager_threshold: ranged(
+                "NCCL_RIVET_EAGER_THRESHOLD",
+                0,
+                rivet_core::data::eager::EAGER_MAX as i64,
+            )
+            .unwrap_or(rivet_core::data::eager::DEFAULT_EAGER_THRESHOLD),
             mesh: match var("RIVET_MESH").as_deref() {
                 None | Some("0") => false,
                 Some("1") => true,

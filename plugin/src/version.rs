@@ -63,7 +63,11 @@ impl fmt::Display for Line {
             Some(v) => write!(f, ", RMA ABI v{}-v{}", v.start(), v.end())?,
             None => f.write_str(", RMA ABI none")?,
         }
-        write!(f, ", wire v{WIRE_VERSION}, features")?;
+        write!(
+            f,
+            ", wire v{WIRE_VERSION}, data v{}, features",
+            rivet_core::data::eager::DATA_VERSION
+        )?;
         let mut any = false;
         for name in features() {
             write!(f, " {name}")?;

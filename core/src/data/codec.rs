@@ -28,7 +28,7 @@ pub const RECORD_LEN: usize = 4 * MAX_RECVS;
 /// | 16 | 4 | `rkey`: remote key covering the buffer |
 /// | 20 | 4 | `tag` |
 /// | 24 | 1 | `n`: buffers in the group, 1..=8 |
-/// | 25 | 1 | `index`: position within the group, < `n` |
+/// | 25 | 1 | `index`: position within the group, < `n` (bits 0–6); bit 7 [`CTS_EAGER_OK`] |
 /// | 26 | 2 | `check`: [`entry_check`] of the other 30 bytes |
 /// | 28 | 4 | `stamp`: receive sequence number + 1 (wrapping), last so it lands last |
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -45,9 +45,19 @@ pub struct CtsEntry {
     pub n: u8,
     /// Position of this buffer within its group.
     pub index: u8,
+    /// The receiver takes eager messages into this buffer ([`crate::data::eager`]): a one-buffer
+    /// receive in host memory, from a receiver that knows the sender reads the flag.
+    pub eager_ok: bool,
     /// Freshness stamp: [`stamp_for`] of the receive's sequence number.
     pub stamp: u32,
 }
+
+/// Bit 7 of an entry's `index` byte: [`CtsEntry::eager_ok`]. Only a sender that announced the
+/// credit word (wire version 4) is sent it.
+pub const CTS_EAGER_OK: u8 = 0x80;
+
+/// The constant an eager header's check starts from ([`crate::data::eager::EagerHeader`]).
+pub const MAGIC_EAGER_HEADER: u32 = 0x4541_4752;
 
 /// A 16-bit check of an entry's bytes other than the check field itself (26..28), computed over the
 /// four little-endian 64-bit words of the entry (the check field masked to zero): each word rotated
@@ -98,7 +108,9 @@ impl CtsEntry {
             self.addr,
             self.size,
             u64::from(self.rkey) | u64::from(self.tag) << 32,
-            u64::from(self.n) | u64::from(self.index) << 8 | u64::from(self.stamp) << 32,
+            u64::from(self.n)
+                | u64::from(self.index | if self.eager_ok { CTS_EAGER_OK } else { 0 }) << 8
+                | u64::from(self.stamp) << 32,
         ];
         words[3] |= u64::from(check_words(words)) << 16;
         let mut out = [0u8; CTS_ENTRY_LEN];
@@ -116,8 +128,8 @@ impl CtsEntry {
     pub fn decode_single(bytes: &[u8; CTS_ENTRY_LEN]) -> Option<Self> {
         let words = entry_words(bytes);
         let entry = Self::from_words(words);
-        // Bytes 24 and 25: `n` = 1 and `index` = 0.
-        let single = words[3] as u16 == 1;
+        // Bytes 24 and 25: `n` = 1 and `index` = 0 (the eager flag aside).
+        let single = words[3] as u16 & !(u16::from(CTS_EAGER_OK) << 8) == 1;
         let valid = single
             && (words[3] >> 16) as u16 == check_words(words)
             && entry.addr.checked_add(entry.size).is_some();
@@ -156,7 +168,8 @@ impl CtsEntry {
             rkey: words[2] as u32,
             tag: (words[2] >> 32) as u32,
             n: words[3] as u8,
-            index: (words[3] >> 8) as u8,
+            index: (words[3] >> 8) as u8 & !CTS_EAGER_OK,
+            eager_ok: (words[3] >> 8) as u8 & CTS_EAGER_OK != 0,
             stamp: (words[3] >> 32) as u32,
         }
     }
@@ -283,6 +296,10 @@ pub enum WrKind {
     SlotEnd,
     /// The receiver's empty receive work request.
     Recv,
+    /// The sender's RDMA WRITE WITH IMMEDIATE of an eager message into the receiver's ring.
+    Eager,
+    /// The receiver's RDMA WRITE of returned ring credits.
+    Credit,
 }
 
 impl WrKind {
@@ -292,6 +309,8 @@ impl WrKind {
             Self::Data => 2,
             Self::SlotEnd => 3,
             Self::Recv => 4,
+            Self::Eager => 5,
+            Self::Credit => 6,
         }
     }
 
@@ -301,6 +320,8 @@ impl WrKind {
             2 => Some(Self::Data),
             3 => Some(Self::SlotEnd),
             4 => Some(Self::Recv),
+            5 => Some(Self::Eager),
+            6 => Some(Self::Credit),
             _ => None,
         }
     }
@@ -313,6 +334,8 @@ impl fmt::Display for WrKind {
             Self::Data => "data RDMA write",
             Self::SlotEnd => "RDMA write with immediate",
             Self::Recv => "receive work request",
+            Self::Eager => "eager RDMA write with immediate",
+            Self::Credit => "credit RDMA write",
         })
     }
 }
@@ -324,9 +347,9 @@ pub const WR_ID_MAGIC: u8 = 0xD7;
 ///
 /// | bits | field |
 /// |---|---|
-/// | 0–7 | kind: 1 CTS, 2 data, 3 slot end, 4 receive |
-/// | 8–23 | index: the slot (CTS, slot end, receive) or the request (data), < 256 |
-/// | 24–55 | sequence: send-queue post position (send kinds) or receive sequence number (receive) |
+/// | 0–7 | kind: 1 CTS, 2 data, 3 slot end, 4 receive, 5 eager, 6 credit |
+/// | 8–23 | index: the slot (CTS, slot end), the request (data), the ring slot (eager), the low byte of the position (receive), < 256 |
+/// | 24–55 | sequence: send-queue post position (send kinds) or receive-queue position (receive) |
 /// | 56–63 | [`WR_ID_MAGIC`] |
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WrId {
@@ -454,6 +477,7 @@ mod tests {
             tag: 7,
             n: 3,
             index: 2,
+            eager_ok: false,
             stamp: 42,
         }
     }
@@ -653,6 +677,7 @@ mod tests {
                 tag: next() as u32,
                 n: 1,
                 index: 0,
+                eager_ok: false,
                 stamp: next() as u32,
             };
             let (old, fresh) = (

@@ -198,6 +198,15 @@ pub enum ProtocolError {
     },
     /// The peer flagged a size mismatch but its record shows none.
     BogusMismatch,
+    /// More eager messages arrived than the ring holds (the sender ignored its credits).
+    RingOverrun,
+    /// An eager message's header is malformed.
+    EagerHeader(DecodeError),
+    /// The receiver's credit word went back, or past the eager messages sent.
+    Credits {
+        /// The count read.
+        freed: u64,
+    },
 }
 
 impl fmt::Display for ProtocolError {
@@ -235,6 +244,12 @@ impl fmt::Display for ProtocolError {
             Self::BogusMismatch => {
                 f.write_str("size mismatch flagged but no size exceeds its buffer")
             }
+            Self::RingOverrun => f.write_str("more eager messages arrived than the ring holds"),
+            Self::EagerHeader(err) => write!(f, "eager message header: {err}"),
+            Self::Credits { freed } => write!(
+                f,
+                "credit word {freed} went back or past the eager messages sent"
+            ),
         }
     }
 }

@@ -34,6 +34,8 @@ pub(crate) struct MockNic {
     pub(crate) cq: VecDeque<Completion>,
     pub(crate) fail_post: Option<NicError>,
     pub(crate) fail_poll: Option<NicError>,
+    /// Eager copies: the destination and the bytes.
+    pub(crate) delivered: Vec<(u64, Vec<u8>)>,
 }
 
 /// The peer region the fixtures hand to `new`.
@@ -158,6 +160,11 @@ impl Nic for MockNic {
 
     fn write_staging(&mut self, offset: usize, bytes: &[u8]) {
         self.staging[offset..offset + bytes.len()].copy_from_slice(bytes);
+    }
+
+    fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
+        let bytes = self.inbound[offset..offset + len].to_vec();
+        self.delivered.push((dst, bytes));
     }
 }
 

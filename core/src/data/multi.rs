@@ -670,6 +670,7 @@ impl MultiRecv {
                 addr: 0,
                 len: 0,
                 rkey: 0,
+                host: false,
             }; MAX_RECVS],
             tags: [0; MAX_RECVS],
         };

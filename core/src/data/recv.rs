@@ -3,6 +3,10 @@
 use super::codec::{
     CTS_ENTRY_LEN, CTS_SLOT_LEN, CtsEntry, Imm, RECORD_LEN, SizeRecord, WrId, WrKind, stamp_for,
 };
+use super::eager::{
+    CREDIT_OFFSET, EAGER_HEADER_LEN, EAGER_SLOTS, EagerHeader, EagerImm, Offer, Ring,
+    SEND_INBOUND_EAGER_LEN, Verdict, ring_offset,
+};
 use super::error::{DataError, ProtocolError};
 use super::pool::{RequestPool, RequestState};
 use super::queue::SendQueue;
@@ -162,6 +166,39 @@ pub struct RecvConn {
     /// The clear-to-send entry [`irecv_one`](Self::irecv_one) hands out inline, kept here so the
     /// work request it returns can borrow it until the driver posts.
     cts_out: [u8; CTS_ENTRY_LEN],
+    /// Receive work requests posted since the start: the next one's position, its `wr_id`.
+    rq_posted: u32,
+    /// Receive work requests consumed (in posting order: the queue is first in, first out).
+    rq_consumed: u32,
+    /// The eager path's receiving half ([`super::eager`]); `None` unless the driver turned it on
+    /// and the sender reads what it writes back.
+    eager: Option<EagerRx>,
+}
+
+/// What the receiver keeps for the eager path.
+#[derive(Debug)]
+struct EagerRx {
+    ring: Ring,
+    /// Per ring slot, the message held there (valid from arrival to taken or bounced).
+    held: [Held; EAGER_SLOTS],
+    /// Per FIFO slot, a one-buffer receive's buffer address, tag and whether it takes eager
+    /// messages (its capacity is in its state).
+    targets: [Target; SLOTS],
+    /// The credit count inline, kept here so its work request can borrow it until posted.
+    credit_out: [u8; 8],
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Held {
+    header: EagerHeader,
+    epoch: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Target {
+    addr: u64,
+    tag: u32,
+    host: bool,
 }
 
 impl RecvConn {
@@ -193,7 +230,66 @@ impl RecvConn {
             health,
             batch: [NO_COMPLETION; POLL_BATCH],
             cts_out: [0; CTS_ENTRY_LEN],
+            rq_posted: 0,
+            rq_consumed: 0,
+            eager: None,
         }
+    }
+
+    /// Take eager messages (wire version 4): the driver's inbound region holds the ring
+    /// ([`RECV_INBOUND_EAGER_LEN`](super::eager::RECV_INBOUND_EAGER_LEN) bytes, announced to the
+    /// sender) and its staging region the credit word
+    /// ([`RECV_STAGING_EAGER_LEN`](super::eager::RECV_STAGING_EAGER_LEN)). Nothing changes when
+    /// the sender did not announce its credit word (an older sender never writes eager
+    /// messages). Posts the receive work requests the ring needs; call it before the first
+    /// `irecv`, once the queue pair can take receives. Whether it is on.
+    pub fn enable_eager(&mut self, nic: &mut impl Nic) -> Result<bool, DataError> {
+        self.health.check()?;
+        if self.eager.is_some() || (self.peer_fifo.len as usize) < SEND_INBOUND_EAGER_LEN {
+            return Ok(self.eager.is_some());
+        }
+        for _ in 0..EAGER_SLOTS {
+            self.post_stock(nic)?;
+        }
+        self.eager = Some(EagerRx {
+            ring: Ring::default(),
+            held: [Held::default(); EAGER_SLOTS],
+            targets: [Target::default(); SLOTS],
+            credit_out: [0; 8],
+        });
+        Ok(true)
+    }
+
+    /// Whether eager messages are taken.
+    pub fn eager_enabled(&self) -> bool {
+        self.eager.is_some()
+    }
+
+    /// Eager messages that arrived (taken or bounced or held) since the start.
+    pub fn eager_arrivals(&self) -> u64 {
+        self.eager.as_ref().map_or(0, |e| e.ring.arrived())
+    }
+
+    /// Post one receive work request that no receive owns (for an eager message).
+    fn post_stock(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
+        let wr_id = self.next_recv_id();
+        nic.post_recv(wr_id)
+            .map_err(|err| self.health.fail(err.into()))?;
+        self.recvs_posted += 1;
+        Ok(())
+    }
+
+    /// The `wr_id` of the next receive work request, its position taken.
+    #[inline(always)]
+    fn next_recv_id(&mut self) -> u64 {
+        let pos = self.rq_posted;
+        self.rq_posted = pos.wrapping_add(1);
+        WrId {
+            kind: WrKind::Recv,
+            index: u16::from(pos as u8),
+            seq: pos,
+        }
+        .encode()
     }
 
     /// A one-buffer receive (NCCL's point-to-point) of `buf` tagged `tag`, decided without the
@@ -232,7 +328,16 @@ impl RecvConn {
         // `SEND_INBOUND_LEN` bytes without wrapping (else the health check above failed), and a
         // slot's first entry ends below that.
         const _: () = assert!((SLOTS - 1) * CTS_SLOT_LEN + CTS_ENTRY_LEN <= SEND_INBOUND_LEN);
+        if self
+            .eager
+            .as_ref()
+            .is_some_and(|e| e.ring.oldest_held().is_some())
+        {
+            // Messages wait for this receive: the general path takes them.
+            return Ok(OneRecv::General);
+        }
         self.polled = false;
+        let eager_ok = self.note_target(slot, buf, tag);
         self.cts_out = CtsEntry {
             addr: buf.addr,
             size: buf.len,
@@ -240,15 +345,11 @@ impl RecvConn {
             tag,
             n: 1,
             index: 0,
+            eager_ok,
             stamp: stamp_for(seq),
         }
         .encode();
-        let recv = WrId {
-            kind: WrKind::Recv,
-            index: slot.into(),
-            seq,
-        }
-        .encode();
+        let recv = self.next_recv_id();
         self.recvs_posted += 1;
         let req = self.requests.occupy(
             slot,
@@ -339,12 +440,18 @@ impl RecvConn {
                 tag: tags[i],
                 n: bufs.len() as u8,
                 index: i as u8,
+                eager_ok: false,
                 stamp,
             }
         }
         if n == 1 {
             // One buffer (NCCL's point-to-point): its entry alone, not a whole slot's bytes.
-            let bytes = entry(bufs, tags, 0, stamp).encode();
+            let eager_ok = self.note_target(slot, bufs[0], tags[0]);
+            let bytes = CtsEntry {
+                eager_ok,
+                ..entry(bufs, tags, 0, stamp)
+            }
+            .encode();
             let state = RecvState::PostedOne {
                 seq,
                 capacity: capacity32(bufs[0].len),
@@ -377,12 +484,7 @@ impl RecvConn {
     ) -> Result<RequestId, DataError> {
         let slot = seq as u8;
         let offset = usize::from(slot) * CTS_SLOT_LEN;
-        let recv_id = WrId {
-            kind: WrKind::Recv,
-            index: slot.into(),
-            seq,
-        }
-        .encode();
+        let recv_id = self.next_recv_id();
         if let Err(err) = nic.post_recv(recv_id) {
             return Err(self.health.fail(err.into()));
         }
@@ -405,16 +507,167 @@ impl RecvConn {
                 self.deferred = 1;
                 nic.write_staging(offset, bytes);
             }
-            return written.map(|()| id);
+            written?;
+        } else {
+            self.deferred += 1;
+            let flush_now = !may_defer || self.flush_due();
+            // Staged: a later flush may carry it with its neighbours.
+            nic.write_staging(offset, bytes);
+            if flush_now {
+                self.flush_cts(nic)?;
+            }
         }
-        self.deferred += 1;
-        let flush_now = !may_defer || self.flush_due();
-        // Staged: a later flush may carry it with its neighbours.
-        nic.write_staging(offset, bytes);
-        if flush_now {
-            self.flush_cts(nic)?;
+        if self
+            .eager
+            .as_ref()
+            .is_some_and(|e| e.ring.oldest_held().is_some())
+        {
+            self.take_held(nic)?;
         }
         Ok(id)
+    }
+
+    /// Remember a one-buffer receive's buffer for the eager path; whether its entry offers eager
+    /// (host memory, and a sender that reads the flag).
+    #[inline(always)]
+    fn note_target(&mut self, slot: u8, buf: RecvBuf, tag: u32) -> bool {
+        match &mut self.eager {
+            Some(e) => {
+                e.targets[usize::from(slot)] = Target {
+                    addr: buf.addr,
+                    tag,
+                    host: buf.host,
+                };
+                buf.host
+            }
+            None => false,
+        }
+    }
+
+    /// Take or bounce the held eager messages in their order, as far as their receives are
+    /// posted ([`super::eager`]), then return credits when a batch is due.
+    fn take_held(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
+        loop {
+            let Some(e) = &self.eager else {
+                return Ok(());
+            };
+            let Some(ring_slot) = e.ring.oldest_held() else {
+                break;
+            };
+            let Held { header, epoch } = e.held[ring_slot];
+            let bouncing = e.ring.bouncing(epoch);
+            if !bouncing && header.seq != self.oldest {
+                return Err(self.health.fail(
+                    ProtocolError::Sequence {
+                        expected: self.oldest as u16,
+                        got: header.seq as u16,
+                    }
+                    .into(),
+                ));
+            }
+            let slot = header.seq as u8;
+            let posted = !bouncing && header.seq != self.next_seq;
+            let offer = posted.then(|| match *self.requests.state(usize::from(slot)) {
+                RecvState::PostedOne { capacity, .. } => {
+                    let target = e.targets[usize::from(slot)];
+                    Offer {
+                        n: 1,
+                        eager_ok: target.host,
+                        tag: target.tag,
+                        capacity: u64::from(capacity),
+                    }
+                }
+                RecvState::Posted { n, .. } => Offer {
+                    n,
+                    eager_ok: false,
+                    tag: 0,
+                    capacity: 0,
+                },
+                _ => Offer {
+                    n: 0,
+                    eager_ok: false,
+                    tag: 0,
+                    capacity: 0,
+                },
+            });
+            if offer.is_some_and(|o| super::eager::accepts(o, header.tag, u64::from(header.size)))
+                && self.deferred > 0
+            {
+                // The receive's entries must reach the sender (it confirms the message by them)
+                // before the receive completes: write what is deferred first.
+                self.flush_cts(nic)?;
+                if self.deferred > 0 {
+                    // No room in the send queue yet: a later call takes it.
+                    break;
+                }
+            }
+            let Some(e) = &mut self.eager else {
+                return Ok(());
+            };
+            match e
+                .ring
+                .judge(epoch, header.tag, u64::from(header.size), offer)
+            {
+                Verdict::Hold => break,
+                Verdict::Accept => {
+                    let target = e.targets[usize::from(slot)];
+                    nic.deliver_inbound(
+                        ring_offset(ring_slot) + EAGER_HEADER_LEN,
+                        header.size as usize,
+                        target.addr,
+                    );
+                    e.ring.free_oldest();
+                    *self.requests.state_mut(usize::from(slot)) =
+                        RecvState::DoneOne { size: header.size };
+                    self.oldest = self.oldest.wrapping_add(1);
+                }
+                Verdict::Bounce => {
+                    e.ring.free_oldest();
+                    // The message consumed a receive work request its receive's data needs.
+                    self.post_stock(nic)?;
+                }
+            }
+        }
+        self.return_credits(nic)
+    }
+
+    /// Write the freed-slot count into the sender's credit word when a batch is due and the send
+    /// queue has room (else a later call does).
+    fn return_credits(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
+        let Some(e) = &mut self.eager else {
+            return Ok(());
+        };
+        let Some(freed) = e.ring.credits_due() else {
+            return Ok(());
+        };
+        if !self.sq.has_room(1, self.recvs_posted) {
+            return Ok(());
+        }
+        let remote_addr = self.peer_fifo.addr + CREDIT_OFFSET as u64;
+        e.credit_out = freed.to_le_bytes();
+        let posted = self.sq.next(WrKind::Credit, 0, false);
+        let payload = if nic.max_inline() >= 8 {
+            Payload::Inline(&e.credit_out)
+        } else {
+            nic.write_staging(super::RECV_STAGING_LEN, &e.credit_out);
+            Payload::Staged {
+                offset: super::RECV_STAGING_LEN as u32,
+                len: 8,
+            }
+        };
+        let write = SendWr {
+            wr_id: posted.wr_id,
+            op: SendOp::Write,
+            payload,
+            remote_addr,
+            rkey: self.peer_fifo.rkey,
+            signaled: posted.signaled,
+        };
+        if let Err(err) = nic.post_send(&[write]) {
+            return Err(self.health.fail(err.into()));
+        }
+        e.ring.credits_returned(freed);
+        Ok(())
     }
 
     /// Write the entries of receive `slot`, the only one to announce (none deferred), inline
@@ -561,13 +814,24 @@ impl RecvConn {
                 next_seq,
                 deferred,
                 recvs_posted,
+                rq_consumed,
                 ..
             } = self;
             let (got, left) = nic
                 .poll_take(
                     batch,
                     #[inline(always)]
-                    |c| arrived_one(c, requests, oldest, *next_seq, *deferred, recvs_posted),
+                    |c| {
+                        arrived_one(
+                            c,
+                            requests,
+                            oldest,
+                            *next_seq,
+                            *deferred,
+                            recvs_posted,
+                            rq_consumed,
+                        )
+                    },
                 )
                 .map_err(|e| self.health.fail(e.into()))?;
             for i in 0..left.min(POLL_BATCH) {
@@ -579,6 +843,7 @@ impl RecvConn {
                     self.next_seq,
                     self.deferred,
                     &mut self.recvs_posted,
+                    &mut self.rq_consumed,
                 ) {
                     self.handle_completion(nic, &c)
                         .map_err(|e| self.health.fail(e))?;
@@ -592,7 +857,7 @@ impl RecvConn {
     }
 
     #[inline(never)]
-    fn handle_completion(&mut self, nic: &impl Nic, c: &Completion) -> Result<(), DataError> {
+    fn handle_completion(&mut self, nic: &mut impl Nic, c: &Completion) -> Result<(), DataError> {
         if !c.status.is_success() {
             return Err(completion_error(c));
         }
@@ -601,25 +866,63 @@ impl RecvConn {
             err,
         })?;
         match (c.kind, id.kind) {
-            (CompletionKind::Send, WrKind::Cts) => {
+            (CompletionKind::Send, WrKind::Cts | WrKind::Credit) => {
                 self.sq.complete(id.seq, id.kind)?;
                 Ok(())
             }
             (CompletionKind::RecvWriteImm { imm, byte_len }, WrKind::Recv) => {
-                self.handle_arrival(nic, id, imm, byte_len)
+                if id.seq != self.rq_consumed || id.index != u16::from(self.rq_consumed as u8) {
+                    return Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }.into());
+                }
+                match EagerImm::decode(imm) {
+                    Some(eager) => {
+                        let eager = eager.map_err(|err| ProtocolError::Immediate { imm, err })?;
+                        self.handle_eager_arrival(nic, eager, byte_len)
+                    }
+                    None => self.handle_arrival(nic, imm, byte_len),
+                }
             }
             (_, kind) => Err(ProtocolError::UnexpectedCompletion { wr: kind }.into()),
         }
     }
 
-    /// The write-with-immediate of the oldest outstanding receive arrived.
-    fn handle_arrival(
+    /// An eager message arrived (its receive work request checked): hold it in its ring slot,
+    /// then take or bounce what can be.
+    fn handle_eager_arrival(
         &mut self,
-        nic: &impl Nic,
-        id: WrId,
-        imm: u32,
+        nic: &mut impl Nic,
+        imm: EagerImm,
         byte_len: u32,
     ) -> Result<(), DataError> {
+        let Some(e) = &mut self.eager else {
+            // No ring was announced to this sender.
+            return Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Eager }.into());
+        };
+        let Some(ring_slot) = e.ring.arrive() else {
+            return Err(ProtocolError::RingOverrun.into());
+        };
+        let mut raw = [0u8; EAGER_HEADER_LEN];
+        nic.read_inbound(ring_offset(ring_slot), &mut raw);
+        let header = EagerHeader::decode(&raw, byte_len).map_err(ProtocolError::EagerHeader)?;
+        if header.seq as u16 != imm.seq16 {
+            return Err(ProtocolError::Sequence {
+                expected: header.seq as u16,
+                got: imm.seq16,
+            }
+            .into());
+        }
+        e.held[ring_slot] = Held {
+            header,
+            epoch: imm.epoch,
+        };
+        self.rq_consumed = self.rq_consumed.wrapping_add(1);
+        self.recvs_posted -= 1;
+        self.take_held(nic)
+    }
+
+    /// The write-with-immediate of the oldest outstanding receive arrived (its receive work
+    /// request checked).
+    fn handle_arrival(&mut self, nic: &impl Nic, imm: u32, byte_len: u32) -> Result<(), DataError> {
         let seq = self.oldest;
         let slot = seq as u8;
         let (posted_seq, n, one_capacity) = match *self.requests.state(usize::from(slot)) {
@@ -629,12 +932,7 @@ impl RecvConn {
         };
         // `granted() == 0`: the oldest receive's CTS entry was never written, so no data for it
         // can be on its way.
-        if seq == self.next_seq
-            || self.granted() == 0
-            || posted_seq != seq
-            || id.seq != seq
-            || id.index != u16::from(slot)
-        {
+        if seq == self.next_seq || self.granted() == 0 || posted_seq != seq {
             return Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }.into());
         }
         let imm = Imm::decode(imm).map_err(|err| ProtocolError::Immediate { imm, err })?;
@@ -700,6 +998,7 @@ impl RecvConn {
         };
         *self.requests.state_mut(usize::from(slot)) = state;
         self.oldest = seq.wrapping_add(1);
+        self.rq_consumed = self.rq_consumed.wrapping_add(1);
         self.recvs_posted -= 1;
         Ok(())
     }
@@ -720,6 +1019,7 @@ fn arrived_one(
     next_seq: u32,
     deferred: u32,
     recvs_posted: &mut usize,
+    rq_consumed: &mut u32,
 ) -> bool {
     let Completion {
         wr_id: got_wr_id,
@@ -741,8 +1041,8 @@ fn arrived_one(
     };
     let wr_id = WrId {
         kind: WrKind::Recv,
-        index: slot.into(),
-        seq,
+        index: u16::from(*rq_consumed as u8),
+        seq: *rq_consumed,
     }
     .encode();
     let expected_imm = Imm {
@@ -765,6 +1065,7 @@ fn arrived_one(
     }
     *requests.state_mut(usize::from(slot)) = RecvState::DoneOne { size: byte_len };
     *oldest = seq.wrapping_add(1);
+    *rq_consumed = rq_consumed.wrapping_add(1);
     *recvs_posted -= 1;
     true
 }

@@ -4,6 +4,10 @@ use super::codec::{
     CTS_ENTRY_LEN, CTS_SLOT_LEN, CtsEntry, DecodeError, Imm, RECORD_LEN, SizeRecord, WrId, WrKind,
     stamp_for,
 };
+use super::eager::{
+    CREDIT_OFFSET, Credits, EAGER_HEADER_LEN, EAGER_MAX, EAGER_SLOTS, EagerHeader, EagerImm, Fifo,
+    Offer, RECV_INBOUND_EAGER_LEN, ring_offset, staging_offset,
+};
 use super::error::{DataError, ProtocolError};
 use super::pool::{RequestPool, RequestState};
 use super::queue::SendQueue;
@@ -128,6 +132,9 @@ struct SendMatch {
     last: bool,
     /// Some send of the group (this one included) was refused.
     group_mismatch: bool,
+    /// The request exists already (an eager send bounced and now sent again): its state is
+    /// updated, not a new one taken.
+    reuse: bool,
 }
 
 impl SendMatch {
@@ -243,7 +250,48 @@ pub struct SendConn {
     /// one write, never a later write before an earlier one completes at the receiver).
     /// `u64::MAX`: always one write (the default).
     ar_threshold: u64,
+    /// The eager path's sending half ([`super::eager`]).
+    eager: EagerTx,
 }
+
+/// What the sender keeps for the eager path.
+#[derive(Clone, Copy, Debug)]
+struct EagerTx {
+    /// Sends of up to this many bytes may go eager; 0: off (the peer announced no ring, or the
+    /// driver did not turn it on).
+    threshold: u64,
+    credits: Credits,
+    /// Flipped after each bounce learnt of; carried in every eager message.
+    epoch: bool,
+    /// The last clear-to-send entry read offered eager: try it for the next send.
+    predict: bool,
+    /// Eager sends not confirmed yet (their receive's entries not read), or, while `resending`,
+    /// the bounced ones to send again the clear-to-send way: in send order.
+    waiting: Fifo<Waiting>,
+    resending: bool,
+}
+
+/// An eager send the sender has not seen taken yet.
+#[derive(Clone, Copy, Debug)]
+struct Waiting {
+    req: u8,
+    tag: u32,
+    buf: SendBuf,
+}
+
+const NO_WAITING: Waiting = Waiting {
+    req: 0,
+    tag: 0,
+    buf: SendBuf {
+        addr: 0,
+        len: 0,
+        lkey: 0,
+    },
+};
+
+/// Eager messages at most this long (header included) are assembled on the stack and posted
+/// inline when the queue pair's inline limit allows; longer ones go through staging.
+const EAGER_INLINE_MAX: usize = 512;
 
 /// Consecutive failed checks of a fresh-stamped entry after which it is called corrupt rather
 /// than still landing (a write lands within microseconds; this is many seconds of polling).
@@ -287,7 +335,36 @@ impl SendConn {
             health,
             batch: [NO_COMPLETION; POLL_BATCH],
             ar_threshold: u64::MAX,
+            eager: EagerTx {
+                threshold: 0,
+                credits: Credits::default(),
+                epoch: false,
+                predict: true,
+                waiting: Fifo::new(NO_WAITING),
+                resending: false,
+            },
         }
+    }
+
+    /// Send messages of up to `threshold` bytes (at most [`EAGER_MAX`]) eager when the peer
+    /// announced a ring ([`RECV_INBOUND_EAGER_LEN`] bytes of inbound region, wire version 4).
+    /// The driver's inbound region must hold the credit word
+    /// ([`SEND_INBOUND_EAGER_LEN`](super::eager::SEND_INBOUND_EAGER_LEN), announced to the
+    /// receiver) and its staging region the ring's copy
+    /// ([`SEND_STAGING_EAGER_LEN`](super::eager::SEND_STAGING_EAGER_LEN)). Returns the
+    /// threshold in force (0: off).
+    pub fn enable_eager(&mut self, threshold: u64) -> u64 {
+        if (self.peer_records.len as usize) >= RECV_INBOUND_EAGER_LEN {
+            self.eager.threshold = threshold.min(EAGER_MAX as u64);
+        }
+        self.eager.threshold
+    }
+
+    /// The eager threshold in force (0: off): the driver hands [`isend_host`](Self::isend_host)
+    /// the bytes of a host-memory send up to it.
+    #[inline(always)]
+    pub fn eager_threshold(&self) -> u64 {
+        self.eager.threshold
     }
 
     /// Adaptive routing (`NCCL_IB_ADAPTIVE_ROUTING`): single sends of more than `threshold`
@@ -319,7 +396,221 @@ impl SendConn {
         buf: SendBuf,
         tag: u32,
     ) -> Result<Option<RequestId>, DataError> {
-        self.isend_at(nic, buf, tag, 0)
+        self.isend_host(nic, buf, None, tag)
+    }
+
+    /// [`isend`](Self::isend), where `host` holds the send's bytes when the buffer is host
+    /// memory (the driver may leave it `None` above [`eager_threshold`](Self::eager_threshold)):
+    /// such a send may go eager ([`super::eager`]) when the receive's entries are not there yet.
+    /// While earlier eager sends wait to be confirmed, a send goes eager or waits (`Ok(None)`).
+    pub fn isend_host(
+        &mut self,
+        nic: &mut impl Nic,
+        buf: SendBuf,
+        host: Option<&[u8]>,
+        tag: u32,
+    ) -> Result<Option<RequestId>, DataError> {
+        self.health.check()?;
+        if !self.eager.waiting.is_empty() {
+            self.eager_progress(nic)?;
+            if !self.eager.waiting.is_empty() {
+                return self.try_eager(nic, buf, host, tag);
+            }
+        }
+        if let Some(req) = self.isend_at(nic, buf, tag, 0)? {
+            return Ok(Some(req));
+        }
+        if self.head.state == HeadState::Unread {
+            // The receive's entries are not there yet.
+            return self.try_eager(nic, buf, host, tag);
+        }
+        Ok(None)
+    }
+
+    /// Write `buf` eager into the peer's ring for the receive after the ones already waiting,
+    /// when allowed ([`super::eager`]): `Ok(None)` otherwise.
+    fn try_eager(
+        &mut self,
+        nic: &mut impl Nic,
+        buf: SendBuf,
+        host: Option<&[u8]>,
+        tag: u32,
+    ) -> Result<Option<RequestId>, DataError> {
+        let e = &self.eager;
+        let Some(bytes) = host else {
+            return Ok(None);
+        };
+        if buf.len > e.threshold
+            || !e.predict
+            || e.resending
+            || e.waiting.len() == EAGER_SLOTS
+            || buf.addr.checked_add(buf.len).is_none()
+        {
+            return Ok(None);
+        }
+        if bytes.len() as u64 != buf.len {
+            return Err(DataError::InvalidArgument(
+                "an eager send's bytes differ from its buffer",
+            ));
+        }
+        if !e.credits.available() {
+            self.read_credits(nic)?;
+            if !self.eager.credits.available() {
+                return Ok(None);
+            }
+        }
+        let Some(req_index) = self.requests.next_free() else {
+            return Ok(None);
+        };
+        if !self.sq.has_room(1, 0) {
+            self.poll_cq(nic)?;
+            if !self.sq.has_room(1, 0) {
+                return Ok(None);
+            }
+        }
+        let seq = self.seq.wrapping_add(self.eager.waiting.len() as u32);
+        let ring_slot = self.eager.credits.take();
+        let header = EagerHeader {
+            tag,
+            size: buf.len as u32,
+            seq,
+        }
+        .encode();
+        let imm = EagerImm {
+            seq16: seq as u16,
+            epoch: self.eager.epoch,
+        }
+        .encode();
+        // Inside the ring: `enable_eager` checked the peer's region holds it.
+        let remote_addr = self.peer_records.addr + ring_offset(ring_slot) as u64;
+        let posted = self.sq.next(WrKind::Eager, ring_slot as u16, false);
+        let total = EAGER_HEADER_LEN + bytes.len();
+        let mut inline = [0u8; EAGER_INLINE_MAX];
+        let payload = if total <= nic.max_inline().min(EAGER_INLINE_MAX) {
+            inline[..EAGER_HEADER_LEN].copy_from_slice(&header);
+            inline[EAGER_HEADER_LEN..total].copy_from_slice(bytes);
+            Payload::Inline(&inline[..total])
+        } else {
+            let offset = staging_offset(ring_slot);
+            nic.write_staging(offset, &header);
+            nic.write_staging(offset + EAGER_HEADER_LEN, bytes);
+            Payload::Staged {
+                offset: offset as u32,
+                len: total as u32,
+            }
+        };
+        let wr = SendWr {
+            wr_id: posted.wr_id,
+            op: SendOp::WriteImm(imm),
+            payload,
+            remote_addr,
+            rkey: self.peer_records.rkey,
+            signaled: posted.signaled,
+        };
+        nic.post_send(&[wr])
+            .map_err(|err| self.health.fail(err.into()))?;
+        let id = self.requests.occupy(
+            req_index,
+            SendState::InFlight {
+                size: buf.len as u32,
+            },
+        );
+        self.eager.waiting.push(Waiting {
+            req: req_index,
+            tag,
+            buf,
+        });
+        Ok(Some(id))
+    }
+
+    /// Read the receiver's credit word.
+    fn read_credits(&mut self, nic: &impl Nic) -> Result<(), DataError> {
+        let mut raw = [0u8; 8];
+        nic.read_inbound(CREDIT_OFFSET, &mut raw);
+        let freed = u64::from_le_bytes(raw);
+        self.eager
+            .credits
+            .update(freed)
+            .map_err(|freed| self.health.fail(ProtocolError::Credits { freed }.into()))
+    }
+
+    /// Confirm the waiting eager sends whose receives' entries are in, by the rule both ends
+    /// apply; on the first bounce, send it and every later one again the clear-to-send way, in
+    /// order, as far as their receives allow.
+    #[inline(never)]
+    fn eager_progress(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
+        while !self.eager.resending {
+            let Some(&w) = self.eager.waiting.front() else {
+                break;
+            };
+            if !self.load_head(nic)? {
+                break;
+            }
+            let m = &self.head.m;
+            let first = m.entries[0];
+            let offer = Offer {
+                n: m.n,
+                eager_ok: first.eager_ok,
+                tag: first.tag,
+                capacity: first.size,
+            };
+            self.eager.predict = first.eager_ok;
+            if super::eager::accepts(offer, w.tag, w.buf.len) {
+                *self.requests.state_mut(usize::from(w.req)) = SendState::Done {
+                    size: w.buf.len as u32,
+                };
+                self.head.state = HeadState::Unread;
+                self.seq = self.seq.wrapping_add(1);
+                self.eager.waiting.pop();
+            } else {
+                // The receiver bounced it and every later one of this epoch.
+                self.eager.resending = true;
+                self.eager.epoch = !self.eager.epoch;
+            }
+        }
+        if self.eager.resending {
+            self.resend(nic)?;
+        }
+        self.read_credits(nic)
+    }
+
+    /// Send the bounced eager sends again the clear-to-send way, as NCCL's own retries of them
+    /// would have gone without eager: in order, except that a send whose tag the oldest receive
+    /// has no free buffer for waits for a later receive while sends of other tags go on (every
+    /// later send of its tag waits behind it).
+    fn resend(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
+        let mut kept = Fifo::new(NO_WAITING);
+        let mut blocked = false;
+        while let Some(w) = self.eager.waiting.pop() {
+            let tag_waits = (0..kept.len()).any(|i| kept.get(i).is_some_and(|k| k.tag == w.tag));
+            if blocked || tag_waits {
+                kept.push(w);
+                continue;
+            }
+            if self.load_head(nic)? && !self.head_has_free(w.tag) {
+                kept.push(w);
+                continue;
+            }
+            match self.match_send(nic, w.buf, w.tag, 0, Some(w.req))? {
+                Some(matched) => {
+                    self.post_matched(nic, &matched, w.buf)?;
+                }
+                None => {
+                    // The entries are not in, or no room: this and every later one wait.
+                    blocked = true;
+                    kept.push(w);
+                }
+            }
+        }
+        self.eager.resending = !kept.is_empty();
+        self.eager.waiting = kept;
+        Ok(())
+    }
+
+    /// Whether the oldest receive, its entries loaded, has an unmatched buffer tagged `tag`.
+    fn head_has_free(&self, tag: u32) -> bool {
+        let m = &self.head.m;
+        (0..m.n).any(|i| m.matched & (1 << i) == 0 && m.entries[usize::from(i)].tag == tag)
     }
 
     /// Where the head receive's first clear-to-send entry lies in the inbound FIFO, when
@@ -328,8 +619,10 @@ impl SendConn {
     #[inline(always)]
     pub fn head_entry(&self) -> Option<usize> {
         let slot = self.seq as u8;
-        (self.head.state == HeadState::Unread && self.ends[usize::from(slot)] == EndState::Idle)
-            .then_some(usize::from(slot) * CTS_SLOT_LEN)
+        (self.head.state == HeadState::Unread
+            && self.ends[usize::from(slot)] == EndState::Idle
+            && self.eager.waiting.is_empty())
+        .then_some(usize::from(slot) * CTS_SLOT_LEN)
     }
 
     /// The send of `buf` tagged `tag`, decided from the entry at [`head_entry`](Self::head_entry)
@@ -348,13 +641,19 @@ impl SendConn {
     ) -> Result<OneSend, DataError> {
         self.health.check()?;
         if stamp != stamp_for(self.seq) {
-            return Ok(OneSend::NotYet);
+            // Not there yet: the general path may send it eager.
+            return Ok(if self.eager.threshold >= buf.len && self.eager.predict {
+                OneSend::General
+            } else {
+                OneSend::NotYet
+            });
         }
         let Some(cts) = CtsEntry::decode_single(entry) else {
             // Still landing, grouped, or malformed: the general path counts, takes or reports it.
             return Ok(OneSend::General);
         };
         self.torn_reads = 0;
+        self.eager.predict = cts.eager_ok;
         if cts.tag != tag
             || cts.stamp != stamp
             || buf.len == 0
@@ -405,6 +704,20 @@ impl SendConn {
         remote_addr: u64,
         rkey: u32,
     ) -> (RequestId, SendWr<'static>) {
+        self.end_whole_as(req_index, false, size, payload, remote_addr, rkey)
+    }
+
+    /// [`end_whole`](Self::end_whole) for a new request, or (`reuse`) one that exists already.
+    #[inline(always)]
+    fn end_whole_as(
+        &mut self,
+        req_index: u8,
+        reuse: bool,
+        size: u32,
+        payload: Payload<'static>,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> (RequestId, SendWr<'static>) {
         let slot = self.seq as u8;
         let imm = Imm {
             seq16: self.seq as u16,
@@ -422,9 +735,7 @@ impl SendConn {
             rkey,
             signaled: true,
         };
-        let req = self
-            .requests
-            .occupy(req_index, SendState::InFlight { size });
+        let req = self.take_request(req_index, reuse, SendState::InFlight { size });
         let mut reqs = [0; MAX_RECVS];
         reqs[0] = req_index;
         self.ends[usize::from(slot)] = EndState::Ending {
@@ -451,15 +762,36 @@ impl SendConn {
         tag: u32,
         offset: u64,
     ) -> Result<Option<RequestId>, DataError> {
-        let Some(matched) = self.match_send(nic, buf, tag, offset)? else {
+        let Some(matched) = self.match_send(nic, buf, tag, offset, None)? else {
             return Ok(None);
         };
+        self.post_matched(nic, &matched, buf).map(Some)
+    }
+
+    /// Post and commit a matched send.
+    #[inline(always)]
+    fn post_matched(
+        &mut self,
+        nic: &mut impl Nic,
+        matched: &SendMatch,
+        buf: SendBuf,
+    ) -> Result<RequestId, DataError> {
         if matched.n == 1 && !matched.mismatch && buf.len <= self.ar_threshold {
-            return self.send_whole(nic, &matched, buf).map(Some);
+            return self.send_whole(nic, matched, buf);
         }
-        let plan = self.plan_send(&matched, buf);
+        let plan = self.plan_send(matched, buf);
         self.post_plan(nic, &plan)?;
-        Ok(Some(self.commit_send(&matched, &plan, buf)))
+        Ok(self.commit_send(matched, &plan, buf))
+    }
+
+    /// Put a request in slot `index` in `state`: a new one, or (`reuse`) the one already there.
+    #[inline(always)]
+    fn take_request(&mut self, index: u8, reuse: bool, state: SendState) -> RequestId {
+        if reuse {
+            self.requests.reoccupy(index, state)
+        } else {
+            self.requests.occupy(index, state)
+        }
     }
 
     /// Validate `buf` and find the buffer of the oldest outstanding receive it goes to: `None`
@@ -472,6 +804,7 @@ impl SendConn {
         buf: SendBuf,
         tag: u32,
         offset: u64,
+        reuse: Option<u8>,
     ) -> Result<Option<SendMatch>, DataError> {
         self.health.check()?;
         // A part's end, not only its length, stays within one work request's limit: a refused
@@ -501,7 +834,7 @@ impl SendConn {
         let Some(pos) = found else {
             return Ok(None);
         };
-        let Some(req_index) = self.requests.next_free() else {
+        let Some(req_index) = reuse.or_else(|| self.requests.next_free()) else {
             return Ok(None);
         };
         let mut entry = head.entries[usize::from(pos)];
@@ -521,6 +854,7 @@ impl SendConn {
             end: offset + buf.len,
             last: head.matched.count_ones() + 1 == u32::from(n),
             group_mismatch: head.mismatch || mismatch,
+            reuse: reuse.is_some(),
         };
         let wr_count = if n == 1 {
             1 + usize::from(matched.writes_data(buf) && buf.len > self.ar_threshold)
@@ -568,9 +902,21 @@ impl SendConn {
             };
             (Payload::Local(sge), m.entry.addr, m.entry.rkey)
         };
-        let (id, wr) = self.end_whole(m.req_index, buf.len as u32, payload, remote_addr, rkey);
-        nic.post_send(&[wr])
-            .map_err(|err| self.post_failed(id, err))?;
+        let (id, wr) = self.end_whole_as(
+            m.req_index,
+            m.reuse,
+            buf.len as u32,
+            payload,
+            remote_addr,
+            rkey,
+        );
+        nic.post_send(&[wr]).map_err(|err| {
+            if m.reuse {
+                self.health.fail(err.into())
+            } else {
+                self.post_failed(id, err)
+            }
+        })?;
         Ok(id)
     }
 
@@ -721,7 +1067,7 @@ impl SendConn {
                 size: buf.len as u32,
             }
         };
-        let id = self.requests.occupy(m.req_index, state);
+        let id = self.take_request(m.req_index, m.reuse, state);
         let head = &mut self.head.m;
         head.matched |= 1 << m.pos;
         head.record = plan.record;
@@ -906,7 +1252,10 @@ impl SendConn {
                 self.sq.complete(id.seq, id.kind)?;
                 end_slot(&mut self.ends, &mut self.requests, slot, reqs, count);
             }
-            WrKind::Cts | WrKind::Recv => {
+            WrKind::Eager => {
+                self.sq.complete(id.seq, id.kind)?;
+            }
+            WrKind::Cts | WrKind::Recv | WrKind::Credit => {
                 return Err(ProtocolError::UnexpectedCompletion { wr: id.kind }.into());
             }
         }
@@ -1020,11 +1369,14 @@ impl Connection for SendConn {
         sizes: &mut impl SizesOut,
     ) -> Result<bool, DataError> {
         let index = self.requests.lookup(req)?;
-        let progress = if self.requests.state(index).pending() {
+        let mut progress = if self.requests.state(index).pending() {
             self.health.check().and_then(|()| self.poll_cq_inline(nic))
         } else {
             Ok(())
         };
+        if progress.is_ok() && !self.eager.waiting.is_empty() {
+            progress = self.eager_progress(nic);
+        }
         self.requests.settle(
             index,
             progress,
@@ -1051,11 +1403,15 @@ impl Connection for SendConn {
     fn drain(&mut self, nic: &mut impl Nic) -> Result<usize, DataError> {
         self.health.check()?;
         self.poll_cq(nic)?;
+        if !self.eager.waiting.is_empty() {
+            self.eager_progress(nic)?;
+        }
         Ok(self
             .ends
             .iter()
             .filter(|end| **end != EndState::Idle)
-            .count())
+            .count()
+            + self.eager.waiting.len())
     }
 
     /// Requests handed out and not yet freed by `test`.

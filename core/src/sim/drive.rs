@@ -16,6 +16,18 @@ pub fn isend_direct(
     buf: SendBuf,
     tag: u32,
 ) -> Result<Option<RequestId>, DataError> {
+    isend_direct_host(send, nic, buf, None, tag)
+}
+
+/// [`isend_direct`] of a host-memory send whose bytes are `host` (up to the eager threshold, as
+/// the plugin hands them over): the general path may send it eager.
+pub fn isend_direct_host(
+    send: &mut SendConn,
+    nic: &mut impl Nic,
+    buf: SendBuf,
+    host: Option<&[u8]>,
+    tag: u32,
+) -> Result<Option<RequestId>, DataError> {
     if let Some((stamp, entry)) = read_head(send, nic) {
         match send.isend_one(stamp, &entry, buf, tag)? {
             OneSend::Post { req, wr } => {
@@ -28,7 +40,7 @@ pub fn isend_direct(
             OneSend::General => {}
         }
     }
-    send.isend(nic, buf, tag)
+    send.isend_host(nic, buf, host, tag)
 }
 
 /// The head entry's stamp and then the entry, read as the plugin reads them (the stamp first:

@@ -2,6 +2,10 @@
 //! `data_ops` fuzzer and the `core_sim` bench.
 
 use super::{EndpointId, Fabric, QpConfig, SimNic};
+use crate::data::eager::{
+    EAGER_MAX, RECV_INBOUND_EAGER_LEN, RECV_STAGING_EAGER_LEN, SEND_INBOUND_EAGER_LEN,
+    SEND_STAGING_EAGER_LEN,
+};
 use crate::data::{
     CQ_DEPTH, RECV_INBOUND_LEN, RECV_QUEUE_DEPTH, RECV_STAGING_LEN, RecvBuf, RecvConn,
     SEND_INBOUND_LEN, SEND_QUEUE_DEPTH, SEND_STAGING_LEN, SendBuf, SendConn,
@@ -46,6 +50,41 @@ impl DataPair {
             send,
             recv,
         }
+    }
+
+    /// A connected pair with the eager path on both ends (wire version 4's regions), sends of up
+    /// to `threshold` bytes going eager.
+    pub fn new_eager(max_inline: usize, threshold: u64) -> Self {
+        let fabric = Fabric::new();
+        let send_ep = fabric.endpoint();
+        let recv_ep = fabric.endpoint();
+        let (mut send_config, mut recv_config) = qp_configs(max_inline);
+        send_config.inbound_len = SEND_INBOUND_EAGER_LEN;
+        send_config.staging_len = SEND_STAGING_EAGER_LEN;
+        recv_config.inbound_len = RECV_INBOUND_EAGER_LEN;
+        recv_config.staging_len = RECV_STAGING_EAGER_LEN;
+        let (send_nic, mut recv_nic) = fabric.connect(send_ep, send_config, recv_ep, recv_config);
+        let mut send = SendConn::new(recv_nic.inbound_region());
+        let mut recv = RecvConn::new(send_nic.inbound_region());
+        assert_eq!(
+            send.enable_eager(threshold),
+            threshold.min(EAGER_MAX as u64)
+        );
+        assert_eq!(recv.enable_eager(&mut recv_nic), Ok(true));
+        Self {
+            fabric,
+            send_ep,
+            recv_ep,
+            send_nic,
+            recv_nic,
+            send,
+            recv,
+        }
+    }
+
+    /// The bytes of a host-memory send buffer, as the plugin hands them to an eager send.
+    pub fn send_bytes(&self, buf: &SendBuf) -> std::vec::Vec<u8> {
+        self.fabric.read(self.send_ep, buf.addr, buf.len as usize)
     }
 
     /// Allocate and register a send buffer holding `bytes`.
@@ -100,6 +139,7 @@ pub(super) fn recv_buf(fabric: &Fabric, ep: EndpointId, len: usize) -> RecvBuf {
         addr: mr.addr,
         len: len as u64,
         rkey: mr.rkey,
+        host: true,
     }
 }
 

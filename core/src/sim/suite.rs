@@ -356,6 +356,7 @@ pub fn zero_byte_messages_never_touch_the_user_address<H: PairHarness>() {
             addr: 0,
             len: 0,
             rkey: 0xbad,
+            host: false,
         };
         let r = irecv(&mut p, &[null], &[3]);
         let empty = SendBuf {

@@ -555,8 +555,13 @@ unsafe fn isend_common<S>(
 ) -> NcclResult {
     ffi_call("isend", move || {
         let size = size_checked(size_of(size)?, "isend")?;
+        // Refused before anything is posted: a send taken (an eager one needs no receive) whose
+        // request NCCL never learns of would be matched and never tested.
+        if request.is_null() {
+            return Err(null_out("isend: request"));
+        }
         let req = comm::isend(comm, data, size, tag, mh, starts)?;
-        // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
+        // SAFETY: NCCL passes a valid out-pointer (NULL rejected above).
         unsafe { put(request, req, "isend: request") }
     })
 }
@@ -690,6 +695,10 @@ unsafe fn irecv_common<S: Copy>(
     starts: Option<Starts>,
 ) -> NcclResult {
     ffi_call("irecv", move || {
+        // Refused before anything is posted (a receive NCCL cannot test would take a send).
+        if request.is_null() {
+            return Err(null_out("irecv: request"));
+        }
         if n == 1 && !(data.is_null() || sizes.is_null() || tags.is_null() || mhs.is_null()) {
             // NCCL's point-to-point receive: its one buffer straight through, no arrays of eight.
             // SAFETY: NCCL's arrays hold `n` = 1 element each (non-NULL, checked).

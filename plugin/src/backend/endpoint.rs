@@ -36,6 +36,44 @@ pub(crate) enum Role {
     Sender,
     /// `accept` side: inbound completion records, one receive per outstanding slot.
     Receiver,
+    /// A sender that takes part in the eager path (`rivet_core::data::eager`): the credit word
+    /// after its FIFO, the ring's staging copy after its records' staging.
+    EagerSender,
+    /// A receiver that takes eager messages: the ring after its records, the credit word's
+    /// staging after its entries'.
+    EagerReceiver,
+}
+
+impl Role {
+    /// Inbound and staging region lengths and receive-queue depth (both data paths size their
+    /// endpoints by it).
+    pub(crate) fn regions(self) -> (usize, usize, u32) {
+        use rivet_core::data::eager::{
+            RECV_INBOUND_EAGER_LEN, RECV_STAGING_EAGER_LEN, SEND_INBOUND_EAGER_LEN,
+            SEND_STAGING_EAGER_LEN,
+        };
+        use rivet_core::data::{
+            RECV_INBOUND_LEN, RECV_QUEUE_DEPTH, RECV_STAGING_LEN, SEND_INBOUND_LEN,
+            SEND_STAGING_LEN,
+        };
+        let depth = RECV_QUEUE_DEPTH as u32;
+        match self {
+            Self::Sender => (SEND_INBOUND_LEN, SEND_STAGING_LEN, 1),
+            Self::Receiver => (RECV_INBOUND_LEN, RECV_STAGING_LEN, depth),
+            Self::EagerSender => (SEND_INBOUND_EAGER_LEN, SEND_STAGING_EAGER_LEN, 1),
+            Self::EagerReceiver => (RECV_INBOUND_EAGER_LEN, RECV_STAGING_EAGER_LEN, depth),
+        }
+    }
+
+    /// The role of a sender (`receiver` false) or receiver, with the eager path's regions or not.
+    pub(crate) fn of(receiver: bool, eager: bool) -> Self {
+        match (receiver, eager) {
+            (false, false) => Self::Sender,
+            (true, false) => Self::Receiver,
+            (false, true) => Self::EagerSender,
+            (true, true) => Self::EagerReceiver,
+        }
+    }
 }
 
 /// Largest chain posted with one `ibv_post_send` (the core's chains are shorter; longer ones are
@@ -84,14 +122,8 @@ unsafe impl Sync for Templates {}
 impl<D: PortDevice> Endpoint<D> {
     /// Create the queue pair (at INIT) and register the control regions for `role`.
     pub(crate) fn new(port: &Arc<OpenPort<D>>, role: Role) -> Result<Self, VerbsError> {
-        use rivet_core::data::{
-            CQ_DEPTH, RECV_INBOUND_LEN, RECV_QUEUE_DEPTH, RECV_STAGING_LEN, SEND_INBOUND_LEN,
-            SEND_QUEUE_DEPTH, SEND_STAGING_LEN,
-        };
-        let (inbound_len, staging_len, recv_depth) = match role {
-            Role::Sender => (SEND_INBOUND_LEN, SEND_STAGING_LEN, 1),
-            Role::Receiver => (RECV_INBOUND_LEN, RECV_STAGING_LEN, RECV_QUEUE_DEPTH as u32),
-        };
+        use rivet_core::data::{CQ_DEPTH, SEND_QUEUE_DEPTH};
+        let (inbound_len, staging_len, recv_depth) = role.regions();
         let verbs = port.device.verbs();
         let inbound = Region::new(
             &verbs.pd,
@@ -434,6 +466,10 @@ impl<D: PortDevice> Nic for Endpoint<D> {
         // protocol error when the peer validates what arrives.
         let _ = self.staging.write(offset, bytes);
     }
+
+    fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
+        self.inbound.deliver(offset, len, dst);
+    }
 }
 
 pub(crate) mod region {
@@ -560,6 +596,32 @@ pub(crate) mod region {
                 fence(Ordering::Acquire);
             }
             (u32::from_le_bytes(stamp), entry)
+        }
+
+        /// Copy the `len` bytes at `offset` (an eager message, its write completed) into the
+        /// receive buffer at `dst`; an out-of-range `offset` copies nothing.
+        ///
+        /// `dst` comes from the core only as the address of a receive buffer the data path handed
+        /// it as host memory (`RecvBuf::host`), which it had checked lies with its `len` bytes
+        /// inside NCCL's registration of host memory (`UserMr::rkey_for`, `UserMr::host`); the core
+        /// copies at most that buffer's capacity (`rivet_core::data::eager::accepts`).
+        pub(crate) fn deliver(&self, offset: usize, len: usize, dst: u64) {
+            if !self.contains(offset, len) || len == 0 {
+                return;
+            }
+            // The write-with-immediate's completion was polled before: its bytes are visible.
+            fence(Ordering::Acquire);
+            // SAFETY: the source range was just checked to lie inside the region; the destination
+            // is `len` bytes of registered host memory NCCL lent to this receive (see above),
+            // which no Rust reference covers and which cannot overlap the region (the region is
+            // this connection's own allocation).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.ptr.as_ptr().add(offset),
+                    dst as usize as *mut u8,
+                    len,
+                )
+            };
         }
 
         /// Copy `bytes` in at `offset`; out-of-range writes are refused (returns false).
@@ -827,6 +889,13 @@ pub(crate) mod any {
             match self {
                 Self::Verbs(e) => e.write_staging(offset, bytes),
                 Self::Mlx5(e) => e.write_staging(offset, bytes),
+            }
+        }
+
+        fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
+            match self {
+                Self::Verbs(e) => e.deliver_inbound(offset, len, dst),
+                Self::Mlx5(e) => e.deliver_inbound(offset, len, dst),
             }
         }
     }

@@ -54,6 +54,8 @@ struct PendingConnect {
     width: usize,
     /// Adaptive routing's threshold (`None`: off).
     ar_threshold: Option<u64>,
+    /// Sends up to this size may go eager (0: off).
+    eager_threshold: u64,
     settings: QpSettings,
 }
 
@@ -103,8 +105,16 @@ fn start(
     let settings = config.qp_settings(tc.or_else(|| ctx.and_then(|c| c.traffic_class)));
     // Lane i on port i % ports (a fused device stripes its lanes over its members).
     let lanes = config.lanes.lanes(ports.len());
+    // The eager path runs on single-queue-pair connections (a multi-lane connection's lanes count
+    // messages in lockstep, which a message taken from the ring would skip).
+    let eager_threshold = if lanes.count() == 1 {
+        config.eager_threshold
+    } else {
+        0
+    };
+    let role = Role::of(false, eager_threshold > 0);
     let endpoints = (0..lanes.count())
-        .map(|i| Endpoint::new(&ports[i % ports.len()], Role::Sender))
+        .map(|i| Endpoint::new(&ports[i % ports.len()], role))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| {
             NetError::system(format!(
@@ -134,6 +144,7 @@ fn start(
         devices,
         width: lanes.width(),
         ar_threshold: config.lanes.ar_threshold(infiniband),
+        eager_threshold,
         settings,
     })
 }
@@ -302,6 +313,7 @@ pub(crate) fn connect(
                 devices,
                 width,
                 ar_threshold,
+                eager_threshold,
                 ..
             } = *pending;
             let peer = format!("{addr} ({} qp {})", remote.device_name.as_str(), remote.qpn);
@@ -314,6 +326,7 @@ pub(crate) fn connect(
             if endpoints.len() == 1 {
                 let mut conn = SendConn::new(remote.inbound);
                 conn.set_adaptive_routing(ar_threshold);
+                conn.enable_eager(eager_threshold);
                 let endpoint = endpoints.remove(0);
                 let side = Side::new(conn, endpoint, socket, peer);
                 return data::insert(DataComm::Send(side)).map(Some);

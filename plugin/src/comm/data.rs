@@ -427,6 +427,7 @@ impl SendPath for SendConn {
         &mut self,
         nic: &mut Endpoint,
         buf: SendBuf,
+        host: Option<&[u8]>,
         tag: u32,
     ) -> Result<Option<RequestId>, DataError> {
         if let Some(offset) = self.head_entry() {
@@ -444,7 +445,12 @@ impl SendPath for SendConn {
                 OneSend::General => {}
             }
         }
-        Self::isend(self, nic, buf, tag)
+        self.isend_host(nic, buf, host, tag)
+    }
+
+    #[inline(always)]
+    fn eager_threshold(&self) -> u64 {
+        Self::eager_threshold(self)
     }
 }
 
@@ -637,7 +643,19 @@ impl<Conn: SendPath> Side<Conn> {
             let keys = device_keys("isend", mr, buf.addr, len, false, endpoint.devices())?;
             conn.isend_keyed(endpoint, buf, &keys[..endpoint.devices()], tag as u32)
         } else {
-            conn.isend(endpoint, buf, tag as u32)
+            let host = match mr {
+                Some(mr) if mr.host && len <= conn.eager_threshold() => Some(if size == 0 {
+                    &[][..]
+                } else {
+                    // SAFETY: `lkey_for` checked `data..data + size` lies inside this
+                    // registration, which NCCL made of host memory (`NCCL_PTR_HOST`); NCCL keeps
+                    // a send buffer alive and unchanged until its request completes, and the
+                    // slice lives only for this call (the eager path copies from it here).
+                    unsafe { core::slice::from_raw_parts(data as *const u8, size) }
+                }),
+                _ => None,
+            };
+            conn.isend(endpoint, buf, host, tag as u32)
         };
         let events = EventStart::of(starts, profiler::OPCODE_SEND, core::slice::from_ref(&size));
         state.answer(side, "isend", handle, posted, events)
@@ -758,6 +776,7 @@ impl<Conn: RecvPath> Side<Conn> {
             addr: 0,
             len: 0,
             rkey: 0,
+            host: false,
         }; 8];
         let mut tags = [0u32; 8];
         let mut mrs = [None; 8];
@@ -864,11 +883,28 @@ pub(crate) fn iflush(comm: Ptr, args: &FlushArgs) -> NetResult<Option<Ptr>> {
 fn recv_buf(data: Ptr, size: usize, mh: Ptr) -> NetResult<(RecvBuf, Option<&'static mr::UserMr>)> {
     let (addr, len) = (data as u64, size as u64);
     if len == 0 && mh.is_null() {
-        return Ok((RecvBuf { addr, len, rkey: 0 }, None));
+        return Ok((
+            RecvBuf {
+                addr,
+                len,
+                rkey: 0,
+                host: false,
+            },
+            None,
+        ));
     }
     let mr = mr::lookup("irecv", mh)?;
     let rkey = mr.rkey_for(addr, len)?;
-    Ok((RecvBuf { addr, len, rkey }, Some(mr)))
+    let host = mr.host;
+    Ok((
+        RecvBuf {
+            addr,
+            len,
+            rkey,
+            host,
+        },
+        Some(mr),
+    ))
 }
 
 /// A buffer's keys on every port of a fused device (member order); the registration must have

@@ -244,11 +244,14 @@ fn bring_up(
     ports: &[Arc<OpenPort>],
     remotes: &[EndpointInfo],
     settings: &QpSettings,
+    eager: bool,
 ) -> Result<Vec<Endpoint>, String> {
     let mut endpoints = Vec::with_capacity(remotes.len());
+    // A ring only on a single-queue-pair connection (the sender's rule too).
+    let role = Role::of(true, eager && remotes.len() == 1);
     for (i, remote) in remotes.iter().enumerate() {
         let port = &ports[i % ports.len()];
-        let endpoint = Endpoint::new(port, Role::Receiver).map_err(|e| e.to_string())?;
+        let endpoint = Endpoint::new(port, role).map_err(|e| e.to_string())?;
         connect_lane(&endpoint, remote, settings, remotes.len())?;
         endpoints.push(endpoint);
     }
@@ -287,7 +290,8 @@ impl ListenComm {
                         continue;
                     }
                     let remotes = pending.machine.remote_lanes().to_vec();
-                    match bring_up(&pending.ports, &remotes, &self.settings) {
+                    let eager = self.config.eager_threshold > 0;
+                    match bring_up(&pending.ports, &remotes, &self.settings, eager) {
                         Ok(endpoints) => {
                             let locals: Vec<EndpointInfo> = endpoints
                                 .iter()
@@ -411,13 +415,15 @@ pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
             } => {
                 let done = pending.remove(index);
                 if endpoints.len() == 1 {
-                    let endpoint = endpoints.remove(0);
-                    let side = Side::new(
-                        RecvConn::new(remotes[0].inbound),
-                        endpoint,
-                        done.socket,
-                        peer,
-                    );
+                    let mut endpoint = endpoints.remove(0);
+                    let mut conn = RecvConn::new(remotes[0].inbound);
+                    if comm.config.eager_threshold > 0 {
+                        // Takes eager messages when the sender reads credits (version 4).
+                        conn.enable_eager(&mut endpoint).map_err(|e| {
+                            NetError::system(format!("accept: posting the eager receives: {e}"))
+                        })?;
+                    }
+                    let side = Side::new(conn, endpoint, done.socket, peer);
                     return data::insert(DataComm::Recv(comm.with_flush(side)?)).map(Some);
                 }
                 let conns = remotes.iter().map(|r| RecvConn::new(r.inbound)).collect();

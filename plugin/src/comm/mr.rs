@@ -28,6 +28,9 @@ pub(crate) struct UserMr {
     /// against: the data path reads them with the range, not through the `Option`.
     pub(super) lkey: u32,
     pub(super) rkey: u32,
+    /// NCCL registered host memory (`NCCL_PTR_HOST`): the CPU may copy from and into it (the
+    /// eager path); never GPU memory.
+    pub(super) host: bool,
     /// The port whose protection domain (and cache) the registration belongs to.
     port: Arc<OpenPort>,
     /// On a fused device: the registrations on its other ports, in member order.
@@ -126,6 +129,7 @@ pub(crate) fn reg_mr_on(
         share,
         addr: data as u64,
         len: size as u64,
+        host: kind == NCCL_PTR_HOST,
         port,
         others: Vec::new(),
     });

@@ -91,6 +91,7 @@ impl Rig {
             addr: self.dst.addr() + offset as u64,
             len: len as u64,
             rkey: self.dst.rkey(),
+            host: false,
         }
     }
 

@@ -25,6 +25,7 @@ fn bufs(caps: &[u64]) -> Vec<RecvBuf> {
             addr: 0x4000_0000 + 0x1_0000 * i as u64,
             len,
             rkey: 0x200 + i as u32,
+            host: false,
         })
         .collect()
 }
@@ -706,6 +707,7 @@ fn irecv_one_declines_what_it_does_not_decide() {
         addr: u64::MAX - 3,
         len: 8,
         rkey: 1,
+        host: false,
     };
     assert!(matches!(
         r.irecv_one(wraps, 0, 64),

@@ -33,6 +33,7 @@ fn write_cts(nic: &mut MockNic, seq: u32, bufs: &[(u64, u32)]) {
             tag,
             n: bufs.len() as u8,
             index: i as u8,
+            eager_ok: false,
             stamp: stamp_for(seq),
         };
         let at = base + i * CTS_ENTRY_LEN;

@@ -73,6 +73,10 @@ impl ControlRegions for HostRegions {
         self.staging.write(offset, bytes)
     }
 
+    fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
+        self.inbound.deliver(offset, len, dst);
+    }
+
     fn staging(&self) -> (u64, u32, usize) {
         (self.staging.addr(), self.staging.lkey(), self.staging.len())
     }
@@ -87,17 +91,6 @@ pub(crate) struct Mlx5Endpoint<A: Attachment = Device> {
     pub(super) nic: DirectNic<A::Doorbell, A::Regions>,
 }
 
-/// Inbound and staging region lengths and receive-queue depth for `role`.
-pub(crate) fn region_lens(role: Role) -> (usize, usize, u32) {
-    use rivet_core::data::{
-        RECV_INBOUND_LEN, RECV_QUEUE_DEPTH, RECV_STAGING_LEN, SEND_INBOUND_LEN, SEND_STAGING_LEN,
-    };
-    match role {
-        Role::Sender => (SEND_INBOUND_LEN, SEND_STAGING_LEN, 1),
-        Role::Receiver => (RECV_INBOUND_LEN, RECV_STAGING_LEN, RECV_QUEUE_DEPTH as u32),
-    }
-}
-
 impl<D: PortDevice> Mlx5Endpoint<Device<D>> {
     /// Create the queue pair (at INIT) on the direct path, and register the control regions for
     /// `role`. Fails with [`VerbsError::Unsupported`] on a device libmlx5 does not drive, and with
@@ -110,7 +103,7 @@ impl<D: PortDevice> Mlx5Endpoint<Device<D>> {
                 what: "mlx5 direct path (not an mlx5 device)",
             });
         }
-        let (inbound_len, staging_len, recv_depth) = region_lens(role);
+        let (inbound_len, staging_len, recv_depth) = role.regions();
         let regions = HostRegions {
             inbound: Region::new(
                 &verbs.pd,
@@ -247,6 +240,10 @@ impl<A: Attachment> Nic for Mlx5Endpoint<A> {
 
     fn write_staging(&mut self, offset: usize, bytes: &[u8]) {
         self.nic.write_staging(offset, bytes);
+    }
+
+    fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
+        self.nic.deliver_inbound(offset, len, dst);
     }
 }
 

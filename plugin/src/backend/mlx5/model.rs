@@ -64,6 +64,12 @@ impl ControlRegions for ModelRegions {
             self.staging.len as usize,
         )
     }
+
+    fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
+        let mut bytes = vec![0u8; len];
+        self.read_inbound(offset, &mut bytes);
+        self.model.write(dst, &bytes);
+    }
 }
 
 /// A direct NIC on the model.

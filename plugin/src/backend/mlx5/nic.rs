@@ -24,6 +24,9 @@ pub(crate) trait ControlRegions {
     fn write_staging(&mut self, offset: usize, bytes: &[u8]) -> bool;
     /// The staging region: address, local key, length.
     fn staging(&self) -> (u64, u32, usize);
+    /// Copy `len` inbound bytes at `offset` into the host receive buffer at `dst`
+    /// ([`Nic::deliver_inbound`]).
+    fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64);
 }
 
 /// A connection's direct queue pair and control regions.
@@ -166,5 +169,9 @@ impl<D: DoorbellRegister, R: ControlRegions> Nic for DirectNic<D, R> {
         // The core only stages inside the region it sized; a refusal would surface as a protocol
         // error when the peer validates what arrives (as in the verbs backend).
         let _ = self.regions.write_staging(offset, bytes);
+    }
+
+    fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
+        self.regions.deliver_inbound(offset, len, dst);
     }
 }

@@ -9,7 +9,7 @@ use rivet_verbs_ffi::VerbsError;
 use rivet_verbs_ffi::mlx5::model::{Model, ModelDoorbell, ModelPd, ModelQp, ModelQpConfig};
 use rivet_verbs_ffi::sys::access;
 
-use super::endpoint::{Attachment, Mlx5Endpoint, region_lens};
+use super::endpoint::{Attachment, Mlx5Endpoint};
 use super::model::{ModelRegions, model_nic};
 use crate::backend::endpoint::Role;
 
@@ -35,7 +35,7 @@ impl Mlx5Endpoint<OnModel> {
         max_inline: usize,
         config: ModelQpConfig,
     ) -> Result<Self, VerbsError> {
-        let (inbound_len, staging_len, _) = region_lens(role);
+        let (inbound_len, staging_len, _) = role.regions();
         let (qp, nic) = model_nic(model, pd, inbound_len, staging_len, max_inline, config)
             .map_err(|_| VerbsError::InvalidArgument {
                 what: "model queue layout unusable by the direct path",
@@ -142,6 +142,7 @@ impl ModelPair {
             addr: mr.addr,
             len: len as u64,
             rkey: mr.rkey,
+            host: false,
         }
     }
 

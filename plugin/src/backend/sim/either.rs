@@ -113,6 +113,13 @@ impl Nic for TestEndpoint {
         }
     }
 
+    fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
+        match self {
+            Self::Device(e) => e.deliver_inbound(offset, len, dst),
+            Self::Simulated(e) => e.deliver_inbound(offset, len, dst),
+        }
+    }
+
     fn write_staging(&mut self, offset: usize, bytes: &[u8]) {
         match self {
             Self::Device(e) => e.write_staging(offset, bytes),

@@ -6,7 +6,6 @@ use super::fabric::{ADVERTISED_ADDR, ADVERTISED_RKEY, World, world};
 use crate::backend::conn_endpoint::ConnEndpoint;
 use crate::backend::device::OpenPort;
 use crate::backend::endpoint::Role;
-use crate::backend::mlx5::endpoint::region_lens;
 use crate::backend::qp_params;
 use crate::config::QpSettings;
 use rivet_core::nic::{Completion, Nic, NicError, Payload, RemoteRegion, SendWr};
@@ -32,7 +31,7 @@ impl ConnEndpoint for SimEndpoint {
     /// An endpoint for `role` on the simulated port (connected to its peer by [`Self::connect`]).
     fn new(port: &Arc<OpenPort<TestDevice>>, role: Role) -> Result<Self, VerbsError> {
         use rivet_core::data::{CQ_DEPTH, SEND_QUEUE_DEPTH};
-        let (inbound_len, staging_len, rq_depth) = region_lens(role);
+        let (inbound_len, staging_len, rq_depth) = role.regions();
         let mut guard = world();
         let w = guard.get_or_insert_with(World::new);
         let id = w.endpoints.len();
@@ -222,6 +221,15 @@ impl Nic for SimEndpoint {
     fn write_staging(&mut self, offset: usize, bytes: &[u8]) {
         let _ = self.with_nic(|_, nic| {
             nic.write_staging(offset, bytes);
+            Ok(())
+        });
+    }
+
+    fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
+        let _ = self.with_nic(|w, nic| {
+            let mut bytes = vec![0u8; len];
+            nic.read_inbound(offset, &mut bytes);
+            w.deliver(&bytes, dst);
             Ok(())
         });
     }

@@ -163,6 +163,25 @@ impl World {
         (sim_addr, rkey)
     }
 
+    /// Copy `bytes` (an eager message out of an inbound region) into the registered buffer at
+    /// `dst`, as the verbs endpoint's copy does; nothing outside a registration is written.
+    pub(super) fn deliver(&self, bytes: &[u8], dst: u64) {
+        if bytes.is_empty() {
+            return;
+        }
+        let inside = self.mirrors.iter().any(|m| {
+            dst >= m.real
+                && (dst - m.real)
+                    .checked_add(bytes.len() as u64)
+                    .is_some_and(|end| end <= m.len)
+        });
+        if inside {
+            // SAFETY: `dst..+len` lies inside a live registration (just checked); NCCL does not
+            // touch a receive buffer while its request is outstanding.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, bytes.len()) };
+        }
+    }
+
     /// Run the fabric, then copy what it wrote into registered buffers back into them.
     pub(super) fn run(&mut self) {
         self.fabric.run_until_idle();

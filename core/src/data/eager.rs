@@ -1,0 +1,550 @@
+//! The eager path: small sends written straight into a receiver-owned ring, without waiting for
+//! the receive's clear-to-send entry (wire version 4).
+//!
+//! # Protocol
+//!
+//! **Negotiation** ([`DATA_VERSION`] 4). Nothing is negotiated beyond the two inbound regions
+//! the handshake already exchanges: a receiver that takes eager messages announces an inbound region of at least
+//! [`RECV_INBOUND_EAGER_LEN`] bytes (its completion records, then the ring), and a sender that
+//! reads returned credits announces at least [`SEND_INBOUND_EAGER_LEN`] (its clear-to-send FIFO,
+//! then the credit word). A sender writes eager messages only into a ring its peer announced; a
+//! receiver flags its entries (below) and returns credits only to a sender that announced the
+//! credit word. An older peer (wire version 3) announces the old lengths, so both ends keep the
+//! clear-to-send protocol with it.
+//!
+//! **The ring.** [`EAGER_SLOTS`] slots of [`EAGER_SLOT_LEN`] bytes after the records. Eager message
+//! number `k` (both ends count them) goes to slot `k % EAGER_SLOTS`: a 16-byte
+//! [`EagerHeader`] (tag, size, the receive's full sequence number, a check) and then the payload,
+//! in one RDMA WRITE WITH IMMEDIATE ([`EagerImm`]: its own magic byte, the sequence number's low
+//! 16 bits, the epoch bit). The sender copies the header and payload into the work request inline
+//! when they fit, else into its staging copy of the slot: only host memory is ever copied, so a
+//! send from GPU memory never goes eager.
+//!
+//! **Which receive.** A sender goes eager only when it has matched every receive whose entries it
+//! has read and the next receive's entries are not there yet, and only while the last entry it
+//! read offered eager (a receiver whose buffers are GPU memory is not asked again and again). The
+//! message is meant for that next receive, the `k`-th eager message in a row for the `k`-th
+//! receive after it: the sender assumes each is a one-buffer receive.
+//!
+//! **Accepted or bounced** — one rule, [`accepts`], evaluated by both ends on the same inputs: the
+//! receive has one buffer, its entry offers eager (the receiver can copy into it: host memory,
+//! flag [`CTS_EAGER_OK`](super::codec::CTS_EAGER_OK)), the tags are equal and the size fits.
+//! The receiver evaluates it when both the message and the receive are there (a message that
+//! arrives first is held in its slot); it copies an accepted message into the buffer and
+//! completes the receive, or bounces it: the receive keeps waiting for data, and every later
+//! eager message of the same epoch is bounced too. The sender evaluates it when it reads the
+//! receive's entries, which the receiver writes as always (for a held message as soon as the
+//! receive is posted): accepted, the send is done; bounced, that send and every later eager send
+//! still unconfirmed are sent again the clear-to-send way, in their order, and the sender flips
+//! the epoch. A bounce therefore costs a wasted write and a wait for the entries, never an
+//! ordering change: after it the sends are matched exactly as without eager, tags and groups
+//! included.
+//!
+//! **Credits.** A slot is the sender's again once the receiver has taken or bounced its message:
+//! the receiver counts those and writes the count (a little-endian `u64`) into the sender's credit
+//! word after every [`CREDIT_BATCH`] of them. The sender holds at most [`EAGER_SLOTS`] messages in
+//! the ring; without credits it waits for entries, as without eager. The count only grows and
+//! never passes what was sent: anything else is a protocol error.
+//!
+//! **Receive work requests.** Every write with immediate consumes the receiver's oldest posted
+//! receive work request, so a receiver taking eager messages keeps [`EAGER_SLOTS`] more posted
+//! than it has receives outstanding: posted at the start, one more after each bounce (a bounced
+//! message consumed one that its receive's data will need again); an accepted message consumes
+//! the one its receive posted. Receive work requests therefore carry their position in the queue,
+//! not a receive's sequence number.
+
+use super::codec::{DecodeError, MAGIC_EAGER_HEADER};
+
+/// The data protocol's version: 4 adds the eager path to version 3's clear-to-send protocol. It
+/// is announced by the two inbound regions' lengths (above), inside handshake frames whose
+/// format did not change ([`WIRE_VERSION`](crate::wire::WIRE_VERSION) stays 3): a Rivet that
+/// speaks only version 3 still connects to this one, and the two keep version 3's protocol.
+/// Bumping the frame version instead would have made every older release refuse the connection.
+pub const DATA_VERSION: u16 = 4;
+use super::{RECV_INBOUND_LEN, RECV_STAGING_LEN, SEND_INBOUND_LEN, SEND_STAGING_LEN};
+
+/// Slots of the ring.
+pub const EAGER_SLOTS: usize = 16;
+/// Bytes of the header at the start of a slot.
+pub const EAGER_HEADER_LEN: usize = 16;
+/// Bytes of one slot: the header and up to [`EAGER_MAX`] bytes of payload, 64-byte aligned.
+pub const EAGER_SLOT_LEN: usize = 16 * 1024 + 64;
+/// Largest eager payload a ring can hold (the sender's threshold is at most this).
+pub const EAGER_MAX: usize = EAGER_SLOT_LEN - EAGER_HEADER_LEN;
+/// The receiver's inbound region with the ring: the completion records, then the ring.
+pub const RECV_INBOUND_EAGER_LEN: usize = RECV_INBOUND_LEN + EAGER_SLOTS * EAGER_SLOT_LEN;
+/// Offset of the credit word in the sender's inbound region (after the clear-to-send FIFO).
+pub const CREDIT_OFFSET: usize = SEND_INBOUND_LEN;
+/// The sender's inbound region with the credit word (one cache line after the FIFO).
+pub const SEND_INBOUND_EAGER_LEN: usize = SEND_INBOUND_LEN + 64;
+/// The sender's staging region with its copy of the ring (messages too long to go inline).
+pub const SEND_STAGING_EAGER_LEN: usize = SEND_STAGING_LEN + EAGER_SLOTS * EAGER_SLOT_LEN;
+/// The receiver's staging region with the credit word it writes from (when 8 bytes do not go
+/// inline).
+pub const RECV_STAGING_EAGER_LEN: usize = RECV_STAGING_LEN + 64;
+/// The receiver returns credits after this many slots were freed.
+pub const CREDIT_BATCH: u64 = EAGER_SLOTS as u64 / 2;
+/// The sender's threshold when nothing sets it: sends of up to this many bytes go eager.
+pub const DEFAULT_EAGER_THRESHOLD: u64 = 8 * 1024;
+
+const _: () = assert!(EAGER_SLOT_LEN % 64 == 0 && RECV_INBOUND_LEN % 64 == 0);
+const _: () = assert!(EAGER_SLOTS.is_power_of_two() && EAGER_SLOTS <= 256);
+const _: () = assert!(DEFAULT_EAGER_THRESHOLD as usize <= EAGER_MAX);
+
+/// Offset of ring slot `slot` in the receiver's inbound region.
+#[inline(always)]
+pub const fn ring_offset(slot: usize) -> usize {
+    RECV_INBOUND_LEN + slot * EAGER_SLOT_LEN
+}
+
+/// Offset of the sender's staging copy of ring slot `slot`.
+#[inline(always)]
+pub const fn staging_offset(slot: usize) -> usize {
+    SEND_STAGING_LEN + slot * EAGER_SLOT_LEN
+}
+
+/// The header at the start of a ring slot.
+///
+/// | offset | bytes | field |
+/// |---|---|---|
+/// | 0 | 4 | `tag` |
+/// | 4 | 4 | `size`: payload bytes after the header |
+/// | 8 | 4 | `seq`: the receive the sender meant it for |
+/// | 12 | 4 | `check`: `seq` XOR [`MAGIC_EAGER_HEADER`] XOR `size` rotated by 16 |
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct EagerHeader {
+    /// The send's tag.
+    pub tag: u32,
+    /// Payload bytes.
+    pub size: u32,
+    /// Sequence number of the receive it is meant for.
+    pub seq: u32,
+}
+
+impl EagerHeader {
+    fn check(&self) -> u32 {
+        self.seq ^ MAGIC_EAGER_HEADER ^ self.size.rotate_left(16)
+    }
+
+    /// Encode into the wire layout.
+    pub fn encode(&self) -> [u8; EAGER_HEADER_LEN] {
+        let mut out = [0u8; EAGER_HEADER_LEN];
+        out[0..4].copy_from_slice(&self.tag.to_le_bytes());
+        out[4..8].copy_from_slice(&self.size.to_le_bytes());
+        out[8..12].copy_from_slice(&self.seq.to_le_bytes());
+        out[12..16].copy_from_slice(&self.check().to_le_bytes());
+        out
+    }
+
+    /// Decode and validate; `byte_len` is what the write placed (header and payload).
+    pub fn decode(bytes: &[u8; EAGER_HEADER_LEN], byte_len: u32) -> Result<Self, DecodeError> {
+        let word = |at: usize| {
+            u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+        };
+        let header = Self {
+            tag: word(0),
+            size: word(4),
+            seq: word(8),
+        };
+        if word(12) != header.check() {
+            return Err(DecodeError::Checksum);
+        }
+        if header.size as usize > EAGER_MAX
+            || u64::from(byte_len) != EAGER_HEADER_LEN as u64 + u64::from(header.size)
+        {
+            return Err(DecodeError::Truncated);
+        }
+        Ok(header)
+    }
+}
+
+/// Value of the top byte of an eager message's immediate (the clear-to-send protocol's is
+/// [`IMM_MAGIC`](super::codec::IMM_MAGIC)).
+pub const IMM_EAGER_MAGIC: u8 = 0x45;
+
+/// The immediate of an eager message.
+///
+/// | bits | field |
+/// |---|---|
+/// | 0–15 | low 16 bits of the receive sequence number the message is meant for |
+/// | 16 | epoch |
+/// | 17–23 | zero |
+/// | 24–31 | [`IMM_EAGER_MAGIC`] |
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EagerImm {
+    /// Low 16 bits of the receive sequence number.
+    pub seq16: u16,
+    /// The sender's epoch (flipped after each bounce it learns of).
+    pub epoch: bool,
+}
+
+impl EagerImm {
+    /// Encode into the host-order immediate.
+    pub fn encode(&self) -> u32 {
+        u32::from(self.seq16) | u32::from(self.epoch) << 16 | u32::from(IMM_EAGER_MAGIC) << 24
+    }
+
+    /// Whether `imm` is an eager message's (by its magic byte), decoded and validated.
+    pub fn decode(imm: u32) -> Option<Result<Self, DecodeError>> {
+        if (imm >> 24) as u8 != IMM_EAGER_MAGIC {
+            return None;
+        }
+        if imm & (0x7f << 17) != 0 {
+            return Some(Err(DecodeError::ReservedBits));
+        }
+        Some(Ok(Self {
+            seq16: imm as u16,
+            epoch: imm & 1 << 16 != 0,
+        }))
+    }
+}
+
+/// What both ends know of the receive an eager message is meant for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Offer {
+    /// Buffers in the receive.
+    pub n: u8,
+    /// Its (first) buffer takes eager messages (host memory, flagged in its entry).
+    pub eager_ok: bool,
+    /// The buffer's tag.
+    pub tag: u32,
+    /// The buffer's capacity in bytes.
+    pub capacity: u64,
+}
+
+/// The one rule both ends apply: whether an eager message of `size` bytes tagged `tag` is taken
+/// by the receive that `offer` describes. Anything else bounces it.
+#[inline(always)]
+pub fn accepts(offer: Offer, tag: u32, size: u64) -> bool {
+    offer.n == 1 && offer.eager_ok && offer.tag == tag && size <= offer.capacity
+}
+
+/// A first-in first-out queue of at most [`EAGER_SLOTS`] items, in place.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Fifo<T: Copy> {
+    items: [T; EAGER_SLOTS],
+    head: u8,
+    len: u8,
+}
+
+impl<T: Copy> Fifo<T> {
+    pub(super) const fn new(fill: T) -> Self {
+        Self {
+            items: [fill; EAGER_SLOTS],
+            head: 0,
+            len: 0,
+        }
+    }
+
+    #[inline(always)]
+    pub(super) fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+
+    #[inline(always)]
+    pub(super) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Append `item`; false (nothing changed) when full.
+    pub(super) fn push(&mut self, item: T) -> bool {
+        if self.len() == EAGER_SLOTS {
+            return false;
+        }
+        let at = (usize::from(self.head) + self.len()) % EAGER_SLOTS;
+        self.items[at] = item;
+        self.len += 1;
+        true
+    }
+
+    /// The `i`-th item from the front.
+    pub(super) fn get(&self, i: usize) -> Option<&T> {
+        (i < self.len()).then(|| &self.items[(usize::from(self.head) + i) % EAGER_SLOTS])
+    }
+
+    pub(super) fn front(&self) -> Option<&T> {
+        (!self.is_empty()).then(|| &self.items[usize::from(self.head)])
+    }
+
+    pub(super) fn pop(&mut self) -> Option<T> {
+        let item = *self.front()?;
+        self.head = ((usize::from(self.head) + 1) % EAGER_SLOTS) as u8;
+        self.len -= 1;
+        Some(item)
+    }
+}
+
+/// The sender's count of ring slots: what it wrote and what the receiver returned.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Credits {
+    /// Eager messages written.
+    sent: u64,
+    /// Slots the receiver freed, as last read from the credit word.
+    freed: u64,
+}
+
+impl Credits {
+    /// Take the count read from the credit word. It never shrinks and never passes what was
+    /// sent; anything else is the peer's (or memory's) fault.
+    pub(super) fn update(&mut self, freed: u64) -> Result<(), u64> {
+        if freed < self.freed || freed > self.sent {
+            return Err(freed);
+        }
+        self.freed = freed;
+        Ok(())
+    }
+
+    /// Whether a slot is free.
+    #[inline(always)]
+    pub(super) fn available(&self) -> bool {
+        self.sent - self.freed < EAGER_SLOTS as u64
+    }
+
+    /// Take the next slot: its index.
+    pub(super) fn take(&mut self) -> usize {
+        let slot = (self.sent % EAGER_SLOTS as u64) as usize;
+        self.sent += 1;
+        slot
+    }
+}
+
+/// The receiver's count of ring slots: arrived, freed (taken or bounced), returned to the sender.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Ring {
+    arrived: u64,
+    freed: u64,
+    returned: u64,
+    /// Bouncing every message of this epoch (after a bounce, until the sender's epoch flips).
+    bouncing: Option<bool>,
+}
+
+/// What the receiver does with the oldest held message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// Its receive is not posted yet: keep it (and every later one) in the ring.
+    Hold,
+    /// Copy it into the receive's buffer; the receive is done.
+    Accept,
+    /// Drop it; the receive waits for its data to come the clear-to-send way.
+    Bounce,
+}
+
+impl Ring {
+    /// A message arrived: the slot it was written to (they arrive in the order they were sent).
+    /// `None` when more arrived than the ring holds (the sender ignored its credits).
+    pub(super) fn arrive(&mut self) -> Option<usize> {
+        if self.arrived - self.freed >= EAGER_SLOTS as u64 {
+            return None;
+        }
+        let slot = (self.arrived % EAGER_SLOTS as u64) as usize;
+        self.arrived += 1;
+        Some(slot)
+    }
+
+    /// Messages that arrived since the start.
+    pub(super) fn arrived(&self) -> u64 {
+        self.arrived
+    }
+
+    /// The oldest message not yet taken or bounced: its slot.
+    pub(super) fn oldest_held(&self) -> Option<usize> {
+        (self.freed < self.arrived).then_some((self.freed % EAGER_SLOTS as u64) as usize)
+    }
+
+    /// The verdict on the oldest held message of `epoch`: `offer` is its receive, `None` when that
+    /// is not posted yet. Bouncing starts with a refused message and lasts while the epoch does.
+    pub(super) fn judge(
+        &mut self,
+        epoch: bool,
+        tag: u32,
+        size: u64,
+        offer: Option<Offer>,
+    ) -> Verdict {
+        match self.bouncing {
+            Some(bouncing) if bouncing == epoch => return Verdict::Bounce,
+            Some(_) => self.bouncing = None,
+            None => {}
+        }
+        let Some(offer) = offer else {
+            return Verdict::Hold;
+        };
+        if accepts(offer, tag, size) {
+            Verdict::Accept
+        } else {
+            self.bouncing = Some(epoch);
+            Verdict::Bounce
+        }
+    }
+
+    /// Whether held messages of `epoch` are being bounced without a look at their receive.
+    pub(super) fn bouncing(&self, epoch: bool) -> bool {
+        self.bouncing == Some(epoch)
+    }
+
+    /// The oldest held message was taken or bounced: its slot is free.
+    pub(super) fn free_oldest(&mut self) {
+        debug_assert!(self.freed < self.arrived);
+        self.freed += 1;
+    }
+
+    /// The count to write into the sender's credit word, when a batch of freed slots is due.
+    pub(super) fn credits_due(&self) -> Option<u64> {
+        (self.freed - self.returned >= CREDIT_BATCH).then_some(self.freed)
+    }
+
+    /// `freed` was written into the sender's credit word.
+    pub(super) fn credits_returned(&mut self, freed: u64) {
+        self.returned = freed;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_roundtrip_and_checks() {
+        let h = EagerHeader {
+            tag: 7,
+            size: 100,
+            seq: 0x1_0005,
+        };
+        let bytes = h.encode();
+        assert_eq!(EagerHeader::decode(&bytes, 116), Ok(h));
+        assert_eq!(
+            EagerHeader::decode(&bytes, 115),
+            Err(DecodeError::Truncated),
+            "the write's length must be header plus payload"
+        );
+        let mut bad = bytes;
+        bad[8] ^= 1;
+        assert_eq!(EagerHeader::decode(&bad, 116), Err(DecodeError::Checksum));
+        assert_eq!(
+            EagerHeader::decode(&[0; EAGER_HEADER_LEN], 16),
+            Err(DecodeError::Checksum),
+            "zeroed memory is no header"
+        );
+        let big = EagerHeader {
+            size: EAGER_MAX as u32 + 1,
+            ..h
+        };
+        assert_eq!(
+            EagerHeader::decode(&big.encode(), EAGER_SLOT_LEN as u32 + 1),
+            Err(DecodeError::Truncated)
+        );
+    }
+
+    #[test]
+    fn imm_roundtrip_and_magic() {
+        for (seq16, epoch) in [(0, false), (0xffff, true), (5, true)] {
+            let imm = EagerImm { seq16, epoch };
+            assert_eq!(EagerImm::decode(imm.encode()), Some(Ok(imm)));
+        }
+        assert_eq!(
+            EagerImm::decode(0x5200_0001),
+            None,
+            "a clear-to-send immediate"
+        );
+        assert_eq!(
+            EagerImm::decode(0x4502_0000),
+            Some(Err(DecodeError::ReservedBits))
+        );
+    }
+
+    #[test]
+    fn the_rule_takes_only_a_fitting_one_buffer_host_receive_of_the_tag() {
+        let offer = Offer {
+            n: 1,
+            eager_ok: true,
+            tag: 3,
+            capacity: 64,
+        };
+        assert!(accepts(offer, 3, 64));
+        assert!(accepts(offer, 3, 0));
+        assert!(!accepts(offer, 3, 65));
+        assert!(!accepts(offer, 4, 8));
+        assert!(!accepts(Offer { n: 2, ..offer }, 3, 8));
+        assert!(!accepts(
+            Offer {
+                eager_ok: false,
+                ..offer
+            },
+            3,
+            8
+        ));
+    }
+
+    #[test]
+    fn credits_refuse_going_back_or_past_what_was_sent() {
+        let mut c = Credits::default();
+        for _ in 0..EAGER_SLOTS {
+            assert!(c.available());
+            c.take();
+        }
+        assert!(!c.available());
+        assert_eq!(
+            c.update(EAGER_SLOTS as u64 + 1),
+            Err(EAGER_SLOTS as u64 + 1)
+        );
+        assert_eq!(c.update(3), Ok(()));
+        assert!(c.available());
+        assert_eq!(c.update(2), Err(2));
+        assert_eq!(c.take(), 0, "slot 16 is slot 0 again");
+    }
+
+    #[test]
+    fn ring_holds_judges_bounces_by_epoch_and_batches_credits() {
+        let mut r = Ring::default();
+        let offer = Offer {
+            n: 1,
+            eager_ok: true,
+            tag: 1,
+            capacity: 8,
+        };
+        assert_eq!(r.arrive(), Some(0));
+        assert_eq!(r.judge(false, 1, 8, None), Verdict::Hold);
+        assert_eq!(r.judge(false, 1, 8, Some(offer)), Verdict::Accept);
+        r.free_oldest();
+        assert_eq!(r.arrive(), Some(1));
+        assert_eq!(r.judge(false, 2, 8, Some(offer)), Verdict::Bounce);
+        r.free_oldest();
+        assert!(r.bouncing(false));
+        assert_eq!(r.arrive(), Some(2));
+        assert_eq!(
+            r.judge(false, 1, 8, Some(offer)),
+            Verdict::Bounce,
+            "the rest of the epoch bounces, acceptable or not"
+        );
+        r.free_oldest();
+        assert_eq!(r.arrive(), Some(3));
+        assert_eq!(r.judge(true, 1, 8, Some(offer)), Verdict::Accept);
+        assert!(!r.bouncing(false));
+        r.free_oldest();
+        assert_eq!(r.credits_due(), None);
+        for _ in 0..4 {
+            r.arrive();
+            r.free_oldest();
+        }
+        assert_eq!(r.credits_due(), Some(8));
+        r.credits_returned(8);
+        assert_eq!(r.credits_due(), None);
+        for _ in 0..EAGER_SLOTS {
+            assert!(r.arrive().is_some());
+        }
+        assert_eq!(r.arrive(), None, "more than the ring holds");
+    }
+
+    #[test]
+    fn fifo_keeps_order_and_bounds() {
+        let mut f = Fifo::new(0u32);
+        for i in 0..EAGER_SLOTS as u32 {
+            assert!(f.push(i));
+        }
+        assert!(!f.push(99));
+        assert_eq!(f.pop(), Some(0));
+        assert!(f.push(16));
+        let drained: alloc::vec::Vec<u32> = core::iter::from_fn(|| f.pop()).collect();
+        assert_eq!(drained, (1..=16).collect::<alloc::vec::Vec<_>>());
+        assert!(f.is_empty() && f.front().is_none());
+    }
+}
