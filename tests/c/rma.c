@@ -1528,11 +1528,12 @@ static void bench(void) {
   /* The same round trip without the signal (an 8-byte iput, the peer polling the landed bytes)
    * and with the signal alone (size 0), to tell the put's share from the atomic's. */
   for (int variant = 0; variant < 2; variant++) {
+    /* Read before the barrier: after it the peer's first signal may already have landed. */
+    uint64_t base_sig = signal_word(WORD_BENCH);
     if (!barrier("before a round-trip variant")) return;
     if (g_rank > 1) continue;
     int peer = 1 - g_rank;
     volatile uint64_t* landing = (volatile uint64_t*)(W.base + 64);
-    uint64_t base_sig = signal_word(WORD_BENCH);
     double start = 0;
     for (int i = 1; i <= iters; i++) {
       if (i == 2) start = h_now();

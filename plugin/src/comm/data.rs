@@ -136,6 +136,12 @@ impl Watch {
         }
     }
 
+    /// Whether the peer's end of the handshake socket is closed now (no rate limit, no grace:
+    /// for naming the cause of a failure already seen).
+    fn peer_gone(&self) -> bool {
+        matches!(socket::liveness(&self.socket), Liveness::Gone)
+    }
+
     /// A fatal error to inject into the connection, if the peer or the port is gone.
     fn check(&mut self, port: &OpenPort) -> Option<DataError> {
         self.calls = self.calls.wrapping_add(1);
@@ -377,8 +383,19 @@ impl<Conn: Path> Side<Conn> {
                 state.leave();
                 Ok(done)
             }
-            Err(e) => Err(self.fail("test", endpoint.qp_num(), &e)),
+            Err(e) => Err(self.fail("test", endpoint.qp_num(), &root_cause(e, watch))),
         }
+    }
+}
+
+/// The cause to report for a connection failure `e`: when a work request failed and the peer's
+/// socket says it closed or died, that is the cause (a write to a peer that has gone fails
+/// with the NIC's retry error, which hides it).
+#[cold]
+fn root_cause(e: DataError, watch: &Watch) -> DataError {
+    match e {
+        DataError::Completion { .. } if watch.peer_gone() => DataError::PeerLost,
+        _ => e,
     }
 }
 
