@@ -265,12 +265,21 @@ static void fabric_init(void)
 			 0x10 + i);
 		build_tree(d);
 	}
+	fab_port_init();
 }
 
 const struct fab_config *fab_config(void)
 {
 	pthread_once(&init_once, fabric_init);
 	return &cfg;
+}
+
+struct fab_device *fab_device_named(const char *name)
+{
+	for (int i = 0; i < cfg.ndevs; i++)
+		if (strcmp(devs[i].dev.name, name) == 0)
+			return &devs[i];
+	return NULL;
 }
 
 /* ---------------------------------------------------------- device list -- */
@@ -382,6 +391,16 @@ static void fork_child(void)
 static void register_fork_handlers(void)
 {
 	pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+/* one of the device's ports failed: every open context of it is to cut its QPs (fab_ports_apply) */
+void fab_wake_device(struct fab_device *d)
+{
+	pthread_mutex_lock(&contexts_lock);
+	for (struct fab_context *c = contexts; c; c = c->next)
+		if (c->fdev == d)
+			fab_wake(c);
+	pthread_mutex_unlock(&contexts_lock);
 }
 
 FAB_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
@@ -524,6 +543,10 @@ static void fill_port_attr(struct fab_device *d, uint8_t port, struct ibv_port_a
 	a->active_speed = 32; /* EDR: 25 Gb/s per lane */
 	a->phys_state = 5;    /* LinkUp */
 	a->link_layer = cfg.eth ? IBV_LINK_LAYER_ETHERNET : IBV_LINK_LAYER_INFINIBAND;
+	if (fab_port_is_down(d, port)) {
+		a->state = IBV_PORT_DOWN;
+		a->phys_state = 2; /* Polling: no link partner, as with the cable pulled */
+	}
 }
 
 static int port_ok(struct ibv_context *context, uint32_t port)
@@ -536,6 +559,9 @@ static int query_port_sized(struct ibv_context *context, uint8_t port_num, struc
 {
 	if (!port_ok(context, port_num))
 		return EINVAL;
+	/* a program that commands a failure and then asks finds the port down and its QPs cut */
+	fab_port_poll();
+	fab_ports_apply(fab_ctx(context));
 	struct ibv_port_attr a;
 	fill_port_attr(fab_ctx(context)->fdev, port_num, &a);
 	/* a caller built against newer headers passes a larger struct (NCCL's has

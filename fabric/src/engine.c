@@ -555,6 +555,23 @@ static int resp_flush(struct fab_qp *qp)
 	return 0;
 }
 
+/* The link is cut: the requester at the other end gets nothing more but a notice, so that its WRs
+ * wait for its own retry timer instead of failing at once as on a dead process (which is all the
+ * end of the stream would say). Responses not yet begun are lost with the link; one already partly
+ * sent is finished first, as the notice must start at a message boundary. */
+static void in_send_cut(struct fab_qp *qp)
+{
+	struct fab_sock *s = &qp->in;
+	if (s->fd < 0 || s->closing)
+		return;
+	s->rcount = s->rcount && s->resp[s->rhead].hdr_off ? 1 : 0;
+	s->pending_ack = 0;
+	resp_push(s, FAB_R_CUT, 0, 0, 0, 0);
+	s->closing = 1;
+	resp_flush(qp);
+	in_update_events(qp);
+}
+
 static void recv_wc(struct fab_qp *qp, uint64_t wr_id, enum ibv_wc_status st, enum ibv_wc_opcode op, uint32_t len,
 		    int has_imm, uint32_t imm)
 {
@@ -1127,6 +1144,10 @@ static void out_read(struct fab_qp *qp)
 			qp->sq_head++;
 			fab_qp_to_err(qp);
 			return;
+		case FAB_R_CUT:
+			fab_log("QP %u: the link to QP %u is cut", qp->qp.qp_num, qp->dest_qpn);
+			fab_qp_cut(qp);
+			return;
 		default: link_fail(qp); return;
 		}
 	}
@@ -1189,6 +1210,24 @@ void fab_qp_to_err(struct fab_qp *qp)
 	fab_sq_settle(qp);
 }
 
+/* As a cut cable looks to an RC QP: nothing passes any more in either direction. The requests the
+ * peer sent are not executed, its connection is dropped (the peer is told, in_send_cut), and the
+ * WRs here, outstanding or posted later, wait for the retry timer (check_timers) instead of failing
+ * at once. Receives stay posted until the QP enters ERR. */
+void fab_qp_cut(struct fab_qp *qp)
+{
+	if (qp->link_cut)
+		return;
+	fab_log("QP %u: link cut", qp->qp.qp_num);
+	qp->link_cut = 1;
+	qp->rnr_waiting = qp->rnr_stalled = qp->rnr_nakked = 0;
+	qp->rnr_deadline_ns = 0;
+	qp->cut_clock_ns = qp->sq_head < qp->sq_tail ? fab_now_ns() : 0;
+	if (qp->out.fd >= 0)
+		sock_close(&qp->out);
+	in_send_cut(qp);
+}
+
 /* -------------------------------------------------------------- engine -- */
 
 static void do_accept(struct fab_qp *qp)
@@ -1216,7 +1255,10 @@ static void do_accept(struct fab_qp *qp)
 			qp->in.fd = -1;
 			continue;
 		}
-		in_update_events(qp);
+		if (qp->link_cut)
+			in_send_cut(qp); /* a peer connecting to a QP on a failed port learns it at once */
+		else
+			in_update_events(qp);
 	}
 }
 
@@ -1252,7 +1294,9 @@ static int peer_stopped(pid_t pid)
 /* A silent peer: the QP's timeout x (retry_cnt + 1) without a byte moving if the peer
  * process is stopped, as a real requester would see it. A peer that is merely not
  * getting the CPU on a loaded host is not a dead link: it gets the cap before its
- * requester gives up, so load does not fail transfers that real hardware would finish. */
+ * requester gives up, so load does not fail transfers that real hardware would finish.
+ * A cut link is known to be dead: the same timeout, counted from when the head WR began
+ * waiting on it. */
 static void check_timers(struct fab_context *ctx)
 {
 	uint64_t cap = fab_config()->timeout_cap_ns;
@@ -1260,8 +1304,14 @@ static void check_timers(struct fab_context *ctx)
 	for (struct fab_qp *qp = ctx->qps; qp; qp = qp->next) {
 		pthread_mutex_lock(&qp->lock);
 		uint64_t now = fab_now_ns(); /* after the lock: posting threads move last_ns */
-		if (qp->qp.state == IBV_QPS_RTS && qp->out.fd >= 0 && qp->sq_head < qp->sq_tail && !qp->rnr_waiting &&
-		    now > qp->out.last_ns) {
+		int waiting = qp->qp.state == IBV_QPS_RTS && qp->sq_head < qp->sq_tail;
+		if (waiting && qp->link_cut) {
+			if (now > qp->cut_clock_ns && now - qp->cut_clock_ns > qp_timeout_ns(qp)) {
+				fab_log("QP %u: retries exceeded on a cut link after %llu ms", qp->qp.qp_num,
+					(unsigned long long)((now - qp->cut_clock_ns) / 1000000));
+				link_fail(qp);
+			}
+		} else if (waiting && qp->out.fd >= 0 && !qp->rnr_waiting && now > qp->out.last_ns) {
 			uint64_t quiet = now - qp->out.last_ns;
 			if (quiet > qp_timeout_ns(qp) && (quiet > cap || peer_stopped(qp->out_peer_pid))) {
 				fab_log("QP %u: no answer from QP %u for %llu ms", qp->qp.qp_num, qp->dest_qpn,
@@ -1274,8 +1324,32 @@ static void check_timers(struct fab_context *ctx)
 	pthread_mutex_unlock(&ctx->lock);
 }
 
+/* Ports of the device that failed since this context last looked: every QP bound to one is cut,
+ * then IBV_EVENT_PORT_ERR is queued (a program that sees the event finds the QPs cut). */
+void fab_ports_apply(struct fab_context *ctx)
+{
+	uint32_t down = __atomic_load_n(&ctx->fdev->ports_down, __ATOMIC_ACQUIRE);
+	if (!(down & ~__atomic_load_n(&ctx->ports_cut, __ATOMIC_RELAXED)))
+		return;
+	pthread_mutex_lock(&ctx->lock);
+	uint32_t fresh = down & ~ctx->ports_cut;
+	__atomic_store_n(&ctx->ports_cut, ctx->ports_cut | fresh, __ATOMIC_RELAXED);
+	for (struct fab_qp *qp = ctx->qps; qp; qp = qp->next) {
+		pthread_mutex_lock(&qp->lock);
+		enum ibv_qp_state st = qp->qp.state;
+		if (st != IBV_QPS_RESET && st != IBV_QPS_ERR && (fresh >> qp->port & 1))
+			fab_qp_cut(qp);
+		pthread_mutex_unlock(&qp->lock);
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	for (int p = 1; p < FAB_MAX_PORTS; p++)
+		if (fresh >> p & 1)
+			fab_async_event(ctx, IBV_EVENT_PORT_ERR, (void *)(uintptr_t)p);
+}
+
 static void wake_scan(struct fab_context *ctx)
 {
+	fab_ports_apply(ctx); /* a port may have failed (fab_wake_device) */
 	pthread_mutex_lock(&ctx->lock);
 	for (struct fab_qp *qp = ctx->qps; qp; qp = qp->next) {
 		pthread_mutex_lock(&qp->lock);
@@ -1445,6 +1519,8 @@ static void *engine_main(void *arg)
 			rnr_scan(ctx);
 		if (timers) {
 			last_timer = now;
+			fab_port_poll();
+			fab_ports_apply(ctx);
 			check_timers(ctx);
 		}
 		bury(ctx);

@@ -75,6 +75,7 @@ enum fab_resp_kind {
 	FAB_R_RNR,        /* responder waits for a receive: not a completion */
 	FAB_R_ATOMIC,     /* val = 8, followed by the original value */
 	FAB_R_RNR_EXC,    /* no receive within the requester's RNR retries: the next request failed */
+	FAB_R_CUT,        /* the link is cut (a failed port): nothing more comes on either stream */
 };
 
 struct fab_wire_resp {
@@ -100,6 +101,7 @@ struct fab_device {
 	const void *verbs_ops; /* always NULL: not a provider device */
 	int index;
 	int nports;
+	uint32_t ports_down; /* __atomic: bit p set once port p failed in this process (port.c) */
 	uint64_t node_guid; /* host order */
 	char pci_dir[IBV_SYSFS_PATH_MAX];
 };
@@ -257,6 +259,8 @@ struct fab_qp {
 	int rnr_nakked;   /* responder: ...and the requester was told (its RNR retries run) */
 	uint64_t rnr_deadline_ns; /* responder: give up on it then; 0 = never (rnr_retry 7) */
 	int err_draining; /* fab_qp_to_err is executing what had arrived before the transition */
+	int link_cut;     /* its port, or its peer's, failed: nothing passes, WRs wait for the retry timer */
+	uint64_t cut_clock_ns; /* link_cut: when the send queue's head began waiting; 0 = nothing waits */
 };
 
 struct fab_pd {
@@ -280,6 +284,7 @@ struct fab_context {
 	int thread_started;
 	int stop; /* __atomic */
 	uint64_t rnr_due_ns; /* __atomic: earliest RNR deadline of a QP of this context, 0 = none */
+	uint32_t ports_cut;  /* __atomic, written under lock: failed ports whose QPs this context cut */
 	struct fab_qp *qps;
 	struct fab_qp *grave;
 	struct verbs_context vctx; /* must stay last: ibv_context ends the struct */
@@ -305,6 +310,8 @@ const struct fab_config *fab_config(void);
 uint16_t fab_lid(int dev, int port);
 void fab_port_gid(int dev, int port, union ibv_gid *gid);
 int fab_lid_known(uint16_t lid);
+struct fab_device *fab_device_named(const char *name);
+void fab_wake_device(struct fab_device *d);
 uint64_t fab_now_ns(void);
 void fab_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
@@ -318,6 +325,13 @@ int fab_mr_check(struct fab_context *ctx, struct ibv_pd *pd, uint32_t key, uint6
 		 unsigned int access);
 void fab_context_ops(struct fab_context *ctx);
 
+/* port.c */
+void fab_port_init(void);
+int fab_port_is_down(struct fab_device *d, int port);
+int fab_port_fail(struct fab_device *d, int port);
+void fab_port_poll(void);
+int fab_port_count_send(struct fab_device *d, int port);
+
 /* engine.c */
 int fab_engine_start(struct fab_context *ctx);
 void fab_engine_stop(struct fab_context *ctx);
@@ -328,6 +342,8 @@ void fab_qp_close_listen(struct fab_qp *qp);
 void fab_qp_enable_in(struct fab_qp *qp);
 void fab_qp_tx(struct fab_qp *qp);
 void fab_qp_to_err(struct fab_qp *qp);
+void fab_qp_cut(struct fab_qp *qp);
+void fab_ports_apply(struct fab_context *ctx);
 void fab_sq_settle(struct fab_qp *qp);
 void fab_sock_set_events(struct fab_sock *s, uint32_t ev);
 void fab_sock_init(struct fab_sock *s, int kind, struct fab_qp *qp);

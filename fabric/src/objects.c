@@ -576,7 +576,7 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 {
 	struct fab_qp *qp = (struct fab_qp *)ibqp;
 	struct fab_context *ctx = fab_ctx(ibqp->context);
-	int r = 0;
+	int r = 0, port_failed = 0;
 	pthread_mutex_lock(&qp->lock);
 	if (qp->qp.state != IBV_QPS_RTS && qp->qp.state != IBV_QPS_ERR && qp->qp.state != IBV_QPS_SQD) {
 		*bad = wr;
@@ -619,6 +619,11 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 			*bad = wr;
 			r = ENOMEM;
 			goto out;
+		}
+		/* RIVET_FABRIC_FAIL_PORT=...@<n>wr: this WR and the later ones never leave */
+		if (fab_port_count_send(ctx->fdev, qp->port)) {
+			port_failed = 1;
+			fab_qp_cut(qp);
 		}
 		struct fab_swqe *w = &qp->sq[qp->sq_tail % qp->sq_cap];
 		memset(&w->hdr, 0, sizeof(w->hdr));
@@ -672,7 +677,11 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 out:
 	fab_sq_settle(qp);
 	fab_qp_tx(qp);
+	if (qp->link_cut && !qp->cut_clock_ns && qp->sq_head < qp->sq_tail)
+		qp->cut_clock_ns = fab_now_ns(); /* the retry timer of a WR posted to an idle cut QP */
 	pthread_mutex_unlock(&qp->lock);
+	if (port_failed)
+		fab_wake_device(ctx->fdev); /* the progress threads cut the port's other QPs */
 	return r;
 }
 
@@ -952,6 +961,8 @@ static int modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 		qp->max_rd_atomic = attr->max_rd_atomic;
 	if (mask & IBV_QP_MAX_DEST_RD_ATOMIC)
 		qp->max_dest_rd_atomic = attr->max_dest_rd_atomic;
+	if ((mask & IBV_QP_PORT) && fab_port_is_down(fab_ctx(ibqp->context)->fdev, qp->port))
+		fab_qp_cut(qp); /* bound to a failed port: it never gets an answer */
 	if (nxt == cur)
 		goto out;
 	switch (nxt) {
@@ -962,12 +973,15 @@ static int modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 		qp->rq.head = qp->rq.count = 0;
 		qp->link_down = qp->rnr_waiting = qp->rnr_stalled = qp->rnr_nakked = 0;
 		qp->rnr_deadline_ns = 0;
+		qp->link_cut = 0;
+		qp->cut_clock_ns = 0;
 		qp->qp.state = IBV_QPS_RESET;
 		break;
 	case IBV_QPS_ERR: fab_qp_to_err(qp); break;
 	case IBV_QPS_RTR:
 		qp->qp.state = IBV_QPS_RTR;
-		fab_qp_connect(qp);
+		if (!qp->link_cut)
+			fab_qp_connect(qp);
 		fab_qp_enable_in(qp);
 		break;
 	default: qp->qp.state = nxt; break;

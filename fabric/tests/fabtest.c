@@ -1041,14 +1041,14 @@ struct tctx {
 	int target;
 };
 
-static struct ibv_qp *mk_qp(struct end *e, struct ibv_cq *scq, struct ibv_cq *rcq)
+static struct ibv_qp *mk_qp(struct end *e, struct ibv_cq *scq, struct ibv_cq *rcq, uint8_t port)
 {
 	struct ibv_qp_init_attr qa = {.send_cq = scq, .recv_cq = rcq, .qp_type = IBV_QPT_RC,
 				      .cap = {.max_send_wr = 128, .max_recv_wr = 256, .max_send_sge = 1,
 					      .max_recv_sge = 1}};
 	struct ibv_qp *qp = ibv_create_qp(e->pd, &qa);
 	CHECK(qp);
-	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = port,
 				.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
 	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0);
 	return qp;
@@ -1135,7 +1135,7 @@ static void threads_run(struct end *e, int target)
 		t[i].scq = ibv_create_cq(e->ctx, 256, NULL, NULL, 0);
 		t[i].rcq = ibv_create_cq(e->ctx, 512, NULL, NULL, 0);
 		CHECK(t[i].scq && t[i].rcq);
-		t[i].qp = mk_qp(e, t[i].scq, t[i].rcq);
+		t[i].qp = mk_qp(e, t[i].scq, t[i].rcq, 1);
 		mine[i] = my_info(e);
 		mine[i].qpn = t[i].qp->qp_num;
 	}
@@ -1183,7 +1183,7 @@ static void many_run(struct end *e, int target)
 	static struct ibv_qp *qps[MANY];
 	static struct info mine[MANY], peer[MANY];
 	for (int i = 0; i < MANY; i++) {
-		qps[i] = mk_qp(e, e->scq, e->rcq);
+		qps[i] = mk_qp(e, e->scq, e->rcq, 1);
 		mine[i] = my_info(e);
 		mine[i].qpn = qps[i]->qp_num;
 	}
@@ -1585,6 +1585,424 @@ static void nccl_target(struct end *e)
 	nccl_run(e, 1);
 }
 
+/* ------------------------------------------------------- failing a port -- */
+
+/* Each role gives its device two ports (before its first verbs call: each role is its own
+ * process) and connects a QP on port 1 (e->qp) and one on port 2 to the peer's. Their retry
+ * budget: timeout 14 (4.096 us << 14 = 67.1 ms) x (retry_cnt 2 + 1) = 201.3 ms. */
+#define CUT_TIMEOUT 14
+#define CUT_RETRY 2
+#define CUT_BUDGET_MS 201.3
+#define CUT_SLACK_MS 2000.0 /* a loaded host's stalls; the fabric's timer adds up to 50 ms */
+#define CUT_MEM (4u << 20)
+#define CUT_CTL_LEN 64
+
+static struct end on_qp(struct end *e, struct ibv_qp *qp)
+{
+	struct end q = *e;
+	q.qp = qp;
+	return q;
+}
+
+static struct ibv_port_attr port_attr(struct ibv_context *c, uint8_t port)
+{
+	struct ibv_port_attr pa;
+	CHECK(ibv_query_port(c, port, &pa) == 0);
+	return pa;
+}
+
+static enum ibv_qp_state qp_state(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	CHECK(ibv_query_qp(qp, &qa, IBV_QP_STATE, &qi) == 0);
+	return qa.qp_state;
+}
+
+/* the next async event within `ms`: 1, or 0 if none came */
+static int next_async_event(struct ibv_context *c, struct ibv_async_event *ev, int ms)
+{
+	struct pollfd p = {.fd = c->async_fd, .events = POLLIN};
+	if (poll(&p, 1, ms) != 1)
+		return 0;
+	CHECK(ibv_get_async_event(c, ev) == 0);
+	ibv_ack_async_event(ev);
+	return 1;
+}
+
+static void expect_port_err(struct ibv_context *c, int port, int ms)
+{
+	struct ibv_async_event ev;
+	CHECK(next_async_event(c, &ev, ms));
+	CHECK(ev.event_type == IBV_EVENT_PORT_ERR && ev.element.port_num == port);
+}
+
+/* qps[i] (bound to ports[i]) meets the peer's qps[i] */
+static void pair_qps(struct end *e, struct ibv_qp **qps, const uint8_t *ports, int n, struct info *peer)
+{
+	struct info mine[4];
+	CHECK(n <= 4);
+	for (int i = 0; i < n; i++) {
+		mine[i] = my_info(e);
+		mine[i].qpn = qps[i]->qp_num;
+		mine[i].lid = port_attr(e->ctx, ports[i]).lid;
+	}
+	xwrite(e->sock, mine, (size_t)n * sizeof(mine[0]));
+	xread(e->sock, peer, (size_t)n * sizeof(peer[0]));
+	for (int i = 0; i < n; i++) {
+		struct end q = on_qp(e, qps[i]);
+		rtr_rts(&q, &peer[i], CUT_TIMEOUT, CUT_RETRY);
+	}
+	sync_peer(e->sock);
+}
+
+static uint8_t cut_byte(size_t i, int who)
+{
+	return (uint8_t)(i * 31 + (size_t)who * 101 + i / 4093);
+}
+
+/* Both ends WRITE `len` bytes to each other's offset `at` over `qp`, then SEND 100 bytes behind
+ * it into a receive at `at + len`; the SEND's arrival says the WRITE landed (RC order), and each
+ * end checks what it got, byte for byte. `who`: 1 the initiator, 2 the target. */
+static void move_data(struct end *e, struct ibv_qp *qp, const struct info *peer, size_t at, uint32_t len, int who)
+{
+	struct end q = on_qp(e, qp);
+	for (size_t i = 0; i < len; i++)
+		e->buf[i] = cut_byte(i, who);
+	post_recv(&q, 500, e->buf + at + len, 4096);
+	sync_peer(e->sock);
+	post(&q, IBV_WR_RDMA_WRITE, 501, e->buf, len, e->mr->lkey, peer->addr + at, peer->rkey, IBV_SEND_SIGNALED, 0);
+	post(&q, IBV_WR_SEND, 502, e->buf, 100, e->mr->lkey, 0, 0, IBV_SEND_SIGNALED, 0);
+	expect_wc(e->scq, 501, IBV_WC_SUCCESS, NULL);
+	expect_wc(e->scq, 502, IBV_WC_SUCCESS, NULL);
+	struct ibv_wc wc;
+	expect_wc(e->rcq, 500, IBV_WC_SUCCESS, &wc);
+	CHECK(wc.byte_len == 100 && wc.qp_num == qp->qp_num);
+	for (size_t i = 0; i < len; i++)
+		CHECK(e->buf[at + i] == cut_byte(i, 3 - who));
+	for (size_t i = 0; i < 100; i++)
+		CHECK(e->buf[at + len + i] == cut_byte(i, 3 - who));
+	sync_peer(e->sock);
+}
+
+/* a signaled WR's completion: RETRY_EXC_ERR, no sooner than the retry budget after `since`
+ * (at or before the moment the link was cut, or the WR posted) and not much later */
+static void expect_retry_exceeded(struct ibv_cq *cq, uint64_t wr_id, double since, const char *what)
+{
+	expect_wc(cq, wr_id, IBV_WC_RETRY_EXC_ERR, NULL);
+	double dt = now_ms() - since;
+	printf("     %s: RETRY_EXC_ERR after %.1f ms (retry budget %.1f ms)\n", what, dt, CUT_BUDGET_MS);
+	CHECK(dt >= CUT_BUDGET_MS && dt < CUT_BUDGET_MS + CUT_SLACK_MS);
+}
+
+static void zero_at(const uint8_t *p, size_t len)
+{
+	for (size_t i = 0; i < len; i++)
+		CHECK(p[i] == 0);
+}
+
+/* offsets of the regions both ends use */
+#define AT_PORT1 (1u << 20)                 /* before the cut, port 1 */
+#define AT_PORT2 ((1u << 20) + (128u << 10)) /* before the cut, port 2 */
+#define AT_BEHIND ((1u << 20) + (256u << 10)) /* the WRITE behind the held SEND: never lands */
+#define AT_AFTER (2u << 20)                 /* after the cut, port 2: 1 MiB */
+#define AT_NEW ((3u << 20) + (256u << 10))  /* a QP created after the cut on a working port */
+#define AT_NEW_CUT ((3u << 20) + (512u << 10)) /* ...and on the failed port: never lands */
+
+/* port-fail: the target process commands the initiator's port 1 down through the initiator's
+ * control file, from outside it. Both hold a SEND on the port-1 pair that the other end has no
+ * receive for (RNR, rnr_retry 7: it would wait for ever); the initiator a WRITE behind it. The
+ * initiator sees IBV_EVENT_PORT_ERR for port 1, the port DOWN, port 2 ACTIVE; its SEND completes
+ * with RETRY_EXC_ERR after the retry budget counted from the command, the WRITE and the receives
+ * it posted after the event flush, the QP is in ERR. The target, whose ports are fine, sees the
+ * same on its end of the cut link, and no event. Port 2's pair moves 1 MiB each way byte-exact
+ * afterwards; new QPs work where they are bound to a working port and time out on the failed one,
+ * at both ends. */
+static void port_fail_run(struct end *e, int who)
+{
+	char ctl[CUT_CTL_LEN] = "/tmp/fabtest-ctl.XXXXXX";
+	int initiator = who == 1;
+	if (initiator) {
+		int fd = mkstemp(ctl);
+		CHECK(fd >= 0);
+		close(fd);
+		setenv("RIVET_FABRIC_CTL", ctl, 1);
+	}
+	setenv("RIVET_FABRIC_PORTS", "2", 1);
+	open_end(e, CUT_MEM, ALL_ACCESS, 0, 0);
+	struct ibv_qp *qps[2] = {e->qp, mk_qp(e, e->scq, e->rcq, 2)};
+	uint8_t ports[2] = {1, 2};
+	struct info peer[2];
+	pair_qps(e, qps, ports, 2, peer);
+	if (initiator)
+		xwrite(e->sock, ctl, sizeof(ctl));
+	else
+		xread(e->sock, ctl, sizeof(ctl));
+	move_data(e, qps[0], &peer[0], AT_PORT1, 64 << 10, who);
+	move_data(e, qps[1], &peer[1], AT_PORT2, 64 << 10, who);
+
+	struct end q1 = on_qp(e, qps[0]);
+	double t_cut;
+	if (initiator) {
+		post(&q1, IBV_WR_SEND, 10, e->buf, 64, e->mr->lkey, 0, 0, IBV_SEND_SIGNALED, 0);
+		post(&q1, IBV_WR_RDMA_WRITE, 11, e->buf, 64, e->mr->lkey, peer[0].addr + AT_BEHIND, peer[0].rkey,
+		     IBV_SEND_SIGNALED, 0);
+		expect_no_wc(e->scq, 50);
+		sync_peer(e->sock);
+		xread(e->sock, &t_cut, sizeof(t_cut));
+		/* nothing but the control file told this process: its progress thread found the line */
+		expect_port_err(e->ctx, 1, 5000);
+		printf("     IBV_EVENT_PORT_ERR %.1f ms after the command\n", now_ms() - t_cut);
+		struct ibv_port_attr pa = port_attr(e->ctx, 1);
+		CHECK(pa.state == IBV_PORT_DOWN && pa.phys_state == 2);
+		CHECK(port_attr(e->ctx, 2).state == IBV_PORT_ACTIVE);
+		/* the target's held SEND does not take these: nothing arrives on a cut link */
+		post_recv(&q1, 20, e->buf, 64);
+		post_recv(&q1, 21, e->buf, 64);
+		expect_retry_exceeded(e->scq, 10, t_cut, "port 1 failed, SEND outstanding");
+		expect_wc(e->scq, 11, IBV_WC_WR_FLUSH_ERR, NULL);
+		expect_wc(e->rcq, 20, IBV_WC_WR_FLUSH_ERR, NULL);
+		expect_wc(e->rcq, 21, IBV_WC_WR_FLUSH_ERR, NULL);
+	} else {
+		sync_peer(e->sock);
+		post(&q1, IBV_WR_SEND, 30, e->buf, 64, e->mr->lkey, 0, 0, IBV_SEND_SIGNALED, 0);
+		expect_no_wc(e->scq, 50);
+		t_cut = now_ms();
+		int fd = open(ctl, O_WRONLY | O_APPEND);
+		CHECK(fd >= 0);
+		CHECK(dprintf(fd, "fail-port %s 1\n", ibv_get_device_name(e->ctx->device)) > 0);
+		close(fd);
+		xwrite(e->sock, &t_cut, sizeof(t_cut));
+		expect_retry_exceeded(e->scq, 30, t_cut, "peer's port 1 failed, SEND outstanding");
+		CHECK(port_attr(e->ctx, 1).state == IBV_PORT_ACTIVE && port_attr(e->ctx, 2).state == IBV_PORT_ACTIVE);
+	}
+	CHECK(qp_state(qps[0]) == IBV_QPS_ERR);
+	post(&q1, IBV_WR_RDMA_WRITE, 12, e->buf, 64, e->mr->lkey, peer[0].addr, peer[0].rkey, IBV_SEND_SIGNALED, 0);
+	expect_wc(e->scq, 12, IBV_WC_WR_FLUSH_ERR, NULL);
+	expect_no_wc(e->rcq, 0);
+	sync_peer(e->sock);
+	if (!initiator)
+		zero_at(e->buf + AT_BEHIND, 64);
+
+	/* the surviving port */
+	move_data(e, qps[1], &peer[1], AT_AFTER, 1 << 20, who);
+
+	/* new QPs: the initiator's on port 2 and on the failed port 1, the target's on 1 and 2 */
+	uint8_t new_ports[2] = {(uint8_t)(initiator ? 2 : 1), (uint8_t)(initiator ? 1 : 2)};
+	struct ibv_qp *fresh[2] = {mk_qp(e, e->scq, e->rcq, new_ports[0]), mk_qp(e, e->scq, e->rcq, new_ports[1])};
+	struct info fpeer[2];
+	pair_qps(e, fresh, new_ports, 2, fpeer);
+	move_data(e, fresh[0], &fpeer[0], AT_NEW, 64 << 10, who);
+	struct end q4 = on_qp(e, fresh[1]);
+	double t_post = now_ms();
+	post(&q4, IBV_WR_RDMA_WRITE, 40, e->buf, 64, e->mr->lkey, fpeer[1].addr + AT_NEW_CUT, fpeer[1].rkey,
+	     IBV_SEND_SIGNALED, 0);
+	expect_retry_exceeded(e->scq, 40, t_post,
+			      initiator ? "new QP on the failed port" : "new QP facing the failed port");
+	CHECK(qp_state(fresh[1]) == IBV_QPS_ERR);
+	sync_peer(e->sock);
+	zero_at(e->buf + AT_NEW_CUT, 64);
+	CHECK(port_attr(e->ctx, 2).state == IBV_PORT_ACTIVE);
+	struct ibv_async_event ev;
+	CHECK(!next_async_event(e->ctx, &ev, 0)); /* one PORT_ERR at the initiator, none at the target */
+	CHECK(guards_intact(e));
+	sync_peer(e->sock);
+	for (int i = 0; i < 2; i++)
+		CHECK(ibv_destroy_qp(fresh[i]) == 0);
+	CHECK(ibv_destroy_qp(qps[1]) == 0);
+	close_end(e);
+	if (initiator)
+		unlink(ctl);
+}
+
+static void port_fail_init(struct end *e)
+{
+	port_fail_run(e, 1);
+}
+
+static void port_fail_target(struct end *e)
+{
+	port_fail_run(e, 2);
+}
+
+/* port-fail-after-wr: RIVET_FABRIC_FAIL_PORT=<dev>:1@100wr in the initiator, which streams 120
+ * signaled 4 KiB WRITEs on each port's QP, interleaved; the first 50 of each complete before it
+ * posts the rest. Port 1's QP then completes some more in order, then one with RETRY_EXC_ERR after
+ * the retry budget, then flushes; the 100th never succeeds, and it and those after it never land
+ * (a WR the target executed whose ACK was still on the way may fail too, as on a cut cable).
+ * Every WRITE that succeeded landed byte-exact, and port 2's 120 all succeed. The target's next
+ * WRITE on its port-1 QP times out too; port 2 still moves data both ways. */
+#define WR_STREAM 120
+#define WR_SETTLED 50
+#define WR_FAIL_AT 100
+#define WR_LEN 4096u
+#define AT_STREAM1 (1u << 20)
+#define AT_STREAM2 (2u << 20)
+
+/* WRITEs [from, to) on both QPs, interleaved; *t_cut: the time before port 1's WR_FAIL_AT-th */
+static void post_stream(struct end *e, struct ibv_qp **qps, const struct info *peer, int from, int to,
+			double *t_cut)
+{
+	for (int i = from; i < to; i++)
+		for (int k = 0; k < 2; k++) {
+			struct end q = on_qp(e, qps[k]);
+			uint64_t at = (k ? AT_STREAM2 : AT_STREAM1) + (uint64_t)i * WR_LEN;
+			if (k == 0 && i == WR_FAIL_AT - 1)
+				*t_cut = now_ms();
+			post(&q, IBV_WR_RDMA_WRITE, (uint64_t)(k * 1000 + i), e->buf + (size_t)i * WR_LEN, WR_LEN,
+			     e->mr->lkey, peer[k].addr + at, peer[k].rkey, IBV_SEND_SIGNALED, 0);
+		}
+}
+
+static void fail_after_wr_run(struct end *e, int who)
+{
+	int initiator = who == 1;
+	setenv("RIVET_FABRIC_PORTS", "2", 1);
+	if (initiator) {
+		char v[64];
+		snprintf(v, sizeof(v), "rfab0:1@%dwr", WR_FAIL_AT);
+		setenv("RIVET_FABRIC_FAIL_PORT", v, 1);
+	}
+	open_end(e, CUT_MEM, ALL_ACCESS, 0, 0);
+	struct ibv_qp *qps[2] = {e->qp, mk_qp(e, e->scq, e->rcq, 2)};
+	uint8_t ports[2] = {1, 2};
+	struct info peer[2];
+	pair_qps(e, qps, ports, 2, peer);
+	int ok1 = WR_SETTLED;
+	if (initiator) {
+		for (size_t i = 0; i < WR_STREAM * WR_LEN; i++)
+			e->buf[i] = cut_byte(i, who);
+		double t_cut = 0;
+		struct ibv_wc wc;
+		post_stream(e, qps, peer, 0, WR_SETTLED, &t_cut);
+		for (int got = 0; got < 2 * WR_SETTLED; got++) {
+			CHECK(poll_wc(e->scq, &wc, 5000));
+			CHECK(wc.status == IBV_WC_SUCCESS);
+		}
+		post_stream(e, qps, peer, WR_SETTLED, WR_STREAM, &t_cut);
+		int next[2] = {WR_SETTLED, WR_SETTLED}, failed = 0;
+		for (int got = 0; got < 2 * (WR_STREAM - WR_SETTLED); got++) {
+			CHECK(poll_wc(e->scq, &wc, 5000));
+			int k = wc.qp_num == qps[1]->qp_num;
+			CHECK(wc.wr_id == (uint64_t)(k * 1000 + next[k]));
+			next[k]++;
+			if (k == 1 || (!failed && wc.status == IBV_WC_SUCCESS)) {
+				CHECK(wc.status == IBV_WC_SUCCESS);
+				ok1 += !k;
+				continue;
+			}
+			if (!failed) {
+				double dt = now_ms() - t_cut;
+				printf("     port 1 failed at its WR %d: %d WRs succeeded, the next RETRY_EXC_ERR after %.1f ms "
+				       "(retry budget %.1f ms)\n",
+				       WR_FAIL_AT, ok1, dt, CUT_BUDGET_MS);
+				CHECK(wc.status == IBV_WC_RETRY_EXC_ERR);
+				CHECK(dt >= CUT_BUDGET_MS && dt < CUT_BUDGET_MS + CUT_SLACK_MS);
+				failed = 1;
+			} else {
+				CHECK(wc.status == IBV_WC_WR_FLUSH_ERR);
+			}
+		}
+		CHECK(failed && ok1 < WR_FAIL_AT);
+		CHECK(qp_state(qps[0]) == IBV_QPS_ERR && qp_state(qps[1]) == IBV_QPS_RTS);
+		CHECK(port_attr(e->ctx, 1).state == IBV_PORT_DOWN && port_attr(e->ctx, 2).state == IBV_PORT_ACTIVE);
+		expect_port_err(e->ctx, 1, 5000);
+		xwrite(e->sock, &ok1, sizeof(ok1));
+	} else {
+		xread(e->sock, &ok1, sizeof(ok1));
+		for (int i = 0; i < WR_STREAM; i++)
+			for (size_t j = 0; j < WR_LEN; j++) {
+				size_t src = (size_t)i * WR_LEN + j;
+				CHECK(e->buf[AT_STREAM2 + src] == cut_byte(src, 3 - who));
+				if (i < ok1)
+					CHECK(e->buf[AT_STREAM1 + src] == cut_byte(src, 3 - who));
+				else if (i >= WR_FAIL_AT - 1)
+					CHECK(e->buf[AT_STREAM1 + src] == 0);
+			}
+		struct end q1 = on_qp(e, qps[0]);
+		double t_post = now_ms();
+		post(&q1, IBV_WR_RDMA_WRITE, 50, e->buf, 64, e->mr->lkey, peer[0].addr, peer[0].rkey, IBV_SEND_SIGNALED, 0);
+		expect_retry_exceeded(e->scq, 50, t_post, "peer's port 1 failed, next WRITE");
+		CHECK(qp_state(qps[0]) == IBV_QPS_ERR);
+	}
+	sync_peer(e->sock);
+	move_data(e, qps[1], &peer[1], AT_AFTER, 1 << 20, who);
+	CHECK(guards_intact(e));
+	CHECK(ibv_destroy_qp(qps[1]) == 0);
+	close_end(e);
+}
+
+static void fail_after_wr_init(struct end *e)
+{
+	fail_after_wr_run(e, 1);
+}
+
+static void fail_after_wr_target(struct end *e)
+{
+	fail_after_wr_run(e, 2);
+}
+
+/* port-fail-after-ms: RIVET_FABRIC_FAIL_PORT=<dev>:2@300ms in the initiator: IBV_EVENT_PORT_ERR
+ * for port 2 no sooner than 300 ms after the fabric initialised, found by the progress thread
+ * alone; port 2 DOWN, port 1 ACTIVE; a WRITE on port 2's QP times out. Then, from inside the
+ * process, a "fail-port <dev> 1" line in its own control file: the next ibv_query_port finds
+ * port 1 DOWN, its PORT_ERR is already queued, and a WRITE on port 1's QP times out too. */
+#define MS_FAIL_AT 300.0
+
+static void fail_after_ms_init(struct end *e)
+{
+	char ctl[] = "/tmp/fabtest-ctl.XXXXXX";
+	int fd = mkstemp(ctl);
+	CHECK(fd >= 0);
+	close(fd);
+	setenv("RIVET_FABRIC_CTL", ctl, 1);
+	setenv("RIVET_FABRIC_PORTS", "2", 1);
+	setenv("RIVET_FABRIC_FAIL_PORT", "rfab0:2@300ms", 1);
+	double t_init = now_ms(); /* open_end's ibv_get_device_list initialises the fabric */
+	open_end(e, CUT_MEM, ALL_ACCESS, 0, 0);
+	struct ibv_qp *qps[2] = {e->qp, mk_qp(e, e->scq, e->rcq, 2)};
+	uint8_t ports[2] = {1, 2};
+	struct info peer[2];
+	pair_qps(e, qps, ports, 2, peer);
+	expect_port_err(e->ctx, 2, 5000);
+	double dt = now_ms() - t_init;
+	printf("     RIVET_FABRIC_FAIL_PORT=rfab0:2@300ms: IBV_EVENT_PORT_ERR after %.1f ms\n", dt);
+	CHECK(dt >= MS_FAIL_AT && dt < MS_FAIL_AT + CUT_SLACK_MS);
+	CHECK(port_attr(e->ctx, 2).state == IBV_PORT_DOWN && port_attr(e->ctx, 1).state == IBV_PORT_ACTIVE);
+	struct end q2 = on_qp(e, qps[1]);
+	double t_post = now_ms();
+	post(&q2, IBV_WR_RDMA_WRITE, 60, e->buf, 64, e->mr->lkey, peer[1].addr, peer[1].rkey, IBV_SEND_SIGNALED, 0);
+	expect_retry_exceeded(e->scq, 60, t_post, "port 2 failed by time, next WRITE");
+
+	fd = open(ctl, O_WRONLY | O_APPEND);
+	CHECK(fd >= 0);
+	CHECK(dprintf(fd, "# from inside the process\nfail-port rfab0 1\n") > 0);
+	close(fd);
+	CHECK(port_attr(e->ctx, 1).state == IBV_PORT_DOWN);
+	expect_port_err(e->ctx, 1, 0);
+	t_post = now_ms();
+	post(e, IBV_WR_RDMA_WRITE, 61, e->buf, 64, e->mr->lkey, peer[0].addr, peer[0].rkey, IBV_SEND_SIGNALED, 0);
+	expect_retry_exceeded(e->scq, 61, t_post, "port 1 failed from inside, next WRITE");
+	sync_peer(e->sock);
+	CHECK(ibv_destroy_qp(qps[1]) == 0);
+	close_end(e);
+	unlink(ctl);
+}
+
+static void fail_after_ms_target(struct end *e)
+{
+	setenv("RIVET_FABRIC_PORTS", "2", 1);
+	open_end(e, CUT_MEM, ALL_ACCESS, 0, 0);
+	struct ibv_qp *qps[2] = {e->qp, mk_qp(e, e->scq, e->rcq, 2)};
+	uint8_t ports[2] = {1, 2};
+	struct info peer[2];
+	pair_qps(e, qps, ports, 2, peer);
+	sync_peer(e->sock);
+	zero_at(e->buf, 64); /* neither WRITE landed */
+	CHECK(ibv_destroy_qp(qps[1]) == 0);
+	close_end(e);
+}
+
 /* device, port, GID, sysfs tree */
 static void device_init(struct end *e)
 {
@@ -1657,6 +2075,9 @@ int main(int argc, char **argv)
 		{"rnr-retry-exceeded-0", rnr_init, rnr_target, 0},
 		{"rnr-retry-exceeded-3", rnr_init, rnr_target, 3},
 		{"rnr-retry-exceeded-6", rnr_init, rnr_target, 6},
+		{"port-fail", port_fail_init, port_fail_target, -1},
+		{"port-fail-after-wr", fail_after_wr_init, fail_after_wr_target, -1},
+		{"port-fail-after-ms", fail_after_ms_init, fail_after_ms_target, -1},
 	};
 	if (argc == 2 && strcmp(argv[1], "--list") == 0) {
 		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
