@@ -26,25 +26,35 @@
 //! message is meant for that next receive, the `k`-th eager message in a row for the `k`-th
 //! receive after it: the sender assumes each is a one-buffer receive.
 //!
-//! **Accepted or bounced** — one rule, [`accepts`], evaluated by both ends on the same inputs: the
-//! receive has one buffer, its entry offers eager (the receiver can copy into it: host memory,
-//! flag [`CTS_EAGER_OK`](super::codec::CTS_EAGER_OK)), the tags are equal and the size fits.
-//! The receiver evaluates it when both the message and the receive are there (a message that
-//! arrives first is held in its slot); it copies an accepted message into the buffer and
-//! completes the receive, or bounces it: the receive keeps waiting for data, and every later
-//! eager message of the same epoch is bounced too. The sender evaluates it when it reads the
-//! receive's entries, which the receiver writes as always (for a held message as soon as the
-//! receive is posted): accepted, the send is done; bounced, that send and every later eager send
-//! still unconfirmed are sent again the clear-to-send way, in their order, and the sender flips
-//! the epoch. A bounce therefore costs a wasted write and a wait for the entries, never an
-//! ordering change: after it the sends are matched exactly as without eager, tags and groups
-//! included.
+//! **Accepted or bounced** — one rule, [`accepts`], evaluated on the same inputs wherever it is
+//! evaluated: the receive has one buffer, its entry offers eager (the receiver can copy into it:
+//! host memory, flag [`CTS_EAGER_OK`](super::codec::CTS_EAGER_OK)), the tags are equal and the
+//! size fits. The receiver evaluates it when both the message and the receive are there; it copies
+//! an accepted message into the buffer and completes the receive, or bounces it: the receive keeps
+//! waiting for data, and every later eager message of the same epoch is bounced too. A bounced send
+//! and every later eager send still unconfirmed are sent again the clear-to-send way, in their order
+//! (as NCCL's retries would have sent them: a send whose tag the oldest receive has no buffer for
+//! waits for a later receive while other tags go on), and the sender flips the epoch. A bounce
+//! costs a wasted write and a wait for the entries, never an ordering change: after it the sends
+//! are matched exactly as without eager, tags and groups included.
 //!
-//! **Credits.** A slot is the sender's again once the receiver has taken or bounced its message:
-//! the receiver counts those and writes the count (a little-endian `u64`) into the sender's credit
-//! word after every [`CREDIT_BATCH`] of them. The sender holds at most [`EAGER_SLOTS`] messages in
-//! the ring; without credits it waits for entries, as without eager. The count only grows and
-//! never passes what was sent: anything else is a protocol error.
+//! **Confirmation.** The sender learns each verdict in one of two ways, whichever comes first:
+//! from the receive's clear-to-send entries (written when the receive was posted before the message
+//! arrived; the sender applies the rule itself), or from the credit word. A receive posted after its
+//! message arrived is completed at once from the ring and **writes no entries at all**: one RDMA
+//! operation for the message, the credit word's share aside. The sender then walks past its FIFO
+//! slot (never written; the slot's next lap has a fresh stamp).
+//!
+//! **Credits.** A slot is the sender's again once the receiver has taken or bounced its message.
+//! The receiver writes its credit word into the sender's region (16 bytes, little-endian): the
+//! count of messages taken or bounced, and one more than the number of the message that started
+//! the latest bounce (0: none), which tells the sender each verdict (a message below the count is taken
+//! unless it is at or after a bounce it has not handled yet). The word goes after every
+//! [`CREDIT_BATCH`] messages, at once after a bounce, and whenever no message waits in the ring
+//! while a taken one is unconfirmed (so a sender waiting on its last sends always hears). The
+//! sender holds at most [`EAGER_SLOTS`] messages in the ring; without credits it waits for
+//! entries, as without eager. The count only grows and never passes what was sent, and a bounce
+//! lies below it: anything else is a protocol error.
 //!
 //! **Receive work requests.** Every write with immediate consumes the receiver's oldest posted
 //! receive work request, so a receiver taking eager messages keeps [`EAGER_SLOTS`] more posted
@@ -82,8 +92,24 @@ pub const SEND_STAGING_EAGER_LEN: usize = SEND_STAGING_LEN + EAGER_SLOTS * EAGER
 /// The receiver's staging region with the credit word it writes from (when 8 bytes do not go
 /// inline).
 pub const RECV_STAGING_EAGER_LEN: usize = RECV_STAGING_LEN + 64;
-/// The receiver returns credits after this many slots were freed.
-pub const CREDIT_BATCH: u64 = EAGER_SLOTS as u64 / 2;
+/// The receiver returns credits after this many slots were freed (sooner after a bounce, or when
+/// the ring is empty and a taken message is unconfirmed).
+pub const CREDIT_BATCH: u64 = EAGER_SLOTS as u64 / 4;
+/// Bytes of the credit word: the freed count and the latest bounce, little-endian `u64`s.
+pub const CREDIT_LEN: usize = 16;
+/// "No bounce yet", as the sender and receiver keep it.
+pub const NO_BOUNCE: u64 = u64::MAX;
+
+/// A bounce as the credit word carries it: its message number plus one, 0 for none (so the
+/// zeroed word the sender starts with says "nothing taken, no bounce").
+pub const fn encode_bounce(bounce_at: u64) -> u64 {
+    bounce_at.wrapping_add(1)
+}
+
+/// [`encode_bounce`] undone.
+pub const fn decode_bounce(word: u64) -> u64 {
+    word.wrapping_sub(1)
+}
 /// The sender's threshold when nothing sets it: sends of up to this many bytes go eager.
 pub const DEFAULT_EAGER_THRESHOLD: u64 = 8 * 1024;
 
@@ -275,23 +301,71 @@ impl<T: Copy> Fifo<T> {
 }
 
 /// The sender's count of ring slots: what it wrote and what the receiver returned.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub(super) struct Credits {
     /// Eager messages written.
     sent: u64,
-    /// Slots the receiver freed, as last read from the credit word.
+    /// Messages the receiver took or bounced, as last read from the credit word.
     freed: u64,
+    /// The latest bounce the credit word reported ([`NO_BOUNCE`]: none).
+    bounce_at: u64,
+    /// The latest bounce the sender handled (resent from): an older one in the word is old news.
+    handled: u64,
+}
+
+impl Default for Credits {
+    fn default() -> Self {
+        Self {
+            sent: 0,
+            freed: 0,
+            bounce_at: NO_BOUNCE,
+            handled: NO_BOUNCE,
+        }
+    }
+}
+
+/// The receiver's verdict on eager message `number`, as far as the credit word tells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Heard {
+    /// Not taken or bounced yet (or its credit word not written yet).
+    Nothing,
+    /// Taken: its receive is complete.
+    Taken,
+    /// Bounced (with every later message of its epoch).
+    Bounced,
 }
 
 impl Credits {
-    /// Take the count read from the credit word. It never shrinks and never passes what was
-    /// sent; anything else is the peer's (or memory's) fault.
-    pub(super) fn update(&mut self, freed: u64) -> Result<(), u64> {
-        if freed < self.freed || freed > self.sent {
+    /// Take the credit word as read: the freed count never shrinks and never passes what was
+    /// sent, and a bounce lies below it; anything else is the peer's (or memory's) fault.
+    pub(super) fn update(&mut self, freed: u64, bounce_at: u64) -> Result<(), u64> {
+        if freed < self.freed || freed > self.sent || (bounce_at != NO_BOUNCE && bounce_at >= freed)
+        {
             return Err(freed);
         }
         self.freed = freed;
+        self.bounce_at = bounce_at;
         Ok(())
+    }
+
+    /// What the credit word says of message `number`.
+    pub(super) fn heard(&self, number: u64) -> Heard {
+        if number >= self.freed {
+            return Heard::Nothing;
+        }
+        let fresh_bounce = self.bounce_at != NO_BOUNCE
+            && (self.handled == NO_BOUNCE || self.bounce_at > self.handled);
+        if fresh_bounce && number >= self.bounce_at {
+            Heard::Bounced
+        } else {
+            Heard::Taken
+        }
+    }
+
+    /// The sender resends from message `number`, bounced (learnt from the word or from the
+    /// receive's entries): the word's report of that bounce is old news from now on.
+    pub(super) fn bounce_handled(&mut self, number: u64) {
+        self.handled = number;
     }
 
     /// Whether a slot is free.
@@ -300,22 +374,43 @@ impl Credits {
         self.sent - self.freed < EAGER_SLOTS as u64
     }
 
-    /// Take the next slot: its index.
-    pub(super) fn take(&mut self) -> usize {
-        let slot = (self.sent % EAGER_SLOTS as u64) as usize;
+    /// Take the next slot: the message's number and its slot.
+    pub(super) fn take(&mut self) -> (u64, usize) {
+        let number = self.sent;
         self.sent += 1;
-        slot
+        (number, (number % EAGER_SLOTS as u64) as usize)
     }
 }
 
 /// The receiver's count of ring slots: arrived, freed (taken or bounced), returned to the sender.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub(super) struct Ring {
     arrived: u64,
     freed: u64,
     returned: u64,
     /// Bouncing every message of this epoch (after a bounce, until the sender's epoch flips).
     bouncing: Option<bool>,
+    /// The number of the message that started the latest bounce ([`NO_BOUNCE`]: none).
+    bounce_at: u64,
+    /// A bounce the sender has not been told of yet.
+    bounce_unreported: bool,
+    /// Messages taken without their receive's entries being written: only the credit word
+    /// confirms them.
+    unconfirmed_takes: u64,
+}
+
+impl Default for Ring {
+    fn default() -> Self {
+        Self {
+            arrived: 0,
+            freed: 0,
+            returned: 0,
+            bouncing: None,
+            bounce_at: NO_BOUNCE,
+            bounce_unreported: false,
+            unconfirmed_takes: 0,
+        }
+    }
 }
 
 /// What the receiver does with the oldest held message.
@@ -372,6 +467,8 @@ impl Ring {
             Verdict::Accept
         } else {
             self.bouncing = Some(epoch);
+            self.bounce_at = self.freed;
+            self.bounce_unreported = true;
             Verdict::Bounce
         }
     }
@@ -381,20 +478,34 @@ impl Ring {
         self.bouncing == Some(epoch)
     }
 
-    /// The oldest held message was taken or bounced: its slot is free.
-    pub(super) fn free_oldest(&mut self) {
+    /// The oldest held message was taken or bounced: its slot is free. `unconfirmed`: it was
+    /// taken without its receive's entries being written.
+    pub(super) fn free_oldest(&mut self, unconfirmed: bool) {
         debug_assert!(self.freed < self.arrived);
         self.freed += 1;
+        self.unconfirmed_takes += u64::from(unconfirmed);
     }
 
-    /// The count to write into the sender's credit word, when a batch of freed slots is due.
-    pub(super) fn credits_due(&self) -> Option<u64> {
-        (self.freed - self.returned >= CREDIT_BATCH).then_some(self.freed)
+    /// The credit word to write now, if one is due: a batch freed, a bounce not reported, or an
+    /// empty ring with a taken message only the word confirms.
+    pub(super) fn credits_due(&self) -> Option<[u8; CREDIT_LEN]> {
+        let unreturned = self.freed - self.returned;
+        let idle = self.freed == self.arrived && self.unconfirmed_takes > 0;
+        (unreturned >= CREDIT_BATCH || self.bounce_unreported || (idle && unreturned > 0)).then(
+            || {
+                let mut word = [0u8; CREDIT_LEN];
+                word[..8].copy_from_slice(&self.freed.to_le_bytes());
+                word[8..].copy_from_slice(&encode_bounce(self.bounce_at).to_le_bytes());
+                word
+            },
+        )
     }
 
-    /// `freed` was written into the sender's credit word.
-    pub(super) fn credits_returned(&mut self, freed: u64) {
-        self.returned = freed;
+    /// The credit word [`credits_due`](Self::credits_due) gave was written.
+    pub(super) fn credits_returned(&mut self) {
+        self.returned = self.freed;
+        self.bounce_unreported = false;
+        self.unconfirmed_takes = 0;
     }
 }
 
@@ -475,25 +586,39 @@ mod tests {
     }
 
     #[test]
-    fn credits_refuse_going_back_or_past_what_was_sent() {
+    fn credits_refuse_going_back_or_past_what_was_sent_and_tell_each_verdict() {
         let mut c = Credits::default();
-        for _ in 0..EAGER_SLOTS {
+        for i in 0..EAGER_SLOTS as u64 {
             assert!(c.available());
-            c.take();
+            assert_eq!(c.take(), (i, i as usize));
         }
         assert!(!c.available());
-        assert_eq!(
-            c.update(EAGER_SLOTS as u64 + 1),
-            Err(EAGER_SLOTS as u64 + 1)
-        );
-        assert_eq!(c.update(3), Ok(()));
+        let past = EAGER_SLOTS as u64 + 1;
+        assert_eq!(c.update(past, NO_BOUNCE), Err(past));
+        assert_eq!(c.update(3, 3), Err(3), "a bounce lies below the count");
+        assert_eq!(c.update(3, NO_BOUNCE), Ok(()));
         assert!(c.available());
-        assert_eq!(c.update(2), Err(2));
-        assert_eq!(c.take(), 0, "slot 16 is slot 0 again");
+        assert_eq!(c.update(2, NO_BOUNCE), Err(2));
+        assert_eq!((c.heard(2), c.heard(3)), (Heard::Taken, Heard::Nothing));
+        assert_eq!(c.update(6, 4), Ok(()));
+        assert_eq!(
+            (c.heard(3), c.heard(4), c.heard(5), c.heard(6)),
+            (Heard::Taken, Heard::Bounced, Heard::Bounced, Heard::Nothing)
+        );
+        c.bounce_handled(4);
+        assert_eq!(c.update(9, 4), Ok(()));
+        assert_eq!(c.heard(7), Heard::Taken, "a handled bounce is old news");
+        assert_eq!(c.take(), (16, 0), "message 16 uses slot 0 again");
     }
 
     #[test]
-    fn ring_holds_judges_bounces_by_epoch_and_batches_credits() {
+    fn ring_holds_judges_bounces_by_epoch_and_says_when_credits_are_due() {
+        let word = |freed: u64, bounce: u64| {
+            let mut w = [0u8; CREDIT_LEN];
+            w[..8].copy_from_slice(&freed.to_le_bytes());
+            w[8..].copy_from_slice(&encode_bounce(bounce).to_le_bytes());
+            w
+        };
         let mut r = Ring::default();
         let offer = Offer {
             n: 1,
@@ -504,30 +629,48 @@ mod tests {
         assert_eq!(r.arrive(), Some(0));
         assert_eq!(r.judge(false, 1, 8, None), Verdict::Hold);
         assert_eq!(r.judge(false, 1, 8, Some(offer)), Verdict::Accept);
-        r.free_oldest();
+        r.free_oldest(false);
+        assert_eq!(
+            r.credits_due(),
+            None,
+            "confirmed by its entries, and no batch yet"
+        );
         assert_eq!(r.arrive(), Some(1));
         assert_eq!(r.judge(false, 2, 8, Some(offer)), Verdict::Bounce);
-        r.free_oldest();
+        r.free_oldest(false);
         assert!(r.bouncing(false));
+        assert_eq!(
+            r.credits_due(),
+            Some(word(2, 1)),
+            "a bounce is told at once"
+        );
+        r.credits_returned();
         assert_eq!(r.arrive(), Some(2));
         assert_eq!(
             r.judge(false, 1, 8, Some(offer)),
             Verdict::Bounce,
             "the rest of the epoch bounces, acceptable or not"
         );
-        r.free_oldest();
+        r.free_oldest(false);
         assert_eq!(r.arrive(), Some(3));
         assert_eq!(r.judge(true, 1, 8, Some(offer)), Verdict::Accept);
         assert!(!r.bouncing(false));
-        r.free_oldest();
-        assert_eq!(r.credits_due(), None);
-        for _ in 0..4 {
+        r.free_oldest(true);
+        assert_eq!(
+            r.credits_due(),
+            Some(word(4, 1)),
+            "the ring is empty and a take is confirmed by nothing else"
+        );
+        r.credits_returned();
+        for _ in 0..CREDIT_BATCH - 1 {
             r.arrive();
-            r.free_oldest();
+            r.free_oldest(false);
         }
-        assert_eq!(r.credits_due(), Some(8));
-        r.credits_returned(8);
         assert_eq!(r.credits_due(), None);
+        r.arrive();
+        r.free_oldest(false);
+        assert_eq!(r.credits_due(), Some(word(4 + CREDIT_BATCH, 1)));
+        r.credits_returned();
         for _ in 0..EAGER_SLOTS {
             assert!(r.arrive().is_some());
         }

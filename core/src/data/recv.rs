@@ -4,7 +4,7 @@ use super::codec::{
     CTS_ENTRY_LEN, CTS_SLOT_LEN, CtsEntry, Imm, RECORD_LEN, SizeRecord, WrId, WrKind, stamp_for,
 };
 use super::eager::{
-    CREDIT_OFFSET, EAGER_HEADER_LEN, EAGER_SLOTS, EagerHeader, EagerImm, Offer, Ring,
+    CREDIT_LEN, CREDIT_OFFSET, EAGER_HEADER_LEN, EAGER_SLOTS, EagerHeader, EagerImm, Offer, Ring,
     SEND_INBOUND_EAGER_LEN, Verdict, ring_offset,
 };
 use super::error::{DataError, ProtocolError};
@@ -173,6 +173,11 @@ pub struct RecvConn {
     /// The eager path's receiving half ([`super::eager`]); `None` unless the driver turned it on
     /// and the sender reads what it writes back.
     eager: Option<EagerRx>,
+    /// Per FIFO slot, the one-buffer receive's buffer address, tag and memory (for the eager path;
+    /// written by every one-buffer receive, eager or not: a branch would cost more).
+    targets: [Target; SLOTS],
+    /// Eager messages wait in the ring for receives not posted yet (`irecv` takes them).
+    holding: bool,
 }
 
 /// What the receiver keeps for the eager path.
@@ -181,11 +186,8 @@ struct EagerRx {
     ring: Ring,
     /// Per ring slot, the message held there (valid from arrival to taken or bounced).
     held: [Held; EAGER_SLOTS],
-    /// Per FIFO slot, a one-buffer receive's buffer address, tag and whether it takes eager
-    /// messages (its capacity is in its state).
-    targets: [Target; SLOTS],
     /// The credit count inline, kept here so its work request can borrow it until posted.
-    credit_out: [u8; 8],
+    credit_out: [u8; CREDIT_LEN],
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -233,6 +235,8 @@ impl RecvConn {
             rq_posted: 0,
             rq_consumed: 0,
             eager: None,
+            targets: [Target::default(); SLOTS],
+            holding: false,
         }
     }
 
@@ -254,8 +258,7 @@ impl RecvConn {
         self.eager = Some(EagerRx {
             ring: Ring::default(),
             held: [Held::default(); EAGER_SLOTS],
-            targets: [Target::default(); SLOTS],
-            credit_out: [0; 8],
+            credit_out: [0; CREDIT_LEN],
         });
         Ok(true)
     }
@@ -328,11 +331,7 @@ impl RecvConn {
         // `SEND_INBOUND_LEN` bytes without wrapping (else the health check above failed), and a
         // slot's first entry ends below that.
         const _: () = assert!((SLOTS - 1) * CTS_SLOT_LEN + CTS_ENTRY_LEN <= SEND_INBOUND_LEN);
-        if self
-            .eager
-            .as_ref()
-            .is_some_and(|e| e.ring.oldest_held().is_some())
-        {
+        if self.holding {
             // Messages wait for this receive: the general path takes them.
             return Ok(OneRecv::General);
         }
@@ -493,6 +492,10 @@ impl RecvConn {
         let id = self.requests.occupy(slot, state);
         self.next_seq = seq.wrapping_add(1);
         let may_defer = core::mem::replace(&mut self.polled, false);
+        // Its message may be waiting in the ring: taken now, the receive needs no entries at all.
+        if self.holding && self.take_held(nic, Some(seq))? {
+            return Ok(id);
+        }
         // Nothing else deferred, and this receive's entries due at once (`flush_due` with this
         // one deferred: the sender holds the `seq - oldest` older grants) and fitting inline:
         // one RDMA WRITE of them, nothing staged, nothing deferred. The room for it was checked
@@ -517,12 +520,8 @@ impl RecvConn {
                 self.flush_cts(nic)?;
             }
         }
-        if self
-            .eager
-            .as_ref()
-            .is_some_and(|e| e.ring.oldest_held().is_some())
-        {
-            self.take_held(nic)?;
+        if self.holding {
+            self.take_held(nic, None)?;
         }
         Ok(id)
     }
@@ -531,25 +530,22 @@ impl RecvConn {
     /// (host memory, and a sender that reads the flag).
     #[inline(always)]
     fn note_target(&mut self, slot: u8, buf: RecvBuf, tag: u32) -> bool {
-        match &mut self.eager {
-            Some(e) => {
-                e.targets[usize::from(slot)] = Target {
-                    addr: buf.addr,
-                    tag,
-                    host: buf.host,
-                };
-                buf.host
-            }
-            None => false,
-        }
+        self.targets[usize::from(slot)] = Target {
+            addr: buf.addr,
+            tag,
+            host: buf.host,
+        };
+        buf.host && self.eager.is_some()
     }
 
     /// Take or bounce the held eager messages in their order, as far as their receives are
-    /// posted ([`super::eager`]), then return credits when a batch is due.
-    fn take_held(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
+    /// posted ([`super::eager`]), then return credits when due. `fresh`: a receive just posted
+    /// whose entries are not written (nor deferred); whether it was taken (it then needs none).
+    fn take_held(&mut self, nic: &mut impl Nic, fresh: Option<u32>) -> Result<bool, DataError> {
+        let mut fresh_taken = false;
         loop {
             let Some(e) = &self.eager else {
-                return Ok(());
+                return Ok(false);
             };
             let Some(ring_slot) = e.ring.oldest_held() else {
                 break;
@@ -567,31 +563,12 @@ impl RecvConn {
             }
             let slot = header.seq as u8;
             let posted = !bouncing && header.seq != self.next_seq;
-            let offer = posted.then(|| match *self.requests.state(usize::from(slot)) {
-                RecvState::PostedOne { capacity, .. } => {
-                    let target = e.targets[usize::from(slot)];
-                    Offer {
-                        n: 1,
-                        eager_ok: target.host,
-                        tag: target.tag,
-                        capacity: u64::from(capacity),
-                    }
-                }
-                RecvState::Posted { n, .. } => Offer {
-                    n,
-                    eager_ok: false,
-                    tag: 0,
-                    capacity: 0,
-                },
-                _ => Offer {
-                    n: 0,
-                    eager_ok: false,
-                    tag: 0,
-                    capacity: 0,
-                },
-            });
-            if offer.is_some_and(|o| super::eager::accepts(o, header.tag, u64::from(header.size)))
+            let offer = posted.then(|| self.offer(slot));
+            let unwritten = fresh == Some(header.seq);
+            let size = u64::from(header.size);
+            if !unwritten
                 && self.deferred > 0
+                && offer.is_some_and(|o| super::eager::accepts(o, header.tag, size))
             {
                 // The receive's entries must reach the sender (it confirms the message by them)
                 // before the receive completes: write what is deferred first.
@@ -602,57 +579,87 @@ impl RecvConn {
                 }
             }
             let Some(e) = &mut self.eager else {
-                return Ok(());
+                return Ok(false);
             };
-            match e
-                .ring
-                .judge(epoch, header.tag, u64::from(header.size), offer)
-            {
+            match e.ring.judge(epoch, header.tag, size, offer) {
                 Verdict::Hold => break,
                 Verdict::Accept => {
-                    let target = e.targets[usize::from(slot)];
+                    let target = self.targets[usize::from(slot)];
                     nic.deliver_inbound(
                         ring_offset(ring_slot) + EAGER_HEADER_LEN,
                         header.size as usize,
                         target.addr,
                     );
-                    e.ring.free_oldest();
+                    e.ring.free_oldest(unwritten);
+                    fresh_taken |= unwritten;
                     *self.requests.state_mut(usize::from(slot)) =
                         RecvState::DoneOne { size: header.size };
                     self.oldest = self.oldest.wrapping_add(1);
                 }
                 Verdict::Bounce => {
-                    e.ring.free_oldest();
+                    e.ring.free_oldest(false);
                     // The message consumed a receive work request its receive's data needs.
                     self.post_stock(nic)?;
                 }
             }
         }
-        self.return_credits(nic)
+        self.holding = self
+            .eager
+            .as_ref()
+            .is_some_and(|e| e.ring.oldest_held().is_some());
+        self.return_credits(nic)?;
+        Ok(fresh_taken)
     }
 
-    /// Write the freed-slot count into the sender's credit word when a batch is due and the send
-    /// queue has room (else a later call does).
+    /// What the receive in FIFO slot `slot` (posted) offers an eager message.
+    fn offer(&self, slot: u8) -> Offer {
+        match *self.requests.state(usize::from(slot)) {
+            RecvState::PostedOne { capacity, .. } => {
+                let target = self.targets[usize::from(slot)];
+                Offer {
+                    n: 1,
+                    eager_ok: target.host,
+                    tag: target.tag,
+                    capacity: u64::from(capacity),
+                }
+            }
+            RecvState::Posted { n, .. } => Offer {
+                n,
+                eager_ok: false,
+                tag: 0,
+                capacity: 0,
+            },
+            _ => Offer {
+                n: 0,
+                eager_ok: false,
+                tag: 0,
+                capacity: 0,
+            },
+        }
+    }
+
+    /// Write the credit word into the sender's region when one is due and the send queue has room
+    /// (else a later call does).
     fn return_credits(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
         let Some(e) = &mut self.eager else {
             return Ok(());
         };
-        let Some(freed) = e.ring.credits_due() else {
+        let Some(word) = e.ring.credits_due() else {
             return Ok(());
         };
         if !self.sq.has_room(1, self.recvs_posted) {
             return Ok(());
         }
         let remote_addr = self.peer_fifo.addr + CREDIT_OFFSET as u64;
-        e.credit_out = freed.to_le_bytes();
+        e.credit_out = word;
         let posted = self.sq.next(WrKind::Credit, 0, false);
-        let payload = if nic.max_inline() >= 8 {
+        let payload = if nic.max_inline() >= CREDIT_LEN {
             Payload::Inline(&e.credit_out)
         } else {
             nic.write_staging(super::RECV_STAGING_LEN, &e.credit_out);
             Payload::Staged {
                 offset: super::RECV_STAGING_LEN as u32,
-                len: 8,
+                len: CREDIT_LEN as u32,
             }
         };
         let write = SendWr {
@@ -666,7 +673,7 @@ impl RecvConn {
         if let Err(err) = nic.post_send(&[write]) {
             return Err(self.health.fail(err.into()));
         }
-        e.ring.credits_returned(freed);
+        e.ring.credits_returned();
         Ok(())
     }
 
@@ -917,7 +924,7 @@ impl RecvConn {
         };
         self.rq_consumed = self.rq_consumed.wrapping_add(1);
         self.recvs_posted -= 1;
-        self.take_held(nic)
+        self.take_held(nic, None).map(drop)
     }
 
     /// The write-with-immediate of the oldest outstanding receive arrived (its receive work

@@ -5,8 +5,9 @@ use super::codec::{
     stamp_for,
 };
 use super::eager::{
-    CREDIT_OFFSET, Credits, EAGER_HEADER_LEN, EAGER_MAX, EAGER_SLOTS, EagerHeader, EagerImm, Fifo,
-    Offer, RECV_INBOUND_EAGER_LEN, ring_offset, staging_offset,
+    CREDIT_LEN, CREDIT_OFFSET, Credits, EAGER_HEADER_LEN, EAGER_MAX, EAGER_SLOTS, EagerHeader,
+    EagerImm, Fifo, Heard, Offer, RECV_INBOUND_EAGER_LEN, decode_bounce, ring_offset,
+    staging_offset,
 };
 use super::error::{DataError, ProtocolError};
 use super::pool::{RequestPool, RequestState};
@@ -277,6 +278,8 @@ struct Waiting {
     req: u8,
     tag: u32,
     buf: SendBuf,
+    /// The eager message's number (the credit word's verdicts name it).
+    number: u64,
 }
 
 const NO_WAITING: Waiting = Waiting {
@@ -287,6 +290,7 @@ const NO_WAITING: Waiting = Waiting {
         len: 0,
         lkey: 0,
     },
+    number: 0,
 };
 
 /// Eager messages at most this long (header included) are assembled on the stack and posted
@@ -469,7 +473,7 @@ impl SendConn {
             }
         }
         let seq = self.seq.wrapping_add(self.eager.waiting.len() as u32);
-        let ring_slot = self.eager.credits.take();
+        let (number, ring_slot) = self.eager.credits.take();
         let header = EagerHeader {
             tag,
             size: buf.len as u32,
@@ -519,18 +523,25 @@ impl SendConn {
             req: req_index,
             tag,
             buf,
+            number,
         });
         Ok(Some(id))
     }
 
     /// Read the receiver's credit word.
     fn read_credits(&mut self, nic: &impl Nic) -> Result<(), DataError> {
-        let mut raw = [0u8; 8];
+        let mut raw = [0u8; CREDIT_LEN];
         nic.read_inbound(CREDIT_OFFSET, &mut raw);
-        let freed = u64::from_le_bytes(raw);
+        let mut freed = [0u8; 8];
+        let mut bounce_at = [0u8; 8];
+        freed.copy_from_slice(&raw[..8]);
+        bounce_at.copy_from_slice(&raw[8..]);
         self.eager
             .credits
-            .update(freed)
+            .update(
+                u64::from_le_bytes(freed),
+                decode_bounce(u64::from_le_bytes(bounce_at)),
+            )
             .map_err(|freed| self.health.fail(ProtocolError::Credits { freed }.into()))
     }
 
@@ -539,39 +550,51 @@ impl SendConn {
     /// order, as far as their receives allow.
     #[inline(never)]
     fn eager_progress(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
+        self.read_credits(nic)?;
         while !self.eager.resending {
             let Some(&w) = self.eager.waiting.front() else {
                 break;
             };
-            if !self.load_head(nic)? {
-                break;
-            }
-            let m = &self.head.m;
-            let first = m.entries[0];
-            let offer = Offer {
-                n: m.n,
-                eager_ok: first.eager_ok,
-                tag: first.tag,
-                capacity: first.size,
+            let taken = match self.eager.credits.heard(w.number) {
+                Heard::Taken => true,
+                Heard::Bounced => false,
+                Heard::Nothing => {
+                    // Not in the credit word yet: the receive's entries tell, if they are in.
+                    if !self.load_head(nic)? {
+                        break;
+                    }
+                    let m = &self.head.m;
+                    let first = m.entries[0];
+                    let offer = Offer {
+                        n: m.n,
+                        eager_ok: first.eager_ok,
+                        tag: first.tag,
+                        capacity: first.size,
+                    };
+                    self.eager.predict = first.eager_ok;
+                    super::eager::accepts(offer, w.tag, w.buf.len)
+                }
             };
-            self.eager.predict = first.eager_ok;
-            if super::eager::accepts(offer, w.tag, w.buf.len) {
+            if taken {
                 *self.requests.state_mut(usize::from(w.req)) = SendState::Done {
                     size: w.buf.len as u32,
                 };
+                // Its receive is done; its entries, if the receiver wrote any, are not needed.
                 self.head.state = HeadState::Unread;
                 self.seq = self.seq.wrapping_add(1);
                 self.eager.waiting.pop();
             } else {
                 // The receiver bounced it and every later one of this epoch.
+                self.eager.credits.bounce_handled(w.number);
                 self.eager.resending = true;
                 self.eager.epoch = !self.eager.epoch;
+                self.eager.predict = false;
             }
         }
         if self.eager.resending {
             self.resend(nic)?;
         }
-        self.read_credits(nic)
+        Ok(())
     }
 
     /// Send the bounced eager sends again the clear-to-send way, as NCCL's own retries of them

@@ -413,3 +413,47 @@ fn a_random_stream_arrives_in_order_byte_exact_whatever_comes_first() {
         assert_eq!(p.send.outstanding() + p.recv.outstanding(), 0);
     }
 }
+
+/// A receive posted after its message arrived is completed from the ring and writes no entries:
+/// the message's one write and the credit word are all that travel, and the sender learns from the
+/// word alone (its FIFO slot for the receive is never written).
+#[test]
+fn a_receive_after_its_message_writes_no_entries_and_the_credit_word_confirms_the_send() {
+    use crate::data::codec::CTS_ENTRY_LEN;
+    use crate::nic::Nic;
+    let mut p = pair();
+    let data = pattern(40, 3);
+    let sbuf = p.send_buf(&data);
+    let sreq = send(&mut p, sbuf, 2).expect("eager");
+    p.run_until_idle_both();
+    // The receiver polls (its test of nothing yet): the message is held.
+    assert_eq!(p.recv.drain(&mut p.recv_nic), Ok(0));
+    let before = p.recv_nic.sq_occupancy();
+    let rbuf = host_buf(&p, 64);
+    let rreq = post(&mut p, &[rbuf], &[2]);
+    assert_eq!(
+        p.recv_nic.sq_occupancy(),
+        before + 1,
+        "one write: the credit word, no entries"
+    );
+    assert_eq!(size_of(finish_recv(&mut p, rreq).unwrap()), 40);
+    assert_eq!(p.received(&rbuf, 40), data);
+    p.run_until_idle_both();
+    let mut stamp = [0u8; 4];
+    p.send_nic.read_inbound(CTS_ENTRY_LEN - 4, &mut stamp);
+    assert_eq!(
+        stamp, [0; 4],
+        "the FIFO slot of receive 0 was never written"
+    );
+    assert_eq!(size_of(finish_send(&mut p, sreq).unwrap()), 40);
+    // The next receive and send go the usual way from the next slot.
+    let rbuf = host_buf(&p, 64);
+    let rreq = post(&mut p, &[rbuf], &[2]);
+    p.run_until_idle_both();
+    let data = pattern(64, 4);
+    let sbuf = p.send_buf(&data);
+    let sreq = send(&mut p, sbuf, 2).expect("the entry is there");
+    finish_recv(&mut p, rreq).unwrap();
+    assert_eq!(p.received(&rbuf, 64), data);
+    finish_send(&mut p, sreq).unwrap();
+}

@@ -444,7 +444,7 @@ impl SendPath for SendConn {
         &mut self,
         nic: &mut Endpoint,
         buf: SendBuf,
-        host: Option<&[u8]>,
+        host_memory: bool,
         tag: u32,
     ) -> Result<Option<RequestId>, DataError> {
         if let Some(offset) = self.head_entry() {
@@ -462,13 +462,32 @@ impl SendPath for SendConn {
                 OneSend::General => {}
             }
         }
-        self.isend_host(nic, buf, host, tag)
+        isend_general(self, nic, buf, host_memory, tag)
     }
+}
 
-    #[inline(always)]
-    fn eager_threshold(&self) -> u64 {
-        Self::eager_threshold(self)
-    }
+/// The core's general `isend`, handed the send's bytes when the eager path may copy them: host
+/// memory, at most the eager threshold.
+#[inline(never)]
+fn isend_general(
+    conn: &mut SendConn,
+    nic: &mut Endpoint,
+    buf: SendBuf,
+    host_memory: bool,
+    tag: u32,
+) -> Result<Option<RequestId>, DataError> {
+    let host = (host_memory && buf.len <= conn.eager_threshold()).then(|| {
+        if buf.len == 0 {
+            &[][..]
+        } else {
+            // SAFETY: `Side::isend` checked `addr..addr + len` lies inside the send's
+            // registration, which NCCL made of host memory (`NCCL_PTR_HOST`); NCCL keeps a
+            // send buffer alive and unchanged until its request completes, and the slice lives
+            // only for this call (the eager path copies from it here).
+            unsafe { core::slice::from_raw_parts(buf.addr as usize as *const u8, buf.len as usize) }
+        }
+    });
+    conn.isend_host(nic, buf, host, tag)
 }
 
 impl RecvPath for RecvConn {
@@ -660,19 +679,7 @@ impl<Conn: SendPath> Side<Conn> {
             let keys = device_keys("isend", mr, buf.addr, len, false, endpoint.devices())?;
             conn.isend_keyed(endpoint, buf, &keys[..endpoint.devices()], tag as u32)
         } else {
-            let host = match mr {
-                Some(mr) if mr.host && len <= conn.eager_threshold() => Some(if size == 0 {
-                    &[][..]
-                } else {
-                    // SAFETY: `lkey_for` checked `data..data + size` lies inside this
-                    // registration, which NCCL made of host memory (`NCCL_PTR_HOST`); NCCL keeps
-                    // a send buffer alive and unchanged until its request completes, and the
-                    // slice lives only for this call (the eager path copies from it here).
-                    unsafe { core::slice::from_raw_parts(data as *const u8, size) }
-                }),
-                _ => None,
-            };
-            conn.isend(endpoint, buf, host, tag as u32)
+            conn.isend(endpoint, buf, mr.is_some_and(|mr| mr.host), tag as u32)
         };
         let events = EventStart::of(starts, profiler::OPCODE_SEND, core::slice::from_ref(&size));
         state.answer(side, "isend", handle, posted, events)

@@ -141,20 +141,15 @@ pub(crate) trait Path: Debug + Send {
 
 /// A send comm's connection.
 pub(crate) trait SendPath: Path {
-    /// Post `buf` for the receive tagged `tag` (`Ok(None)`: try again later); `host` holds its
-    /// bytes when it is host memory of at most [`eager_threshold`](Self::eager_threshold) bytes.
+    /// Post `buf` for the receive tagged `tag` (`Ok(None)`: try again later); `host_memory`:
+    /// NCCL registered it as host memory, which the eager path may copy from.
     fn isend(
         &mut self,
         nics: &mut Self::Nics,
         buf: SendBuf,
-        host: Option<&[u8]>,
+        host_memory: bool,
         tag: u32,
     ) -> Result<Option<RequestId>, DataError>;
-
-    /// Sends up to this size may go eager when their bytes are handed over (0: never).
-    fn eager_threshold(&self) -> u64 {
-        0
-    }
 
     /// [`isend`](Self::isend) over lanes of several ports: port `d` reads `buf` under
     /// `lkeys[d]`. Only connections whose [`Nics::devices`] is above 1 are given it.
@@ -166,7 +161,7 @@ pub(crate) trait SendPath: Path {
         tag: u32,
     ) -> Result<Option<RequestId>, DataError> {
         let _ = lkeys;
-        self.isend(nics, buf, None, tag)
+        self.isend(nics, buf, false, tag)
     }
 }
 
@@ -272,7 +267,7 @@ impl SendPath for MultiSend {
         &mut self,
         lanes: &mut Lanes,
         buf: SendBuf,
-        _host: Option<&[u8]>,
+        _host_memory: bool,
         tag: u32,
     ) -> Result<Option<RequestId>, DataError> {
         Self::isend(self, &mut lanes.0, buf, tag)
