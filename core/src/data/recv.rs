@@ -178,6 +178,8 @@ pub struct RecvConn {
     targets: [Target; SLOTS],
     /// Eager messages wait in the ring for receives not posted yet (`irecv` takes them).
     holding: bool,
+    /// `eager` is on (kept apart: the entries' flag reads it on every receive).
+    eager_on: bool,
 }
 
 /// What the receiver keeps for the eager path.
@@ -237,6 +239,7 @@ impl RecvConn {
             eager: None,
             targets: [Target::default(); SLOTS],
             holding: false,
+            eager_on: false,
         }
     }
 
@@ -260,6 +263,7 @@ impl RecvConn {
             held: [Held::default(); EAGER_SLOTS],
             credit_out: [0; CREDIT_LEN],
         });
+        self.eager_on = true;
         Ok(true)
     }
 
@@ -535,7 +539,7 @@ impl RecvConn {
             tag,
             host: buf.host,
         };
-        buf.host && self.eager.is_some()
+        buf.host & self.eager_on
     }
 
     /// Take or bounce the held eager messages in their order, as far as their receives are

@@ -264,8 +264,11 @@ struct EagerTx {
     credits: Credits,
     /// Flipped after each bounce learnt of; carried in every eager message.
     epoch: bool,
-    /// The last clear-to-send entry read offered eager: try it for the next send.
+    /// The last clear-to-send entries the general path read offered eager, or [`EAGER_RETRY`]
+    /// sends have waited for their entries since a bounce: try eager for the next send.
     predict: bool,
+    /// Sends that could have gone eager but waited since `predict` went off.
+    waited: u32,
     /// Eager sends not confirmed yet (their receive's entries not read), or, while `resending`,
     /// the bounced ones to send again the clear-to-send way: in send order.
     waiting: Fifo<Waiting>,
@@ -292,6 +295,10 @@ const NO_WAITING: Waiting = Waiting {
     },
     number: 0,
 };
+
+/// After a bounce, sends that wait for their entries before eager is tried again (unless the
+/// general path reads entries that offer it first).
+const EAGER_RETRY: u32 = 64;
 
 /// Eager messages at most this long (header included) are assembled on the stack and posted
 /// inline when the queue pair's inline limit allows; longer ones go through staging.
@@ -344,6 +351,7 @@ impl SendConn {
                 credits: Credits::default(),
                 epoch: false,
                 predict: true,
+                waited: 0,
                 waiting: Fifo::new(NO_WAITING),
                 resending: false,
             },
@@ -440,10 +448,18 @@ impl SendConn {
         host: Option<&[u8]>,
         tag: u32,
     ) -> Result<Option<RequestId>, DataError> {
-        let e = &self.eager;
         let Some(bytes) = host else {
             return Ok(None);
         };
+        if !self.eager.predict && buf.len <= self.eager.threshold {
+            // A receiver that bounced may take eager messages again (its buffers changed): ask
+            // again after a while, since the fast path does not look.
+            self.eager.waited += 1;
+            if self.eager.waited >= EAGER_RETRY {
+                self.eager.predict = true;
+            }
+        }
+        let e = &self.eager;
         if buf.len > e.threshold
             || !e.predict
             || e.resending
@@ -571,7 +587,6 @@ impl SendConn {
                         tag: first.tag,
                         capacity: first.size,
                     };
-                    self.eager.predict = first.eager_ok;
                     super::eager::accepts(offer, w.tag, w.buf.len)
                 }
             };
@@ -588,7 +603,6 @@ impl SendConn {
                 self.eager.credits.bounce_handled(w.number);
                 self.eager.resending = true;
                 self.eager.epoch = !self.eager.epoch;
-                self.eager.predict = false;
             }
         }
         if self.eager.resending {
@@ -665,7 +679,7 @@ impl SendConn {
         self.health.check()?;
         if stamp != stamp_for(self.seq) {
             // Not there yet: the general path may send it eager.
-            return Ok(if self.eager.threshold >= buf.len && self.eager.predict {
+            return Ok(if self.eager.threshold != 0 {
                 OneSend::General
             } else {
                 OneSend::NotYet
@@ -676,7 +690,6 @@ impl SendConn {
             return Ok(OneSend::General);
         };
         self.torn_reads = 0;
-        self.eager.predict = cts.eager_ok;
         if cts.tag != tag
             || cts.stamp != stamp
             || buf.len == 0
@@ -1192,6 +1205,9 @@ impl SendConn {
             }
             self.head.m.entries[usize::from(i)] = entry;
         }
+        // The entries tell whether this receiver takes eager messages (host memory, one buffer).
+        self.eager.predict = first.eager_ok;
+        self.eager.waited = 0;
         let m = &mut self.head.m;
         m.n = n;
         m.matched = 0;
@@ -1392,14 +1408,18 @@ impl Connection for SendConn {
         sizes: &mut impl SizesOut,
     ) -> Result<bool, DataError> {
         let index = self.requests.lookup(req)?;
-        let mut progress = if self.requests.state(index).pending() {
-            self.health.check().and_then(|()| self.poll_cq_inline(nic))
+        let progress = if self.requests.state(index).pending() {
+            let polled = self.health.check().and_then(|()| self.poll_cq_inline(nic));
+            // Eager sends are confirmed by the receiver's entries or credit word, not by a
+            // completion (one branch when none waits).
+            if polled.is_ok() && !self.eager.waiting.is_empty() {
+                self.eager_progress(nic)
+            } else {
+                polled
+            }
         } else {
             Ok(())
         };
-        if progress.is_ok() && !self.eager.waiting.is_empty() {
-            progress = self.eager_progress(nic);
-        }
         self.requests.settle(
             index,
             progress,

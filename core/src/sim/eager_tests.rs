@@ -194,6 +194,19 @@ fn gpu_memory_is_never_copied_into_and_stops_further_eager_tries() {
     assert_eq!(size_of(finish_recv(&mut p, rreq).unwrap()), 32);
     finish_send(&mut p, sreq).unwrap();
     assert_eq!(p.recv.eager_arrivals(), 1);
+    // After waiting a while the sender asks again (the receiver's buffers may have changed).
+    for _ in 0..62 {
+        let sbuf = p.send_buf(&data);
+        assert_eq!(send(&mut p, sbuf, 0), None, "still waiting for entries");
+    }
+    let sbuf = p.send_buf(&data);
+    let sreq = send(&mut p, sbuf, 0).expect("eager tried again");
+    let host = host_buf(&p, 64);
+    let rreq = post(&mut p, &[host], &[0]);
+    finish_recv(&mut p, rreq).unwrap();
+    assert_eq!(p.received(&host, 32), data);
+    finish_send(&mut p, sreq).unwrap();
+    assert_eq!(p.recv.eager_arrivals(), 2);
 }
 
 #[test]

@@ -561,8 +561,9 @@ unsafe fn isend_common<S>(
             return Err(null_out("isend: request"));
         }
         let req = comm::isend(comm, data, size, tag, mh, starts)?;
-        // SAFETY: NCCL passes a valid out-pointer (NULL rejected above).
-        unsafe { put(request, req, "isend: request") }
+        // SAFETY: NCCL passes a valid out-pointer, and it is not NULL (checked above).
+        unsafe { request.write(req) };
+        Ok(())
     })
 }
 
@@ -705,8 +706,9 @@ unsafe fn irecv_common<S: Copy>(
             let (ptr, size, tag, mh) = unsafe { (*data, *sizes, *tags, *mhs) };
             let size = size_checked(size_of(size)?, "irecv")?;
             let req = comm::irecv_one(comm, ptr, size, tag, mh, starts)?;
-            // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
-            return unsafe { put(request, req, "irecv: request") };
+            // SAFETY: NCCL passes a valid out-pointer, and it is not NULL (checked above).
+            unsafe { request.write(req) };
+            return Ok(());
         }
         let mut args = comm::RecvArgs {
             n: 0,
@@ -720,8 +722,9 @@ unsafe fn irecv_common<S: Copy>(
         // `*request` may hold the NCCL_NET_OPTIONAL_RECV_COMPLETION hint on input; Rivet always
         // completes receives normally (allowed by the contract) and overwrites it.
         let req = comm::irecv(comm, &args, starts)?;
-        // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
-        unsafe { put(request, req, "irecv: request") }
+        // SAFETY: NCCL passes a valid out-pointer, and it is not NULL (checked above).
+        unsafe { request.write(req) };
+        Ok(())
     })
 }
 
