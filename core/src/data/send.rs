@@ -460,7 +460,8 @@ impl SendConn {
             }
         }
         let e = &self.eager;
-        if buf.len > e.threshold
+        if e.threshold == 0
+            || buf.len > e.threshold
             || !e.predict
             || e.resending
             || e.waiting.len() == EAGER_SLOTS

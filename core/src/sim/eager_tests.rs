@@ -317,6 +317,15 @@ fn an_older_receiver_without_a_ring_keeps_the_clear_to_send_protocol() {
     assert_eq!(p.send.enable_eager(DEFAULT_EAGER_THRESHOLD), 0);
     let sbuf = p.send_buf(&pattern(8, 1));
     assert_eq!(send(&mut p, sbuf, 0), None);
+    // Nor an empty send (0 bytes are not "at most a threshold of 0": eager is off), called the
+    // general way (found by the eager_ops fuzzer).
+    let empty = p.send_buf(&[]);
+    assert_eq!(
+        p.send.isend_host(&mut p.send_nic, empty, Some(&[]), 0),
+        Ok(None)
+    );
+    p.run_until_idle_both();
+    assert_eq!(p.send.failure(), None);
 }
 
 #[test]
