@@ -46,9 +46,9 @@
 //! slot (never written; the slot's next lap has a fresh stamp).
 //!
 //! **Credits.** A slot is the sender's again once the receiver has taken or bounced its message.
-//! The receiver writes its credit word into the sender's region (16 bytes, little-endian): the
-//! count of messages taken or bounced, and one more than the number of the message that started
-//! the latest bounce (0: none), which tells the sender each verdict (a message below the count is taken
+//! The receiver writes its credit word ([`CreditWord`], 24 bytes with a check: one write is not
+//! atomic) into the sender's region: the count of messages taken or bounced, and the message that
+//! started the latest bounce, which tells the sender each verdict (a message below the count is taken
 //! unless it is at or after a bounce it has not handled yet). The word goes after every
 //! [`CREDIT_BATCH`] messages, at once after a bounce, and whenever no message waits in the ring
 //! while a taken one is unconfirmed (so a sender waiting on its last sends always hears). The
@@ -95,23 +95,65 @@ pub const RECV_STAGING_EAGER_LEN: usize = RECV_STAGING_LEN + 64;
 /// The receiver returns credits after this many slots were freed (sooner after a bounce, or when
 /// the ring is empty and a taken message is unconfirmed).
 pub const CREDIT_BATCH: u64 = EAGER_SLOTS as u64 / 4;
-/// Bytes of the credit word: the freed count and the latest bounce, little-endian `u64`s.
-pub const CREDIT_LEN: usize = 16;
+/// Bytes of the credit word ([`CreditWord`]).
+pub const CREDIT_LEN: usize = 24;
 /// "No bounce yet", as the sender and receiver keep it.
 pub const NO_BOUNCE: u64 = u64::MAX;
 
-/// A bounce as the credit word carries it: its message number plus one, 0 for none (so the
-/// zeroed word the sender starts with says "nothing taken, no bounce").
+/// A bounce as the credit word carries it: its message number plus one, 0 for none.
 pub const fn encode_bounce(bounce_at: u64) -> u64 {
     bounce_at.wrapping_add(1)
 }
+
+/// The sender's threshold when nothing sets it: sends of up to this many bytes go eager.
+pub const DEFAULT_EAGER_THRESHOLD: u64 = 8 * 1024;
 
 /// [`encode_bounce`] undone.
 pub const fn decode_bounce(word: u64) -> u64 {
     word.wrapping_sub(1)
 }
-/// The sender's threshold when nothing sets it: sends of up to this many bytes go eager.
-pub const DEFAULT_EAGER_THRESHOLD: u64 = 8 * 1024;
+
+/// What the receiver's credit word says: little-endian `u64`s, the messages taken or bounced,
+/// [`encode_bounce`] of the latest bounce, and a check of the two. One RDMA WRITE is not atomic:
+/// the sender may read the word while it lands, so a word whose check fails is left for a later
+/// read (the zeroed word the sender starts with fails it too, and means the same: nothing yet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CreditWord {
+    /// Messages the receiver took or bounced.
+    pub freed: u64,
+    /// The message that started the latest bounce ([`NO_BOUNCE`]: none).
+    pub bounce_at: u64,
+}
+
+impl CreditWord {
+    fn check(freed: u64, bounce: u64) -> u64 {
+        (freed ^ bounce.rotate_left(32) ^ 0x6372_6564_6974_7321).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
+    /// Encode into the wire layout.
+    pub fn encode(&self) -> [u8; CREDIT_LEN] {
+        let bounce = encode_bounce(self.bounce_at);
+        let mut out = [0u8; CREDIT_LEN];
+        out[..8].copy_from_slice(&self.freed.to_le_bytes());
+        out[8..16].copy_from_slice(&bounce.to_le_bytes());
+        out[16..].copy_from_slice(&Self::check(self.freed, bounce).to_le_bytes());
+        out
+    }
+
+    /// The word, if its check holds (else it is still landing, or was never written).
+    pub fn decode(bytes: &[u8; CREDIT_LEN]) -> Option<Self> {
+        let word = |at: usize| {
+            let mut raw = [0u8; 8];
+            raw.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(raw)
+        };
+        let (freed, bounce) = (word(0), word(8));
+        (word(16) == Self::check(freed, bounce)).then_some(Self {
+            freed,
+            bounce_at: decode_bounce(bounce),
+        })
+    }
+}
 
 const _: () = assert!(EAGER_SLOT_LEN % 64 == 0 && RECV_INBOUND_LEN % 64 == 0);
 const _: () = assert!(EAGER_SLOTS.is_power_of_two() && EAGER_SLOTS <= 256);
@@ -488,17 +530,14 @@ impl Ring {
 
     /// The credit word to write now, if one is due: a batch freed, a bounce not reported, or an
     /// empty ring with a taken message only the word confirms.
-    pub(super) fn credits_due(&self) -> Option<[u8; CREDIT_LEN]> {
+    pub(super) fn credits_due(&self) -> Option<CreditWord> {
         let unreturned = self.freed - self.returned;
         let idle = self.freed == self.arrived && self.unconfirmed_takes > 0;
-        (unreturned >= CREDIT_BATCH || self.bounce_unreported || (idle && unreturned > 0)).then(
-            || {
-                let mut word = [0u8; CREDIT_LEN];
-                word[..8].copy_from_slice(&self.freed.to_le_bytes());
-                word[8..].copy_from_slice(&encode_bounce(self.bounce_at).to_le_bytes());
-                word
-            },
-        )
+        (unreturned >= CREDIT_BATCH || self.bounce_unreported || (idle && unreturned > 0))
+            .then_some(CreditWord {
+                freed: self.freed,
+                bounce_at: self.bounce_at,
+            })
     }
 
     /// The credit word [`credits_due`](Self::credits_due) gave was written.
@@ -543,6 +582,34 @@ mod tests {
             EagerHeader::decode(&big.encode(), EAGER_SLOT_LEN as u32 + 1),
             Err(DecodeError::Truncated)
         );
+    }
+
+    #[test]
+    fn credit_word_roundtrip_and_torn_or_zeroed_words_are_not_read() {
+        for (freed, bounce_at) in [(0, NO_BOUNCE), (5, 2), (u64::MAX - 1, NO_BOUNCE)] {
+            let w = CreditWord { freed, bounce_at };
+            assert_eq!(CreditWord::decode(&w.encode()), Some(w));
+        }
+        assert_eq!(CreditWord::decode(&[0; CREDIT_LEN]), None, "never written");
+        // Half of a newer word over an older one, at every 8-byte boundary and byte by byte.
+        let old = CreditWord {
+            freed: 8,
+            bounce_at: NO_BOUNCE,
+        }
+        .encode();
+        let new = CreditWord {
+            freed: 12,
+            bounce_at: 9,
+        }
+        .encode();
+        for cut in 1..CREDIT_LEN {
+            let mut torn = old;
+            torn[..cut].copy_from_slice(&new[..cut]);
+            assert_eq!(CreditWord::decode(&torn), None, "new bytes up to {cut}");
+            let mut torn = new;
+            torn[..cut].copy_from_slice(&old[..cut]);
+            assert_eq!(CreditWord::decode(&torn), None, "old bytes up to {cut}");
+        }
     }
 
     #[test]
@@ -613,12 +680,7 @@ mod tests {
 
     #[test]
     fn ring_holds_judges_bounces_by_epoch_and_says_when_credits_are_due() {
-        let word = |freed: u64, bounce: u64| {
-            let mut w = [0u8; CREDIT_LEN];
-            w[..8].copy_from_slice(&freed.to_le_bytes());
-            w[8..].copy_from_slice(&encode_bounce(bounce).to_le_bytes());
-            w
-        };
+        let word = |freed: u64, bounce_at: u64| CreditWord { freed, bounce_at };
         let mut r = Ring::default();
         let offer = Offer {
             n: 1,

@@ -180,6 +180,8 @@ pub struct RecvConn {
     holding: bool,
     /// `eager` is on (kept apart: the entries' flag reads it on every receive).
     eager_on: bool,
+    /// A credit word is due but found the send queue full: `test` writes it.
+    credits_owed: bool,
 }
 
 /// What the receiver keeps for the eager path.
@@ -240,6 +242,7 @@ impl RecvConn {
             targets: [Target::default(); SLOTS],
             holding: false,
             eager_on: false,
+            credits_owed: false,
         }
     }
 
@@ -649,13 +652,17 @@ impl RecvConn {
             return Ok(());
         };
         let Some(word) = e.ring.credits_due() else {
+            self.credits_owed = false;
             return Ok(());
         };
         if !self.sq.has_room(1, self.recvs_posted) {
+            // `test` tries again once completions made room.
+            self.credits_owed = true;
             return Ok(());
         }
+        self.credits_owed = false;
         let remote_addr = self.peer_fifo.addr + CREDIT_OFFSET as u64;
-        e.credit_out = word;
+        e.credit_out = word.encode();
         let posted = self.sq.next(WrKind::Credit, 0, false);
         let payload = if nic.max_inline() >= CREDIT_LEN {
             Payload::Inline(&e.credit_out)
@@ -1095,6 +1102,9 @@ impl Connection for RecvConn {
         let mut progress = Ok(());
         if self.flush_due() && self.health.check().is_ok() {
             progress = self.flush_cts(nic);
+        }
+        if self.credits_owed && progress.is_ok() && self.health.check().is_ok() {
+            progress = self.return_credits(nic);
         }
         if progress.is_ok() && self.requests.state(index).pending() {
             progress = self.health.check().and_then(|()| self.poll_cq_inline(nic));

@@ -5,9 +5,8 @@ use super::codec::{
     stamp_for,
 };
 use super::eager::{
-    CREDIT_LEN, CREDIT_OFFSET, Credits, EAGER_HEADER_LEN, EAGER_MAX, EAGER_SLOTS, EagerHeader,
-    EagerImm, Fifo, Heard, Offer, RECV_INBOUND_EAGER_LEN, decode_bounce, ring_offset,
-    staging_offset,
+    CREDIT_LEN, CREDIT_OFFSET, CreditWord, Credits, EAGER_HEADER_LEN, EAGER_MAX, EAGER_SLOTS,
+    EagerHeader, EagerImm, Fifo, Heard, Offer, RECV_INBOUND_EAGER_LEN, ring_offset, staging_offset,
 };
 use super::error::{DataError, ProtocolError};
 use super::pool::{RequestPool, RequestState};
@@ -545,20 +544,16 @@ impl SendConn {
         Ok(Some(id))
     }
 
-    /// Read the receiver's credit word.
+    /// Read the receiver's credit word (one still landing is left for a later read).
     fn read_credits(&mut self, nic: &impl Nic) -> Result<(), DataError> {
         let mut raw = [0u8; CREDIT_LEN];
         nic.read_inbound(CREDIT_OFFSET, &mut raw);
-        let mut freed = [0u8; 8];
-        let mut bounce_at = [0u8; 8];
-        freed.copy_from_slice(&raw[..8]);
-        bounce_at.copy_from_slice(&raw[8..]);
+        let Some(word) = CreditWord::decode(&raw) else {
+            return Ok(());
+        };
         self.eager
             .credits
-            .update(
-                u64::from_le_bytes(freed),
-                decode_bounce(u64::from_le_bytes(bounce_at)),
-            )
+            .update(word.freed, word.bounce_at)
             .map_err(|freed| self.health.fail(ProtocolError::Credits { freed }.into()))
     }
 
