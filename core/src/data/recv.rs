@@ -379,14 +379,12 @@ impl RecvConn {
         let slot = cts.slot;
         let remote_addr = self.peer_fifo.addr + (usize::from(slot) * CTS_SLOT_LEN) as u64;
         let posted = self.sq.next(WrKind::Cts, u16::from(slot), false);
-        SendWr {
-            wr_id: posted.wr_id,
-            op: SendOp::Write,
-            payload: Payload::Inline(&self.cts_out),
+        fifo_write(
+            &self.peer_fifo,
+            posted,
+            Payload::Inline(&self.cts_out),
             remote_addr,
-            rkey: self.peer_fifo.rkey,
-            signaled: posted.signaled,
-        }
+        )
     }
 
     /// The driver could not post what [`irecv_one`](Self::irecv_one) returned for `req`: the
@@ -673,14 +671,7 @@ impl RecvConn {
                 len: CREDIT_LEN as u32,
             }
         };
-        let write = SendWr {
-            wr_id: posted.wr_id,
-            op: SendOp::Write,
-            payload,
-            remote_addr,
-            rkey: self.peer_fifo.rkey,
-            signaled: posted.signaled,
-        };
+        let write = fifo_write(&self.peer_fifo, posted, payload, remote_addr);
         if let Err(err) = nic.post_send(&[write]) {
             return Err(self.health.fail(err.into()));
         }
@@ -705,14 +696,7 @@ impl RecvConn {
                 need: SEND_INBOUND_LEN,
             })?;
         let posted = self.sq.next(WrKind::Cts, u16::from(slot), false);
-        let write = SendWr {
-            wr_id: posted.wr_id,
-            op: SendOp::Write,
-            payload: Payload::Inline(bytes),
-            remote_addr,
-            rkey: self.peer_fifo.rkey,
-            signaled: posted.signaled,
-        };
+        let write = fifo_write(&self.peer_fifo, posted, Payload::Inline(bytes), remote_addr);
         if let Err(err) = nic.post_send(&[write]) {
             return Err(self.health.fail(err.into()));
         }
@@ -802,14 +786,7 @@ impl RecvConn {
             len: len as u32,
         };
         let posted = self.sq.next(WrKind::Cts, last as u16, false);
-        Ok(SendWr {
-            wr_id: posted.wr_id,
-            op: SendOp::Write,
-            payload,
-            remote_addr,
-            rkey: self.peer_fifo.rkey,
-            signaled: posted.signaled,
-        })
+        Ok(fifo_write(&self.peer_fifo, posted, payload, remote_addr))
     }
 
     /// Process every completion the queue holds (bounded by its depth).
@@ -1019,6 +996,25 @@ impl RecvConn {
         self.rq_consumed = self.rq_consumed.wrapping_add(1);
         self.recvs_posted -= 1;
         Ok(())
+    }
+}
+
+/// An RDMA WRITE of `payload` to `remote_addr` in the sender's region `peer_fifo` (entries or the
+/// credit word), at the send-queue position `posted`.
+#[inline(always)]
+fn fifo_write<'a>(
+    peer_fifo: &RemoteRegion,
+    posted: super::queue::Slotted,
+    payload: Payload<'a>,
+    remote_addr: u64,
+) -> SendWr<'a> {
+    SendWr {
+        wr_id: posted.wr_id,
+        op: SendOp::Write,
+        payload,
+        remote_addr,
+        rkey: peer_fifo.rkey,
+        signaled: posted.signaled,
     }
 }
 

@@ -34,43 +34,38 @@ pub struct DataPair {
 impl DataPair {
     /// A connected pair whose queue pairs allow `max_inline` inline bytes.
     pub fn new(max_inline: usize) -> Self {
-        let fabric = Fabric::new();
-        let send_ep = fabric.endpoint();
-        let recv_ep = fabric.endpoint();
-        let (send_config, recv_config) = qp_configs(max_inline);
-        let (send_nic, recv_nic) = fabric.connect(send_ep, send_config, recv_ep, recv_config);
-        let send = SendConn::new(recv_nic.inbound_region());
-        let recv = RecvConn::new(send_nic.inbound_region());
-        Self {
-            fabric,
-            send_ep,
-            recv_ep,
-            send_nic,
-            recv_nic,
-            send,
-            recv,
-        }
+        Self::connected(max_inline, None)
     }
 
-    /// A connected pair with the eager path on both ends (wire version 4's regions), sends of up
-    /// to `threshold` bytes going eager.
+    /// A connected pair with the eager path on both ends (data protocol 4's regions), sends of
+    /// up to `threshold` bytes going eager.
     pub fn new_eager(max_inline: usize, threshold: u64) -> Self {
+        Self::connected(max_inline, Some(threshold))
+    }
+
+    /// The pair, with the eager path's regions and the path turned on when `eager` gives a
+    /// threshold.
+    fn connected(max_inline: usize, eager: Option<u64>) -> Self {
         let fabric = Fabric::new();
         let send_ep = fabric.endpoint();
         let recv_ep = fabric.endpoint();
         let (mut send_config, mut recv_config) = qp_configs(max_inline);
-        send_config.inbound_len = SEND_INBOUND_EAGER_LEN;
-        send_config.staging_len = SEND_STAGING_EAGER_LEN;
-        recv_config.inbound_len = RECV_INBOUND_EAGER_LEN;
-        recv_config.staging_len = RECV_STAGING_EAGER_LEN;
+        if eager.is_some() {
+            send_config.inbound_len = SEND_INBOUND_EAGER_LEN;
+            send_config.staging_len = SEND_STAGING_EAGER_LEN;
+            recv_config.inbound_len = RECV_INBOUND_EAGER_LEN;
+            recv_config.staging_len = RECV_STAGING_EAGER_LEN;
+        }
         let (send_nic, mut recv_nic) = fabric.connect(send_ep, send_config, recv_ep, recv_config);
         let mut send = SendConn::new(recv_nic.inbound_region());
         let mut recv = RecvConn::new(send_nic.inbound_region());
-        assert_eq!(
-            send.enable_eager(threshold),
-            threshold.min(EAGER_MAX as u64)
-        );
-        assert_eq!(recv.enable_eager(&mut recv_nic), Ok(true));
+        if let Some(threshold) = eager {
+            assert_eq!(
+                send.enable_eager(threshold),
+                threshold.min(EAGER_MAX as u64)
+            );
+            assert_eq!(recv.enable_eager(&mut recv_nic), Ok(true));
+        }
         Self {
             fabric,
             send_ep,
