@@ -412,6 +412,35 @@ fn faults_end_in_errors_not_hangs() {
     );
 }
 
+/// One port of a device fused from two, cut in both processes mid-stream (the fabric's control
+/// file, docs/fabric.md): without port failover (issue #39) the connection fails on both sides
+/// within twice the retry budget plus 5 s (`NCCL_IB_TIMEOUT=14`, `NCCL_IB_RETRY_CNT=2`: 0.2 s),
+/// never a hang, and later calls fail at once.
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn a_cut_port_of_a_fused_device_fails_the_connection_in_bound() {
+    let dir = std::env::temp_dir().join(format!("rivet-port-cut-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory for the port-cut fabric");
+    let ctl = dir.join("ctl");
+    std::fs::write(&ctl, "").expect("the control file");
+    let mut command = over_fabric(env!("RIVET_C_FAULTS"), &[&lib(), "port-cut"]);
+    command
+        .env("RIVET_FABRIC_DIR", dir.join("fabric"))
+        .env("RIVET_FABRIC_PORTS", "2")
+        .env("RIVET_FABRIC_CTL", &ctl)
+        .env("FAULTS_FUSE", "0,1")
+        .env("NCCL_IB_TIMEOUT", "14")
+        .env("NCCL_IB_RETRY_CNT", "2");
+    let (out, _, stderr) = run("faults port-cut", &mut command);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "the port-cut scenario failed");
+    assert!(!stderr.contains("FAIL ["), "port-cut: a check failed");
+    assert!(
+        stderr.matches("port cut (no failover): error").count() == 2,
+        "both sides must fail in bound"
+    );
+}
+
 #[test]
 #[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
 fn c_loader_with_the_fabric_device_checks_the_rma_tables() {

@@ -29,6 +29,10 @@
  *                      exceeded") within 2 x the retry time (4.096 us x 2^NCCL_IB_TIMEOUT x
  *                      (NCCL_IB_RETRY_CNT+1)) + 5 s of the kill (it sees the marker appear on the
  *                      shared directory); later calls fail too.
+ *   port-cut           the user-space verbs fabric only (RIVET_FABRIC_PORTS=2, FAULTS_FUSE=0,1,
+ *                      RIVET_FABRIC_CTL): port 1 of the fused device cut in both processes after 20
+ *                      verified messages; without port failover both sides fail within
+ *                      2 x the retry time + 5 s
  *   link-cut (--listen-port P | --peer A.B.C.D:P)
  *                      the receiver takes its link NIC ($FAULTS_CUT_IF) down after 20 verified 1 MiB
  *                      messages: it fails at once (rxe flushes its queue pair); the sender, waiting for
@@ -112,6 +116,9 @@ static int make_pair(const char* lib, int parent_receives, struct pair* p) {
   p->from_peer = is_parent ? up[0] : down[0];
   p->ctx = h_load_and_init(lib);
   if (!p->ctx) return 0;
+  /* FAULTS_FUSE=A,B: connect over the device makeVDevice fuses from them (port-cut). */
+  const char* fuse = getenv("FAULTS_FUSE");
+  if (fuse && (h_dev = h_fuse(h_net, fuse)) < 0) return 0;
   return connect_pair(p, receiver, handle_pipe[1], handle_pipe[0]);
 }
 
@@ -1057,6 +1064,52 @@ static int scenario_link_cut(const char* lib, const char* peer, int listen_port)
   return 0;
 }
 
+/* port-cut, over the user-space verbs fabric only (RIVET_FABRIC_PORTS=2, FAULTS_FUSE=0,1, and
+ * RIVET_FABRIC_CTL naming one control file both processes watch): both connect over the device
+ * fused from their two ports, and after 20 verified 1 MiB messages the receiver appends
+ * "fail-port rfab0 1" to the control file, so port 1 fails in both processes, as a cable cut
+ * between them. Port failover is not built (issue #39): the connection must fail on both sides
+ * within 2 x the retry time + 5 s of the last completed transfer, and later calls fail at once. */
+static int scenario_port_cut(const char* lib) {
+  const char* ctl = getenv("RIVET_FABRIC_CTL");
+  if (!ctl || !getenv("FAULTS_FUSE")) {
+    h_fail("port-cut needs RIVET_FABRIC_CTL and FAULTS_FUSE");
+    return 1;
+  }
+  struct pair p;
+  if (!make_pair(lib, 1, &p)) return 1;
+  int receiver = strcmp(h_role, "receiver") == 0;
+  if (!warm_up(&p, receiver, 3)) return 1;
+  double bound = 2 * rdma_retry_s() + 5;
+  int count = 0, done = 0;
+  nccl_result r = NCCL_OK;
+  double last = h_now();
+  while (r == NCCL_OK && h_now() - last < bound + 15) {
+    r = transfer_once(&p, receiver, bound + 15 - (h_now() - last), &done);
+    if (!done) continue;
+    last = h_now();
+    if (receiver && ++count == 20) {
+      FILE* f = fopen(ctl, "a");
+      if (!f || fputs("fail-port rfab0 1\n", f) < 0 || fclose(f) != 0) h_fail("writing %s", ctl);
+      else h_pass("port 1 of the fused device cut mid-stream, after %d verified messages", count);
+    }
+  }
+  double elapsed = h_now() - last;
+  if (r != NCCL_OK && elapsed <= bound)
+    h_pass("port cut (no failover): error %d %.2f s after the last completed transfer (bound %.1f s): %s",
+           r, elapsed, bound, h_last_warn);
+  else if (r != NCCL_OK)
+    h_fail("port cut: error %d only %.2f s after the last completed transfer (bound %.1f s)", r, elapsed, bound);
+  else
+    h_fail("port cut: no error %.2f s after the last completed transfer", elapsed);
+  double t0 = h_now();
+  done = 0;
+  nccl_result later = transfer_once(&p, receiver, 5, &done);
+  if (later != NCCL_OK) h_pass("port cut: a later call fails too (%d) after %.2f s", later, h_now() - t0);
+  else h_fail("port cut: a later call did not fail (done=%d)", done);
+  return end_pair(&p, receiver);
+}
+
 int main(int argc, char** argv) {
   if (argc == 5 && (!strcmp(argv[2], "host-death") || !strcmp(argv[2], "link-cut"))) {
     alarm(600);
@@ -1091,6 +1144,7 @@ int main(int argc, char** argv) {
   else if (!strncmp(s, "close-inflight", 14)) rc = scenario_close_inflight(lib, s[14] == '=' ? atoi(s + 15) : 100);
   else if (!strcmp(s, "reload")) rc = scenario_reload(lib);
   else if (!strncmp(s, "cycles", 6)) rc = scenario_cycles(lib, s[6] == '=' ? atoi(s + 7) : 1000);
+  else if (!strcmp(s, "port-cut")) rc = scenario_port_cut(lib);
   else {
     fprintf(stderr, "unknown scenario %s\n", s);
     return 2;
