@@ -564,6 +564,94 @@ fn every_table_moves_bytes_between_two_comms() {
     }
 }
 
+/// NCCL may call `isend` before the peer posted its receive: with the eager path (data protocol 4,
+/// the default) a host-memory send up to the threshold is taken at once, through the C entry
+/// points, and lands byte-exact in the receive posted afterwards, in order; a larger one still
+/// waits for its receive's entry (NULL request).
+#[test]
+fn sends_before_their_receives_go_eager_through_the_c_abi() {
+    let _serial = serial();
+    let (api, ctx, pair) = v12_with_a_pair();
+    let (_, send, recv) = pair;
+    let lens = [8usize, 4000, 8192];
+    let mut outs: Vec<Vec<u8>> = (0..3).map(|i| pattern(60 + i as u8, lens[i])).collect();
+    let smhs: Vec<Ptr> = outs.iter_mut().map(|b| api.register(send, b)).collect();
+    let mut sreqs = Vec::new();
+    for (i, out) in outs.iter_mut().enumerate() {
+        let mut req = null_mut();
+        let rc = (api.isend)(
+            send,
+            out.as_mut_ptr().cast(),
+            out.len(),
+            3,
+            smhs[i],
+            &mut req,
+        );
+        assert_eq!(rc, NCCL_SUCCESS, "isend {i}");
+        assert!(
+            !req.is_null(),
+            "send {i} ({} B) goes eager, no receive posted",
+            lens[i]
+        );
+        sreqs.push(req);
+    }
+    let mut big = pattern(70, 8193);
+    let big_mh = api.register(send, &mut big);
+    let mut req = null_mut();
+    let rc = (api.isend)(
+        send,
+        big.as_mut_ptr().cast(),
+        big.len(),
+        3,
+        big_mh,
+        &mut req,
+    );
+    assert_eq!(rc, NCCL_SUCCESS, "isend above the threshold");
+    assert!(
+        req.is_null(),
+        "above the threshold a send waits for its receive's entry"
+    );
+    let mut ins: Vec<Vec<u8>> = (0..4).map(|_| vec![0u8; 9000]).collect();
+    let rmhs: Vec<Ptr> = ins.iter_mut().map(|b| api.register(recv, b)).collect();
+    let mut rreqs = Vec::new();
+    for (i, buf) in ins.iter_mut().enumerate() {
+        rreqs.push(api.recv(recv, &mut [&mut buf[..]], &[3], &[rmhs[i]]));
+    }
+    let big_req = api.send(send, &mut big, 3, big_mh);
+    for (i, rreq) in rreqs.into_iter().enumerate() {
+        let len = if i < 3 { lens[i] } else { big.len() };
+        assert_eq!(api.wait(rreq)[0], len as c_int, "receive {i}");
+    }
+    for (i, req) in sreqs.into_iter().enumerate() {
+        assert_eq!(api.wait(req)[0], lens[i] as c_int, "send {i}");
+    }
+    assert_eq!(api.wait(big_req)[0], big.len() as c_int);
+    for i in 0..3 {
+        assert!(
+            ins[i][..lens[i]] == outs[i][..],
+            "message {i} arrived changed"
+        );
+        assert!(
+            ins[i][lens[i]..].iter().all(|&b| b == 0),
+            "message {i}: written past it"
+        );
+    }
+    assert!(
+        ins[3][..big.len()] == big[..],
+        "the large message arrived changed"
+    );
+    // SAFETY: live comms and the handles registered above.
+    unsafe {
+        for (mh, comm) in smhs.iter().map(|m| (*m, send)).chain([(big_mh, send)]) {
+            assert_eq!((api.dereg_mr)(comm, mh), NCCL_SUCCESS);
+        }
+        for mh in rmhs {
+            assert_eq!((api.dereg_mr)(recv, mh), NCCL_SUCCESS);
+        }
+    }
+    close_pair_and_finalize(&api, pair, ctx);
+}
+
 #[test]
 fn a_grouped_receive_matches_each_buffer_by_tag() {
     let _serial = serial();
