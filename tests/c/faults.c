@@ -105,6 +105,15 @@ static int connect_pair(struct pair* p, int receiver, int handle_out, int handle
 }
 
 /* Fork into a connected pair. The parent is the receiver when parent_receives, else the sender. */
+/* Load and init the plugin; with FAULTS_FUSE=A,B connect over the device makeVDevice fuses from
+ * them (port-cut, and link-cut on a fused device). 0 on failure. */
+static int init_on_env_device(const char* lib, struct pair* p) {
+  p->ctx = h_load_and_init(lib);
+  if (!p->ctx) return 0;
+  const char* fuse = getenv("FAULTS_FUSE");
+  return !fuse || (h_dev = h_fuse(h_net, fuse)) >= 0;
+}
+
 static int make_pair(const char* lib, int parent_receives, struct pair* p) {
   int handle_pipe[2], down[2], up[2];
   if (pipe(handle_pipe) || pipe(down) || pipe(up)) return 0;
@@ -114,11 +123,7 @@ static int make_pair(const char* lib, int parent_receives, struct pair* p) {
   h_role = receiver ? "receiver" : "sender";
   p->to_peer = is_parent ? down[1] : up[1];
   p->from_peer = is_parent ? up[0] : down[0];
-  p->ctx = h_load_and_init(lib);
-  if (!p->ctx) return 0;
-  /* FAULTS_FUSE=A,B: connect over the device makeVDevice fuses from them (port-cut). */
-  const char* fuse = getenv("FAULTS_FUSE");
-  if (fuse && (h_dev = h_fuse(h_net, fuse)) < 0) return 0;
+  if (!init_on_env_device(lib, p)) return 0;
   return connect_pair(p, receiver, handle_pipe[1], handle_pipe[0]);
 }
 
@@ -884,11 +889,7 @@ static int make_cross_pair(const char* lib, const char* peer, int listen_port, s
   memset(p, 0, sizeof *p);
   int receiver = listen_port != 0;
   h_role = receiver ? "receiver" : "sender";
-  p->ctx = h_load_and_init(lib);
-  if (!p->ctx) return 0;
-  /* FAULTS_FUSE=A,B: run on the device makeVDevice fuses from them (a member's link is cut). */
-  const char* fuse = getenv("FAULTS_FUSE");
-  if (fuse && (h_dev = h_fuse(h_net, fuse)) < 0) return 0;
+  if (!init_on_env_device(lib, p)) return 0;
   int fd = receiver ? h_control_accept(listen_port) : h_control_dial(peer, 120);
   if (fd < 0) return 0;
   p->to_peer = p->from_peer = fd;
@@ -1019,28 +1020,18 @@ static int scenario_host_death(const char* lib, const char* peer, int listen_por
   return 0;
 }
 
-/* link-cut across two VMs (see the usage text): the receiver takes its link NIC down mid-stream. */
-static int scenario_link_cut(const char* lib, const char* peer, int listen_port) {
-  struct pair p;
-  if (!make_cross_pair(lib, peer, listen_port, &p)) return 1;
-  int receiver = listen_port != 0;
-  if (!warm_up(&p, receiver, 3)) return 1;
-  double bound = silent_peer_bound();
-  const char* what = "link cut";
+/* Transfer verified 1 MiB messages until the connection fails; after the 20th the receiver calls
+ * `cut` (which reports what it did). The failure must come within `bound` of the last completed
+ * transfer, named `what` in the lines, and a later call must fail too. */
+static void stream_until_cut(struct pair* p, int receiver, double bound, const char* what, void (*cut)(int count)) {
   int count = 0, done = 0;
   nccl_result r = NCCL_OK;
   double last = h_now();
   while (r == NCCL_OK && h_now() - last < bound + 15) {
-    r = transfer_once(&p, receiver, bound + 15 - (h_now() - last), &done);
+    r = transfer_once(p, receiver, bound + 15 - (h_now() - last), &done);
     if (!done) continue;
     last = h_now();
-    if (receiver && ++count == 20) {
-      char cmd[128];
-      const char* nic = getenv("FAULTS_CUT_IF");
-      snprintf(cmd, sizeof cmd, "ip link set %s down", nic ? nic : "eth1");
-      if (system(cmd) != 0) h_fail("%s", cmd);
-      else h_pass("%s mid-stream, after %d verified messages", cmd, count);
-    }
+    if (receiver && ++count == 20) cut(count);
   }
   double elapsed = h_now() - last;
   if (r != NCCL_OK && elapsed <= bound)
@@ -1055,13 +1046,39 @@ static int scenario_link_cut(const char* lib, const char* peer, int listen_port)
   /* Sticky: the next call on the comm fails at once. */
   double t0 = h_now();
   done = 0;
-  nccl_result later = transfer_once(&p, receiver, 5, &done);
+  nccl_result later = transfer_once(p, receiver, 5, &done);
   if (later != NCCL_OK) h_pass("%s: a later call fails too (%d) after %.2f s", what, later, h_now() - t0);
   else h_fail("%s: a later call did not fail (done=%d)", what, done);
+}
+
+/* link-cut's cut: the link NIC ($FAULTS_CUT_IF, default eth1) down. */
+static void cut_link(int count) {
+  char cmd[128];
+  const char* nic = getenv("FAULTS_CUT_IF");
+  snprintf(cmd, sizeof cmd, "ip link set %s down", nic ? nic : "eth1");
+  if (system(cmd) != 0) h_fail("%s", cmd);
+  else h_pass("%s mid-stream, after %d verified messages", cmd, count);
+}
+
+/* link-cut across two VMs (see the usage text): the receiver takes its link NIC down mid-stream. */
+static int scenario_link_cut(const char* lib, const char* peer, int listen_port) {
+  struct pair p;
+  if (!make_cross_pair(lib, peer, listen_port, &p)) return 1;
+  int receiver = listen_port != 0;
+  if (!warm_up(&p, receiver, 3)) return 1;
+  stream_until_cut(&p, receiver, silent_peer_bound(), "link cut", cut_link);
   if (receiver) h_net->close_recv(p.comm);
   else h_net->close_send(p.comm);
   if (h_net->finalize(p.ctx) != NCCL_OK) h_fail("finalize");
   return 0;
+}
+
+/* port-cut's cut: port 1 of rfab0 failed through the control file both processes watch. */
+static void cut_port(int count) {
+  const char* ctl = getenv("RIVET_FABRIC_CTL");
+  FILE* f = fopen(ctl, "a");
+  if (!f || fputs("fail-port rfab0 1\n", f) < 0 || fclose(f) != 0) h_fail("writing %s", ctl);
+  else h_pass("port 1 of the fused device cut mid-stream, after %d verified messages", count);
 }
 
 /* port-cut, over the user-space verbs fabric only (RIVET_FABRIC_PORTS=2, FAULTS_FUSE=0,1, and
@@ -1071,8 +1088,7 @@ static int scenario_link_cut(const char* lib, const char* peer, int listen_port)
  * between them. Port failover is not built (issue #39): the connection must fail on both sides
  * within 2 x the retry time + 5 s of the last completed transfer, and later calls fail at once. */
 static int scenario_port_cut(const char* lib) {
-  const char* ctl = getenv("RIVET_FABRIC_CTL");
-  if (!ctl || !getenv("FAULTS_FUSE")) {
+  if (!getenv("RIVET_FABRIC_CTL") || !getenv("FAULTS_FUSE")) {
     h_fail("port-cut needs RIVET_FABRIC_CTL and FAULTS_FUSE");
     return 1;
   }
@@ -1080,33 +1096,7 @@ static int scenario_port_cut(const char* lib) {
   if (!make_pair(lib, 1, &p)) return 1;
   int receiver = strcmp(h_role, "receiver") == 0;
   if (!warm_up(&p, receiver, 3)) return 1;
-  double bound = 2 * rdma_retry_s() + 5;
-  int count = 0, done = 0;
-  nccl_result r = NCCL_OK;
-  double last = h_now();
-  while (r == NCCL_OK && h_now() - last < bound + 15) {
-    r = transfer_once(&p, receiver, bound + 15 - (h_now() - last), &done);
-    if (!done) continue;
-    last = h_now();
-    if (receiver && ++count == 20) {
-      FILE* f = fopen(ctl, "a");
-      if (!f || fputs("fail-port rfab0 1\n", f) < 0 || fclose(f) != 0) h_fail("writing %s", ctl);
-      else h_pass("port 1 of the fused device cut mid-stream, after %d verified messages", count);
-    }
-  }
-  double elapsed = h_now() - last;
-  if (r != NCCL_OK && elapsed <= bound)
-    h_pass("port cut (no failover): error %d %.2f s after the last completed transfer (bound %.1f s): %s",
-           r, elapsed, bound, h_last_warn);
-  else if (r != NCCL_OK)
-    h_fail("port cut: error %d only %.2f s after the last completed transfer (bound %.1f s)", r, elapsed, bound);
-  else
-    h_fail("port cut: no error %.2f s after the last completed transfer", elapsed);
-  double t0 = h_now();
-  done = 0;
-  nccl_result later = transfer_once(&p, receiver, 5, &done);
-  if (later != NCCL_OK) h_pass("port cut: a later call fails too (%d) after %.2f s", later, h_now() - t0);
-  else h_fail("port cut: a later call did not fail (done=%d)", done);
+  stream_until_cut(&p, receiver, 2 * rdma_retry_s() + 5, "port cut (no failover)", cut_port);
   return end_pair(&p, receiver);
 }
 
