@@ -1097,6 +1097,10 @@ static int scenario_port_cut(const char* lib) {
   int receiver = strcmp(h_role, "receiver") == 0;
   if (!warm_up(&p, receiver, 3)) return 1;
   stream_until_cut(&p, receiver, 2 * rdma_retry_s() + 5, "port cut (no failover)", cut_port);
+  /* Closed on the error, as NCCL does: a side with nothing in flight when the port went (a sender
+   * waiting for a clear-to-send, a receiver waiting for data) learns it from the peer's socket. */
+  if (receiver) h_net->close_recv(p.comm);
+  else h_net->close_send(p.comm);
   return end_pair(&p, receiver);
 }
 
