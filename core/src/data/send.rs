@@ -211,14 +211,15 @@ impl SendPlan {
 /// clear-to-send entry as the driver read it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
-pub enum OneSend {
-    /// The send is taken: post `wr` (one signaled write with immediate). A post that fails must
-    /// be reported with [`SendConn::post_failed`]: the connection fails.
+pub enum OneSend<'a> {
+    /// The send is taken: post `wr` (one signaled write with immediate; its payload inline when
+    /// the driver handed the bytes over). A post that fails must be reported with
+    /// [`SendConn::post_failed`]: the connection fails.
     Post {
         /// The request NCCL gets.
         req: RequestId,
         /// The work request to post.
-        wr: SendWr<'static>,
+        wr: SendWr<'a>,
     },
     /// The head receive's entry has not landed yet: try later.
     NotYet,
@@ -252,6 +253,8 @@ pub struct SendConn {
     ar_threshold: u64,
     /// The eager path's sending half ([`super::eager`]).
     eager: EagerTx,
+    /// Host-memory sends of up to this many bytes carry their payload inline (0: never).
+    inline_max: u64,
 }
 
 /// What the sender keeps for the eager path.
@@ -354,7 +357,15 @@ impl SendConn {
                 waiting: Fifo::new(NO_WAITING),
                 resending: false,
             },
+            inline_max: 0,
         }
+    }
+
+    /// Let one-buffer sends of up to `max_inline` bytes (the queue pair's inline limit) whose
+    /// bytes the driver hands over (host memory) carry them inline
+    /// ([`isend_one`](Self::isend_one)).
+    pub fn set_inline_max(&mut self, max_inline: usize) {
+        self.inline_max = max_inline as u64;
     }
 
     /// Send messages of up to `threshold` bytes (at most [`EAGER_MAX`]) eager when the peer
@@ -664,14 +675,21 @@ impl SendConn {
     /// here and returned as the one work request to post: the core does not call the NIC, the
     /// driver posts. Every other case is left to [`isend`](Self::isend) ([`OneSend::General`]),
     /// which reads the entries again.
+    ///
+    /// `host`: the send's bytes, when the driver can hand them over (host memory). Up to the
+    /// limit of [`set_inline_max`](Self::set_inline_max) the write carries them inline: the NIC
+    /// copies them at the post and reads no memory later, as `ib_send_lat` sends small messages
+    /// (on Soft-RoCE half a microsecond of an 8-byte message's latency). Ignored unless it is
+    /// exactly `buf.len` bytes.
     #[inline(always)]
-    pub fn isend_one(
+    pub fn isend_one<'a>(
         &mut self,
         stamp: u32,
         entry: &[u8; CTS_ENTRY_LEN],
         buf: SendBuf,
         tag: u32,
-    ) -> Result<OneSend, DataError> {
+        host: Option<&'a [u8]>,
+    ) -> Result<OneSend<'a>, DataError> {
         self.health.check()?;
         if stamp != stamp_for(self.seq) {
             // Not there yet: the general path may send it eager.
@@ -704,11 +722,16 @@ impl SendConn {
         let Some(req_index) = self.requests.next_free() else {
             return Ok(OneSend::General);
         };
-        let payload = Payload::Local(Sge {
-            addr: buf.addr,
-            len: buf.len as u32,
-            lkey: buf.lkey,
-        });
+        let payload = match host {
+            Some(bytes) if bytes.len() as u64 == buf.len && buf.len <= self.inline_max => {
+                Payload::Inline(bytes)
+            }
+            _ => Payload::Local(Sge {
+                addr: buf.addr,
+                len: buf.len as u32,
+                lkey: buf.lkey,
+            }),
+        };
         let (req, wr) = self.end_whole(req_index, buf.len as u32, payload, cts.addr, cts.rkey);
         Ok(OneSend::Post { req, wr })
     }
@@ -728,28 +751,28 @@ impl SendConn {
     /// position, records the request in flight and the slot ending, moves to the next receive.
     /// The caller posts the work request.
     #[inline(always)]
-    fn end_whole(
+    fn end_whole<'a>(
         &mut self,
         req_index: u8,
         size: u32,
-        payload: Payload<'static>,
+        payload: Payload<'a>,
         remote_addr: u64,
         rkey: u32,
-    ) -> (RequestId, SendWr<'static>) {
+    ) -> (RequestId, SendWr<'a>) {
         self.end_whole_as(req_index, false, size, payload, remote_addr, rkey)
     }
 
     /// [`end_whole`](Self::end_whole) for a new request, or (`reuse`) one that exists already.
     #[inline(always)]
-    fn end_whole_as(
+    fn end_whole_as<'a>(
         &mut self,
         req_index: u8,
         reuse: bool,
         size: u32,
-        payload: Payload<'static>,
+        payload: Payload<'a>,
         remote_addr: u64,
         rkey: u32,
-    ) -> (RequestId, SendWr<'static>) {
+    ) -> (RequestId, SendWr<'a>) {
         let slot = self.seq as u8;
         let imm = Imm {
             seq16: self.seq as u16,

@@ -29,7 +29,7 @@ pub fn isend_direct_host(
     tag: u32,
 ) -> Result<Option<RequestId>, DataError> {
     if let Some((stamp, entry)) = read_head(send, nic) {
-        match send.isend_one(stamp, &entry, buf, tag)? {
+        match send.isend_one(stamp, &entry, buf, tag, host)? {
             OneSend::Post { req, wr } => {
                 return match nic.post_send(&[wr]) {
                     Ok(()) => Ok(Some(req)),

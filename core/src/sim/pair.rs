@@ -58,6 +58,7 @@ impl DataPair {
         }
         let (send_nic, mut recv_nic) = fabric.connect(send_ep, send_config, recv_ep, recv_config);
         let mut send = SendConn::new(recv_nic.inbound_region());
+        send.set_inline_max(crate::nic::Nic::max_inline(&send_nic));
         let mut recv = RecvConn::new(send_nic.inbound_region());
         if let Some(threshold) = eager {
             assert_eq!(

@@ -327,6 +327,7 @@ pub(crate) fn connect(
                 let mut conn = SendConn::new(remote.inbound);
                 conn.set_adaptive_routing(ar_threshold);
                 conn.enable_eager(eager_threshold);
+                conn.set_inline_max(rivet_core::nic::Nic::max_inline(&endpoints[0]));
                 let endpoint = endpoints.remove(0);
                 let side = Side::new(conn, endpoint, socket, peer);
                 return data::insert(DataComm::Send(side)).map(Some);

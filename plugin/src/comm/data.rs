@@ -9,7 +9,9 @@
 //!
 //! Unsafe (opted in): `closeSend`/`closeRecv` remove the comm from its handle table, which
 //! [`crate::handle`] makes `unsafe` (no reference to it may be in use; NCCL's contract guarantees
-//! it).
+//! it); and a small host-memory send's bytes are read as a slice (`host_bytes`), for the NIC to
+//! copy inline or the eager path to copy into the ring (the range checked against its
+//! registration; NCCL keeps the buffer unchanged until the request completes).
 
 #![allow(unsafe_code)]
 
@@ -451,7 +453,12 @@ impl SendPath for SendConn {
             // The stamp first, then the entry (`read_inbound_stamped` orders the reads): a stamp
             // seen fresh is never paired with fields older than it.
             let (stamp, entry) = nic.read_inbound_stamped::<CTS_ENTRY_LEN>(offset);
-            match self.isend_one(stamp, &entry, buf, tag)? {
+            // A host-memory send's bytes: the core sends the small ones inline.
+            let host = (host_memory && buf.len != 0)
+                // SAFETY: as `host_bytes` asks: `Side::isend` checked the range against the
+                // send's host-memory registration; the slice lives until the post copied it.
+                .then(|| unsafe { host_bytes(buf) });
+            match self.isend_one(stamp, &entry, buf, tag, host)? {
                 OneSend::Post { req, wr } => {
                     return match nic.post_send(&[wr]) {
                         Ok(()) => Ok(Some(req)),
@@ -476,18 +483,28 @@ fn isend_general(
     host_memory: bool,
     tag: u32,
 ) -> Result<Option<RequestId>, DataError> {
-    let host = (host_memory && buf.len <= conn.eager_threshold()).then(|| {
-        if buf.len == 0 {
-            &[][..]
-        } else {
-            // SAFETY: `Side::isend` checked `addr..addr + len` lies inside the send's
-            // registration, which NCCL made of host memory (`NCCL_PTR_HOST`); NCCL keeps a
-            // send buffer alive and unchanged until its request completes, and the slice lives
-            // only for this call (the eager path copies from it here).
-            unsafe { core::slice::from_raw_parts(buf.addr as usize as *const u8, buf.len as usize) }
-        }
-    });
+    let host = (host_memory && buf.len <= conn.eager_threshold())
+        // SAFETY: as `host_bytes` asks: `Side::isend` checked the range against the send's
+        // host-memory registration; the slice lives only for this call (the eager path copies
+        // from it here).
+        .then(|| unsafe { host_bytes(buf) });
     conn.isend_host(nic, buf, host, tag)
+}
+
+/// The bytes of a host-memory send, for the NIC or the eager path to copy.
+///
+/// # Safety
+/// `buf.addr..buf.addr + buf.len` must lie inside a registration NCCL made of host memory
+/// (`NCCL_PTR_HOST`; `Side::isend` checks the range), and the slice must not outlive the call
+/// that copies it: NCCL keeps a send buffer alive and unchanged until its request completes.
+#[inline(always)]
+unsafe fn host_bytes<'a>(buf: SendBuf) -> &'a [u8] {
+    if buf.len == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller's promise above: the range is live, readable host memory.
+        unsafe { core::slice::from_raw_parts(buf.addr as usize as *const u8, buf.len as usize) }
+    }
 }
 
 impl RecvPath for RecvConn {

@@ -447,13 +447,13 @@ fn isend_one(
     nic: &mut MockNic,
     len: u64,
     tag: u32,
-) -> Result<OneSend, DataError> {
+) -> Result<OneSend<'static>, DataError> {
     let offset = s.head_entry().expect("the one-buffer path may decide");
     let mut stamp = [0u8; 4];
     nic.read_inbound(offset + CTS_ENTRY_LEN - 4, &mut stamp);
     let mut entry = [0u8; CTS_ENTRY_LEN];
     nic.read_inbound(offset, &mut entry);
-    let decided = s.isend_one(u32::from_le_bytes(stamp), &entry, buf(len), tag)?;
+    let decided = s.isend_one(u32::from_le_bytes(stamp), &entry, buf(len), tag, None)?;
     if let OneSend::Post { wr, .. } = decided {
         nic.post_send(&[wr]).expect("mock posts");
     }
@@ -500,6 +500,76 @@ fn unread_isend_one_without_a_landed_entry_is_not_yet() {
     assert_eq!(isend_one(&mut s, &mut nic, 8, 0), Ok(OneSend::NotYet));
     assert!(nic.sent.is_empty());
     assert_eq!(s.outstanding(), 0);
+}
+
+#[test]
+fn unread_isend_one_carries_handed_bytes_inline_and_nothing_else() {
+    // The bytes the driver hands over go inline, in place of the scatter entry; the same write
+    // otherwise (immediate, remote address, key, signaling, request).
+    let bytes = [0xa5u8; 8];
+    let (mut plain, mut nic_p) = sender(64);
+    let (mut inline, mut nic_i) = sender(64);
+    inline.set_inline_max(8);
+    for nic in [&mut nic_p, &mut nic_i] {
+        for seq in 0..3 {
+            write_cts(nic, seq, &[(100, 5)]);
+        }
+    }
+    let read = |s: &SendConn, nic: &MockNic| {
+        let offset = s.head_entry().expect("one-buffer path");
+        let mut stamp = [0u8; 4];
+        nic.read_inbound(offset + CTS_ENTRY_LEN - 4, &mut stamp);
+        let mut entry = [0u8; CTS_ENTRY_LEN];
+        nic.read_inbound(offset, &mut entry);
+        (u32::from_le_bytes(stamp), entry)
+    };
+    let (stamp, entry) = read(&plain, &nic_p);
+    // Without a limit set, handed bytes change nothing.
+    let OneSend::Post { req: req_p, wr } = plain
+        .isend_one(stamp, &entry, buf(8), 5, Some(&bytes))
+        .unwrap()
+    else {
+        panic!("posted");
+    };
+    nic_p.post_send(&[wr]).unwrap();
+    let (stamp, entry) = read(&inline, &nic_i);
+    let OneSend::Post { req: req_i, wr } = inline
+        .isend_one(stamp, &entry, buf(8), 5, Some(&bytes))
+        .unwrap()
+    else {
+        panic!("posted");
+    };
+    nic_i.post_send(&[wr]).unwrap();
+    assert_eq!(req_p, req_i);
+    let (p, i) = (nic_p.last().clone(), nic_i.last().clone());
+    assert!(!p.inline && p.local.is_some());
+    assert!(i.inline && i.local.is_none());
+    assert_eq!(i.bytes, bytes.to_vec());
+    assert_eq!(
+        (p.op, p.remote_addr, p.rkey, p.signaled, p.wr_id),
+        (i.op, i.remote_addr, i.rkey, i.signaled, i.wr_id)
+    );
+    // Bytes that are not exactly the send's are not used.
+    let (stamp, entry) = read(&inline, &nic_i);
+    let OneSend::Post { wr, .. } = inline
+        .isend_one(stamp, &entry, buf(8), 5, Some(&bytes[..4]))
+        .unwrap()
+    else {
+        panic!("posted");
+    };
+    nic_i.post_send(&[wr]).unwrap();
+    assert!(!nic_i.last().inline && nic_i.last().local.is_some());
+    // Nor are bytes above the limit.
+    let big = [1u8; 9];
+    let (stamp, entry) = read(&inline, &nic_i);
+    let OneSend::Post { wr, .. } = inline
+        .isend_one(stamp, &entry, buf(9), 5, Some(&big))
+        .unwrap()
+    else {
+        panic!("posted");
+    };
+    nic_i.post_send(&[wr]).unwrap();
+    assert!(!nic_i.last().inline && nic_i.last().local.is_some());
 }
 
 #[test]
@@ -561,14 +631,14 @@ fn unread_isend_one_waits_for_the_slot_and_reports_failures() {
     let (mut s, mut nic) = sender(64);
     write_cts(&mut nic, 0, &[(100, 5)]);
     let (stamp, entry) = crate::sim::read_head(&s, &nic).expect("slot 0 is idle");
-    let OneSend::Post { req, .. } = s.isend_one(stamp, &entry, buf(8), 5).unwrap() else {
+    let OneSend::Post { req, .. } = s.isend_one(stamp, &entry, buf(8), 5, None).unwrap() else {
         panic!("a one-buffer send");
     };
     assert_eq!(s.outstanding(), 1);
     let err = s.post_failed(req, NicError::Post { errno: 12 });
     assert_eq!(s.failure(), Some(&err));
     assert_eq!(s.outstanding(), 0, "the request never handed out is freed");
-    assert_eq!(s.isend_one(stamp, &entry, buf(8), 5), Err(err));
+    assert_eq!(s.isend_one(stamp, &entry, buf(8), 5, None), Err(err));
     assert_eq!(s.isend(&mut nic, buf(8), 5), Err(err));
 }
 
