@@ -66,16 +66,24 @@
 //!
 //! | kind | code | body |
 //! |---|---:|---|
-//! | [`ConnectRequest`] | 1 | listen id `u64` @0, Rivet version length @8, Rivet version (16 bytes) @9, [`Lanes`] count − 1 (0..=127) @25, width − 1 (0..count) @26, reserved zero @27, sender [`EndpointInfo`] (lane 0) @28; 108 bytes |
+//! | [`ConnectRequest`] | 1 | listen id `u64` @0, Rivet version length @8, Rivet version (16 bytes) @9, [`Lanes`] count − 1 (0..=127) @25, width − 1 (0..count) @26, options @27 (0, or 1: port failover asked), sender [`EndpointInfo`] (lane 0) @28; 108 bytes |
 //! | [`AcceptReply`] | 2 | receiver [`EndpointInfo`]; 80 bytes |
 //! | `Ready` | 3 | empty |
 //! | [`Reject`] | 4 | reason code `u16` @0, reserved zero `u16` @2; 4 bytes |
 //! | `Lane` | 5 | one more [`EndpointInfo`] of a connection with several lanes; 80 bytes |
+//! | `Failover` | 6 | the acceptor's port failover, 0 off or 1 on, @0, reserved zero @1..4; 4 bytes |
 //!
 //! A connection with `count` lanes sends `count - 1` Lane frames right after the connect request
 //! (the connector's lanes 1.., in order) and `count - 1` right after the accept reply (the
 //! acceptor's). Lane bytes were reserved zero before lanes existed, so a one-lane request is
 //! byte for byte what earlier releases of this wire version send.
+//!
+//! A connector with port failover on (`NCCL_IB_RESILIENCY_PORT_FAILOVER`, issue #39) sets the
+//! request's option byte to 1, and the acceptor then answers with one Failover frame after its
+//! lanes (whether it has failover on too); a connection fails over only when both have it. The
+//! option byte was reserved zero before, so a connector without failover sends byte for byte what
+//! earlier releases of this wire version send, and an earlier acceptor refuses a request with it
+//! (a clear handshake error on both ends rather than a connection whose ends disagree).
 //!
 //! # Endpoint info ([`EndpointInfo`], [`ENDPOINT_INFO_LEN`] = 80 bytes)
 //!

@@ -165,7 +165,7 @@ fn structured_round_trip(u: &mut Unstructured<'_>) -> Result<()> {
     }
 
     let valid = info.validate().is_ok();
-    let message = match u.int_in_range(0..=4)? {
+    let message = match u.int_in_range(0..=5)? {
         0 => {
             let count = u.int_in_range(1..=MAX_LANES)?;
             let width = u.int_in_range(1..=count)?;
@@ -173,12 +173,14 @@ fn structured_round_trip(u: &mut Unstructured<'_>) -> Result<()> {
                 listen_id: u.arbitrary()?,
                 rivet_version: h.rivet_version,
                 lanes: Lanes::new(count, width).expect("count and width in range"),
+                failover: u.arbitrary()?,
                 sender: info,
             })
         }
         1 => Message::AcceptReply(AcceptReply { receiver: info }),
         2 => Message::Ready,
         3 => Message::Lane(info),
+        4 => Message::Failover(u.arbitrary()?),
         _ => {
             let reason = RejectReason::from_code(u.int_in_range(1..=6)?).expect("codes 1..=6");
             Message::Reject(Reject { reason })

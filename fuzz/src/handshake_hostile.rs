@@ -72,6 +72,7 @@ fn canned(k: u8) -> Vec<u8> {
             listen_id,
             rivet_version: RivetVersion::ours(),
             lanes: Lanes::ONE,
+            failover: false,
             sender: connector_local(),
         })
         .encode()

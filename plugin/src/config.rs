@@ -88,6 +88,39 @@ pub(crate) struct Config {
     /// [`EAGER_MAX`](rivet_core::data::eager::EAGER_MAX), 0 off): host-memory sends up to this
     /// size may go eager, and receive comms take eager messages (single-queue-pair connections).
     pub(crate) eager_threshold: u64,
+    /// Port failover among a fused device's ports (issue #39), under NCCL's names.
+    pub(crate) failover: FailoverSettings,
+}
+
+/// NCCL's port failover settings (`src/transport/net_ib/p2p_resiliency*` in NCCL's tree).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FailoverSettings {
+    /// `NCCL_IB_RESILIENCY_PORT_FAILOVER` (0 or 1, default 0): a connection over a fused device
+    /// moves a failed port's queue pairs to a surviving port instead of failing.
+    pub(crate) on: bool,
+    /// `NCCL_IB_RESILIENCY_PORT_FAILOVER_MAX_ATTEMPTS` (default 1): failovers one connection
+    /// may make before its next port failure fails it.
+    pub(crate) max_attempts: u32,
+}
+
+impl FailoverSettings {
+    fn from_env() -> Self {
+        Self {
+            on: ranged::<u8>("NCCL_IB_RESILIENCY_PORT_FAILOVER", 0, 1) == Some(1),
+            max_attempts: ranged(
+                "NCCL_IB_RESILIENCY_PORT_FAILOVER_MAX_ATTEMPTS",
+                0,
+                1_000_000,
+            )
+            .unwrap_or(1),
+        }
+    }
+
+    /// Whether a connection over `ports` ports asks for (or agrees to) failover: on, and a port
+    /// to fail over to.
+    pub(crate) fn wanted(&self, ports: usize) -> bool {
+        self.on && ports > 1
+    }
 }
 
 /// NCCL's multi-QP settings, read as NCCL reads them.
@@ -202,6 +235,7 @@ impl Config {
                 rivet_core::data::eager::EAGER_MAX as i64,
             )
             .unwrap_or(rivet_core::data::eager::DEFAULT_EAGER_THRESHOLD),
+            failover: FailoverSettings::from_env(),
             mesh: match var("RIVET_MESH").as_deref() {
                 None | Some("0") => false,
                 Some("1") => true,

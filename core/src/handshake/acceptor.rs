@@ -91,6 +91,10 @@ pub struct Acceptor {
     lanes: Lanes,
     /// The connector's lanes as their frames arrive: the request's endpoint, then each Lane's.
     remotes: Vec<EndpointInfo>,
+    /// This end has port failover on ([`with_failover`](Acceptor::with_failover)).
+    failover_on: bool,
+    /// The request asked for port failover.
+    failover_asked: bool,
 }
 
 impl Acceptor {
@@ -104,7 +108,22 @@ impl Acceptor {
             peer_version: None,
             lanes: Lanes::ONE,
             remotes: Vec::new(),
+            failover_on: false,
+            failover_asked: false,
         }
+    }
+
+    /// This end has port failover on: a request that asks for it is answered so (after the
+    /// lanes of the reply), and the connection fails over ([`failover`](Self::failover)).
+    pub fn with_failover(mut self, on: bool) -> Self {
+        self.failover_on = on;
+        self
+    }
+
+    /// Whether the connection fails over among its ports: the connector asked and this end has
+    /// it on (known once the request arrived).
+    pub fn failover(&self) -> bool {
+        self.failover_asked && self.failover_on
     }
 
     /// The connection's lanes, from the connect request (one before it arrived).
@@ -237,6 +256,7 @@ impl Acceptor {
                     }));
                 }
                 self.lanes = request.lanes;
+                self.failover_asked = request.failover;
                 self.remotes.push(request.sender);
                 self.lane_arrived();
                 Ok(())
@@ -317,6 +337,11 @@ impl Acceptor {
         }));
         for &lane in &locals[1..] {
             self.common.outbox.push(&Message::Lane(lane));
+        }
+        if self.failover_asked {
+            self.common
+                .outbox
+                .push(&Message::Failover(self.failover_on));
         }
         self.state = State::AwaitingReady {
             remote,

@@ -99,6 +99,10 @@ pub struct Connector {
     locals: Vec<EndpointInfo>,
     /// The acceptor's lanes as their frames arrive: the reply's endpoint, then each Lane's.
     remotes: Vec<EndpointInfo>,
+    /// The request asked for port failover.
+    failover_asked: bool,
+    /// The acceptor's answer to it, once its Failover frame arrived.
+    peer_failover: Option<bool>,
 }
 
 impl Connector {
@@ -129,6 +133,21 @@ impl Connector {
         now: Instant,
         timeout: Duration,
     ) -> Self {
+        Self::with_options(handle, locals, width, false, now, timeout)
+    }
+
+    /// Like [`with_lanes`](Self::with_lanes), asking for port failover when `failover` is set
+    /// (this end has it on): the acceptor then answers whether it has it on too, after its lanes
+    /// and before the queue pairs are brought up ([`failover`](Self::failover)). An acceptor of
+    /// an earlier release refuses such a request.
+    pub fn with_options(
+        handle: &ListenHandle,
+        locals: &[EndpointInfo],
+        width: usize,
+        failover: bool,
+        now: Instant,
+        timeout: Duration,
+    ) -> Self {
         let mut common = Common::new(now, timeout);
         let stage = ConnectorStage::SendingRequest.name();
         let lanes = Lanes::new(locals.len(), width);
@@ -139,6 +158,7 @@ impl Connector {
                     listen_id: handle.listen_id,
                     rivet_version: RivetVersion::ours(),
                     lanes,
+                    failover,
                     sender: first,
                 }));
                 for &lane in &locals[1..] {
@@ -158,7 +178,15 @@ impl Connector {
             listener_version: handle.rivet_version,
             locals: locals.to_vec(),
             remotes: Vec::new(),
+            failover_asked: failover,
+            peer_failover: None,
         }
+    }
+
+    /// Whether the connection fails over among its ports: this end asked and the acceptor has
+    /// it on too (known once the queue pairs are brought up; false before).
+    pub fn failover(&self) -> bool {
+        self.failover_asked && self.peer_failover == Some(true)
     }
 
     /// Where the machine is.
@@ -262,8 +290,11 @@ impl Connector {
         };
         let allowed: &[MessageKind] = if self.remotes.is_empty() {
             &[MessageKind::AcceptReply, MessageKind::Reject]
-        } else {
+        } else if self.remotes.len() < self.locals.len() {
             &[MessageKind::Lane, MessageKind::Reject]
+        } else {
+            // Every lane is in: only a request with failover waits for more.
+            &[MessageKind::Failover, MessageKind::Reject]
         };
         let message = match reader.push(bytes, allowed) {
             Ok(None) => return Ok(()),
@@ -281,6 +312,11 @@ impl Connector {
         let remote = match message {
             Message::AcceptReply(reply) => reply.receiver,
             Message::Lane(lane) => lane,
+            Message::Failover(on) => {
+                self.peer_failover = Some(on);
+                self.bring_up();
+                return Ok(());
+            }
             Message::Reject(reject) => {
                 return Err(self.fail(HandshakeError::Rejected {
                     stage,
@@ -306,16 +342,22 @@ impl Connector {
             return Err(self.fail(HandshakeError::Incompatible { stage, what }));
         }
         self.remotes.push(remote);
-        if self.remotes.len() < self.locals.len() {
+        if self.remotes.len() < self.locals.len() || self.failover_asked {
+            // More lanes, or the acceptor's failover answer, to read.
             self.state = State::AwaitingReply(FrameReader::new());
             return Ok(());
         }
+        self.bring_up();
+        Ok(())
+    }
+
+    /// Everything of the acceptor arrived: the driver brings the queue pairs up.
+    fn bring_up(&mut self) {
         let remote = self.remotes[0];
         self.state = State::BringingUp { remote };
         self.common
             .events
             .push_back(ConnectorEvent::BringUp { remote });
-        Ok(())
     }
 
     /// The driver moved the QP to RTR and RTS after [`ConnectorEvent::BringUp`]: queues ready.

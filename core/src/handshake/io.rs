@@ -234,5 +234,6 @@ pub(crate) fn unexpected(kind: MessageKind) -> &'static str {
         MessageKind::Ready => "the peer sent ready, which is not allowed here",
         MessageKind::Reject => "the peer sent a reject, which is not allowed here",
         MessageKind::Lane => "the peer sent a lane, which is not allowed here",
+        MessageKind::Failover => "the peer sent a failover answer, which is not allowed here",
     }
 }

@@ -43,6 +43,7 @@ fn request_frame(listen_id: u64) -> Vec<u8> {
         listen_id,
         rivet_version: RivetVersion::ours(),
         lanes: Lanes::ONE,
+        failover: false,
         sender: connector_local(),
     })
     .encode()
@@ -204,6 +205,7 @@ fn sending_request_transmits_connect_request() {
             listen_id: LISTEN_ID,
             rivet_version: RivetVersion::ours(),
             lanes: Lanes::ONE,
+            failover: false,
             sender: connector_local(),
         })]
     );
@@ -1161,13 +1163,24 @@ fn pump_pair(seed: u64) {
 /// A connector of `count` lanes (each message over `width`) and an acceptor pumped against
 /// each other; each end must learn every lane of the other, in order.
 fn pump_lanes(seed: u64, count: usize, width: usize) {
+    assert_eq!(pump_with(seed, count, width, false, false), (false, false));
+}
+
+/// [`pump_lanes`] with port failover on or off at each end: what each end concluded.
+fn pump_with(
+    seed: u64,
+    count: usize,
+    width: usize,
+    c_failover: bool,
+    a_failover: bool,
+) -> (bool, bool) {
     let mut rng = XorShift(seed | 1);
     let (c_lanes, a_lanes) = (
         lanes_of(connector_local(), count),
         lanes_of(acceptor_local(), count),
     );
-    let mut c = Connector::with_lanes(&handle(), &c_lanes, width, T0, TIMEOUT);
-    let mut a = Acceptor::new(LISTEN_ID, T0, TIMEOUT);
+    let mut c = Connector::with_options(&handle(), &c_lanes, width, c_failover, T0, TIMEOUT);
+    let mut a = Acceptor::new(LISTEN_ID, T0, TIMEOUT).with_failover(a_failover);
     let (mut c_to_a, mut a_to_c) = (Vec::new(), Vec::new());
     let (mut c_events, mut a_events) = (Vec::new(), Vec::new());
     for _ in 0..10_000 {
@@ -1226,6 +1239,79 @@ fn pump_lanes(seed: u64, count: usize, width: usize) {
         "seed {seed}: bytes left in a pipe"
     );
     assert!(c.poll_transmit().is_empty() && a.poll_transmit().is_empty());
+    (c.failover(), a.failover())
+}
+
+#[test]
+fn failover_is_on_only_when_both_ends_have_it() {
+    for (c_on, a_on) in [(false, false), (true, false), (false, true), (true, true)] {
+        for seed in 0..60 {
+            for (count, width) in [(1, 1), (2, 2), (3, 1)] {
+                let both = c_on && a_on;
+                assert_eq!(
+                    pump_with(0x5eed ^ seed, count, width, c_on, a_on),
+                    (both, both),
+                    "connector {c_on}, acceptor {a_on}, seed {seed}, lanes {count}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_request_without_failover_is_byte_for_byte_the_earlier_one() {
+    let locals = lanes_of(connector_local(), 2);
+    let plain = Connector::with_lanes(&handle(), &locals, 2, T0, TIMEOUT);
+    let off = Connector::with_options(&handle(), &locals, 2, false, T0, TIMEOUT);
+    let on = Connector::with_options(&handle(), &locals, 2, true, T0, TIMEOUT);
+    assert_eq!(plain.poll_transmit(), off.poll_transmit());
+    // Byte 27 of the request body, after the 12-byte frame header: 0 without, 1 with.
+    assert_eq!(off.poll_transmit()[12 + 27], 0);
+    assert_eq!(on.poll_transmit()[12 + 27], 1);
+    let mut differing = plain
+        .poll_transmit()
+        .iter()
+        .zip(on.poll_transmit())
+        .enumerate()
+        .filter(|(_, (a, b))| a != b)
+        .map(|(i, _)| i);
+    assert_eq!(differing.next(), Some(12 + 27));
+    assert_eq!(differing.next(), None, "only the option byte differs");
+}
+
+#[test]
+fn a_connector_asking_for_failover_waits_for_the_answer_and_refuses_anything_else() {
+    let reply = Message::AcceptReply(AcceptReply {
+        receiver: acceptor_local(),
+    })
+    .encode();
+    let asking = || {
+        let mut c = Connector::with_options(&handle(), &[connector_local()], 1, true, T0, TIMEOUT);
+        drain(&mut c);
+        assert_eq!(feed(&mut c, &reply), Ok(reply.len()));
+        c
+    };
+    let mut c = asking();
+    assert_eq!(c.poll_event(), None, "no bring-up before the answer");
+    assert!(!c.failover());
+    // Ready in place of the answer is a protocol error.
+    assert!(feed(&mut c, &Message::Ready.encode()).is_err());
+    assert!(c.error().is_some());
+    // The answer "off": brought up without failover.
+    let mut c = asking();
+    feed(&mut c, &Message::Failover(false).encode()).unwrap();
+    assert!(matches!(
+        c.poll_event(),
+        Some(ConnectorEvent::BringUp { .. })
+    ));
+    assert!(!c.failover());
+    let mut c = asking();
+    feed(&mut c, &Message::Failover(true).encode()).unwrap();
+    assert!(matches!(
+        c.poll_event(),
+        Some(ConnectorEvent::BringUp { .. })
+    ));
+    assert!(c.failover());
 }
 
 #[test]
@@ -1274,6 +1360,7 @@ fn lanes_connect_request_is_followed_by_one_lane_frame_per_further_lane() {
                 listen_id: LISTEN_ID,
                 rivet_version: RivetVersion::ours(),
                 lanes: Lanes::new(3, 3).unwrap(),
+                failover: false,
                 sender: locals[0],
             }),
             Message::Lane(locals[1]),

@@ -53,6 +53,19 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads `N` reserved bytes, which must all be zero.
+    /// One byte that is 0 or 1 (a flag whose other bits are reserved).
+    pub(crate) fn flag(&mut self, field: &'static str) -> Result<bool, WireError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            b => Err(WireError::BadField {
+                field,
+                value: u64::from(b),
+                expected: "0 or 1",
+            }),
+        }
+    }
+
     pub(crate) fn reserved<const N: usize>(
         &mut self,
         field: &'static str,

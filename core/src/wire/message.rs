@@ -21,6 +21,7 @@ pub const MAX_FRAME_LEN: usize = HEADER_LEN + CONNECT_REQUEST_LEN;
 
 const CONNECT_REQUEST_LEN: usize = 28 + ENDPOINT_INFO_LEN;
 const REJECT_LEN: usize = 4;
+const FAILOVER_LEN: usize = 4;
 
 /// Most queue pairs ("lanes") one connection may have: NCCL's `NCCL_IB_MAX_QPS`, which bounds
 /// `NCCL_IB_QPS_PER_CONNECTION` times the ports of a fused device.
@@ -40,6 +41,9 @@ pub enum MessageKind {
     /// `Lane`: one more queue pair of a connection with several ([`Lanes`]); the connector
     /// sends `count - 1` of them right after its request, the acceptor right after its reply.
     Lane,
+    /// `Failover`: acceptor to connector, after its lanes, only when the request asked for port
+    /// failover ([`ConnectRequest::failover`]): whether the acceptor has it on too.
+    Failover,
 }
 
 impl MessageKind {
@@ -51,6 +55,7 @@ impl MessageKind {
             Self::Ready => 3,
             Self::Reject => 4,
             Self::Lane => 5,
+            Self::Failover => 6,
         }
     }
 
@@ -62,6 +67,7 @@ impl MessageKind {
             3 => Some(Self::Ready),
             4 => Some(Self::Reject),
             5 => Some(Self::Lane),
+            6 => Some(Self::Failover),
             _ => None,
         }
     }
@@ -73,6 +79,7 @@ impl MessageKind {
             Self::AcceptReply | Self::Lane => ENDPOINT_INFO_LEN,
             Self::Ready => 0,
             Self::Reject => REJECT_LEN,
+            Self::Failover => FAILOVER_LEN,
         };
         len as u32
     }
@@ -85,6 +92,7 @@ impl MessageKind {
             Self::Ready => "ready",
             Self::Reject => "reject",
             Self::Lane => "lane",
+            Self::Failover => "failover",
         }
     }
 }
@@ -299,6 +307,11 @@ pub struct ConnectRequest {
     pub rivet_version: RivetVersion,
     /// The connection's queue pairs; `count - 1` [`Message::Lane`] frames follow the request.
     pub lanes: Lanes,
+    /// The connector has port failover on (`NCCL_IB_RESILIENCY_PORT_FAILOVER`): the acceptor
+    /// answers with a [`Message::Failover`] after its lanes. Byte 27, bit 0; the byte was
+    /// reserved zero before, so a request without failover is byte for byte what earlier
+    /// releases of this wire version send (and an earlier acceptor refuses one with it).
+    pub failover: bool,
     /// The connector's QP (lane 0) and inbound region.
     pub sender: EndpointInfo,
 }
@@ -331,6 +344,9 @@ pub enum Message {
     /// One more queue pair of a connection with several: lanes `1..count` in order, each with its
     /// own inbound region.
     Lane(EndpointInfo),
+    /// Acceptor to connector, answering a request with failover: whether the acceptor has port
+    /// failover on too (both must, for a connection to fail over).
+    Failover(bool),
 }
 
 impl Message {
@@ -342,6 +358,7 @@ impl Message {
             Self::Ready => MessageKind::Ready,
             Self::Reject(_) => MessageKind::Reject,
             Self::Lane(_) => MessageKind::Lane,
+            Self::Failover(_) => MessageKind::Failover,
         }
     }
 
@@ -353,7 +370,11 @@ impl Message {
                 out.extend_from_slice(&m.listen_id.to_le_bytes());
                 out.push(m.rivet_version.wire_len());
                 out.extend_from_slice(m.rivet_version.wire_bytes());
-                out.extend_from_slice(&[m.lanes.count - 1, m.lanes.width - 1, 0]);
+                out.extend_from_slice(&[
+                    m.lanes.count - 1,
+                    m.lanes.width - 1,
+                    u8::from(m.failover),
+                ]);
                 m.sender.encode_into(out);
             }
             Self::AcceptReply(m) => m.receiver.encode_into(out),
@@ -363,6 +384,7 @@ impl Message {
                 out.extend_from_slice(&m.reason.code().to_le_bytes());
                 out.extend_from_slice(&[0; 2]);
             }
+            Self::Failover(on) => out.extend_from_slice(&[u8::from(*on), 0, 0, 0]),
         }
     }
 
@@ -408,12 +430,13 @@ impl Message {
                     value: ((count as u64) << 8) | width as u64,
                     expected: "1..=128 lanes, each message over 1..=lanes of them",
                 })?;
-                r.reserved::<1>("connect request reserved byte")?;
+                let failover = r.flag("connect request options")?;
                 let sender = EndpointInfo::read(&mut r)?;
                 Self::ConnectRequest(ConnectRequest {
                     listen_id,
                     rivet_version,
                     lanes,
+                    failover,
                     sender,
                 })
             }
@@ -431,6 +454,11 @@ impl Message {
                 })?;
                 r.reserved::<2>("reject reserved bytes")?;
                 Self::Reject(Reject { reason })
+            }
+            MessageKind::Failover => {
+                let on = r.flag("failover answer")?;
+                r.reserved::<3>("failover reserved bytes")?;
+                Self::Failover(on)
             }
         };
         r.finish()?;

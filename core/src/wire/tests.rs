@@ -64,12 +64,13 @@ fn reseal(mut bytes: [u8; HANDLE_LEN]) -> [u8; HANDLE_LEN] {
     bytes
 }
 
-fn all_messages() -> [Message; 7] {
+fn all_messages() -> [Message; 10] {
     [
         Message::ConnectRequest(ConnectRequest {
             listen_id: 99,
             rivet_version: RivetVersion::ours(),
             lanes: Lanes::ONE,
+            failover: false,
             sender: roce_endpoint(),
         }),
         Message::AcceptReply(AcceptReply {
@@ -86,9 +87,19 @@ fn all_messages() -> [Message; 7] {
             listen_id: 7,
             rivet_version: RivetVersion::ours(),
             lanes: Lanes::new(MAX_LANES, 3).unwrap(),
+            failover: false,
             sender: ib_endpoint(),
         }),
         Message::Lane(roce_endpoint()),
+        Message::ConnectRequest(ConnectRequest {
+            listen_id: 8,
+            rivet_version: RivetVersion::ours(),
+            lanes: Lanes::new(2, 2).unwrap(),
+            failover: true,
+            sender: roce_endpoint(),
+        }),
+        Message::Failover(true),
+        Message::Failover(false),
     ]
 }
 
@@ -442,15 +453,33 @@ fn endpoint_decode_round_trips_alone() {
 #[test]
 fn connect_request_reserved_bytes_and_bad_version_string_are_rejected() {
     let good = all_messages()[0].encode();
-    let mut reserved = good.clone();
-    reserved[HEADER_LEN + 27] = 1;
+    // Byte 27: the options (bit 0 failover); any other bit is refused.
+    let mut options = good.clone();
+    options[HEADER_LEN + 27] = 1;
     assert!(matches!(
-        Message::decode(&reserved),
-        Err(WireError::BadField {
-            field: "connect request reserved byte",
+        Message::decode(&options),
+        Ok(Message::ConnectRequest(ConnectRequest {
+            failover: true,
             ..
-        })
+        }))
     ));
+    for bad in [2u8, 3, 0x80] {
+        options[HEADER_LEN + 27] = bad;
+        assert!(matches!(
+            Message::decode(&options),
+            Err(WireError::BadField {
+                field: "connect request options",
+                ..
+            })
+        ));
+    }
+    // The failover answer: 0 or 1, then three zero bytes.
+    let answer = Message::Failover(true).encode();
+    for (at, value) in [(0, 2u8), (1, 1), (3, 9)] {
+        let mut bad = answer.clone();
+        bad[HEADER_LEN + at] = value;
+        assert!(Message::decode(&bad).is_err(), "byte {at} = {value}");
+    }
     // Lanes: count 1..=128 (byte 25 holds count - 1), width 1..=count (byte 26 holds width - 1).
     for (count_byte, width_byte, ok) in [
         (0, 0, true),
@@ -546,8 +575,19 @@ fn committed_fuzz_seeds_decode() {
     }
 }
 
-fn seed_messages() -> [(&'static str, Message); 6] {
-    let [request, reply, ready, reject, _, lanes_request, lane] = all_messages();
+fn seed_messages() -> [(&'static str, Message); 8] {
+    let [
+        request,
+        reply,
+        ready,
+        reject,
+        _,
+        lanes_request,
+        lane,
+        failover_request,
+        failover,
+        _,
+    ] = all_messages();
     [
         ("connect_request", request),
         ("accept_reply", reply),
@@ -555,6 +595,8 @@ fn seed_messages() -> [(&'static str, Message); 6] {
         ("reject", reject),
         ("connect_request_lanes", lanes_request),
         ("lane", lane),
+        ("connect_request_failover", failover_request),
+        ("failover", failover),
     ]
 }
 

@@ -127,10 +127,11 @@ fn start(
     let socket = socket::start_connect(target)
         .map_err(|e| NetError::system(format!("connect: cannot reach {target}: {e}")))?;
     let locals: Vec<_> = endpoints.iter().map(|e| e.local_info(&settings)).collect();
-    let machine = Connector::with_lanes(
+    let machine = Connector::with_options(
         &listener,
         &locals,
         lanes.width(),
+        config.failover.wanted(devices),
         clock::now(),
         config.handshake_timeout,
     );
@@ -306,6 +307,7 @@ pub(crate) fn connect(
         Ok(Step::Established(remote)) => {
             write_token(handle, None);
             let remotes = pending.machine.remote_lanes().to_vec();
+            let failover = pending.machine.failover();
             let PendingConnect {
                 socket,
                 addr,
@@ -319,9 +321,11 @@ pub(crate) fn connect(
             let peer = format!("{addr} ({} qp {})", remote.device_name.as_str(), remote.qpn);
             info!(
                 INIT_NET,
-                "connected to {peer} from local QP {} ({} queue pair(s), each message over {width})",
+                "connected to {peer} from local QP {} ({} queue pair(s), each message over \
+                 {width}{})",
                 endpoints[0].qp_num(),
-                endpoints.len()
+                endpoints.len(),
+                if failover { "; port failover on" } else { "" }
             );
             if endpoints.len() == 1 {
                 let mut conn = SendConn::new(remote.inbound);

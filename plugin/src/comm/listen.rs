@@ -336,9 +336,14 @@ impl ListenComm {
                     info!(
                         INIT_NET,
                         "accepted a connection from {peer} on local QP {} ({} queue pair(s), \
-                         each message over {width})",
+                         each message over {width}{})",
                         first.qp_num(),
-                        endpoints.len()
+                        endpoints.len(),
+                        if pending.machine.failover() {
+                            "; port failover on"
+                        } else {
+                            ""
+                        }
                     );
                     return Progress::Established {
                         endpoints,
@@ -389,7 +394,8 @@ pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
                     continue;
                 };
                 let machine =
-                    Acceptor::new(comm.listen_id, clock::now(), comm.config.handshake_timeout);
+                    Acceptor::new(comm.listen_id, clock::now(), comm.config.handshake_timeout)
+                        .with_failover(comm.config.failover.wanted(ports.len()));
                 pending.push(PendingAccept {
                     ports,
                     socket: stream,
