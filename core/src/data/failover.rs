@@ -142,7 +142,10 @@ impl fmt::Display for FailoverError {
             ),
             Self::NoSurvivingPort => f.write_str("no port of the device is left"),
             Self::DevicesFailed { failed } => {
-                write!(f, "{failed} devices of the fused NIC failed (at most 1 survives)")
+                write!(
+                    f,
+                    "{failed} devices of the fused NIC failed (at most 1 survives)"
+                )
             }
             Self::Timeout { lane, after } => {
                 write!(f, "the peer did not answer for lane {lane} within {after}")
@@ -260,7 +263,11 @@ pub fn plan_sender(
     if !within(own.acked, peer.oldest, own.ended) {
         return bad("its oldest receive is outside the slot ends posted and not acknowledged");
     }
-    if !within(own.ended, peer.announced, own.acked.wrapping_add(SLOTS as u32)) {
+    if !within(
+        own.ended,
+        peer.announced,
+        own.acked.wrapping_add(SLOTS as u32),
+    ) {
         return bad("it announced fewer receives than were consumed, or more than fit");
     }
     Ok(SenderPlan {
@@ -828,7 +835,8 @@ impl Failover {
             }
             None => {
                 if !self.config.enabled {
-                    self.actions.push_back(Action::SendReport(refusal(lane, Refusal::Disabled)));
+                    self.actions
+                        .push_back(Action::SendReport(refusal(lane, Refusal::Disabled)));
                     return self.give_up(DataError::PeerLost, FailoverError::Disabled);
                 }
                 self.begin(lane, false, DataError::PeerLost, now, Some(report));
@@ -962,7 +970,9 @@ impl Failover {
         let port = if usable(usize::from(old_port)) {
             Some(old_port)
         } else {
-            (0..self.port_devices_len()).find(|&p| usable(p)).map(|p| p as u8)
+            (0..self.port_devices_len())
+                .find(|&p| usable(p))
+                .map(|p| p as u8)
         };
         let Some(port) = port else {
             return self.give_up(cause, FailoverError::NoSurvivingPort);
@@ -1030,7 +1040,10 @@ impl Failover {
         for lane in &mut self.lanes {
             *lane = None;
         }
-        if !matches!(reason, FailoverError::PeerRefused(_) | FailoverError::Disabled) {
+        if !matches!(
+            reason,
+            FailoverError::PeerRefused(_) | FailoverError::Disabled
+        ) {
             // Tell the peer, so it fails at once rather than at its deadline.
             self.actions
                 .push_back(Action::SendReport(refusal(0, Refusal::GaveUp)));

@@ -1229,11 +1229,16 @@ impl RecvConn {
                     ));
                 }
             };
-            let entries = journal.entries(seq, n).ok_or(local(DataError::InvalidArgument(
-                "the receive journal does not match the lane's receives",
-            )))?;
+            let entries = journal
+                .entries(seq, n)
+                .ok_or(local(DataError::InvalidArgument(
+                    "the receive journal does not match the lane's receives",
+                )))?;
             let mut bytes = [0u8; CTS_SLOT_LEN];
-            for (out, entry) in bytes.chunks_exact_mut(CTS_ENTRY_LEN).zip(&entries[..usize::from(n)]) {
+            for (out, entry) in bytes
+                .chunks_exact_mut(CTS_ENTRY_LEN)
+                .zip(&entries[..usize::from(n)])
+            {
                 out.copy_from_slice(&entry.encode());
             }
             let len = usize::from(n) * CTS_ENTRY_LEN;

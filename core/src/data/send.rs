@@ -1648,7 +1648,15 @@ impl SendConn {
                 continue;
             }
             if len > 0 {
-                self.replay_post(nic, WrKind::Data, slot, SendOp::Write, data, addr, entry.rkey)?;
+                self.replay_post(
+                    nic,
+                    WrKind::Data,
+                    slot,
+                    SendOp::Write,
+                    data,
+                    addr,
+                    entry.rkey,
+                )?;
                 posted += 1;
             }
         }
@@ -1670,7 +1678,15 @@ impl SendConn {
             Some((_, _, _, 0)) => {
                 let op = SendOp::WriteImm(imm(false));
                 let rkey = self.peer_records.rkey;
-                self.replay_post(nic, WrKind::SlotEnd, slot, op, Payload::Empty, record_addr, rkey)?;
+                self.replay_post(
+                    nic,
+                    WrKind::SlotEnd,
+                    slot,
+                    op,
+                    Payload::Empty,
+                    record_addr,
+                    rkey,
+                )?;
             }
             Some((data, addr, rkey, len)) if u64::from(len) <= self.ar_threshold => {
                 let op = SendOp::WriteImm(imm(false));

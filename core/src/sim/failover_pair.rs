@@ -158,11 +158,7 @@ impl FailoverPair {
     /// Drive `streams` (one per lane) to the end, calling `inject(self, step)` before each
     /// fabric step. Every receive is checked byte for byte, in order, when it completes.
     /// Panics when nothing moves for long (a hang) or when a check fails.
-    pub fn run(
-        &mut self,
-        streams: &[Stream],
-        mut inject: impl FnMut(&mut Self, usize),
-    ) -> Outcome {
+    pub fn run(&mut self, streams: &[Stream], mut inject: impl FnMut(&mut Self, usize)) -> Outcome {
         let mut step = 0usize;
         let mut idle = 0usize;
         loop {
@@ -298,7 +294,11 @@ impl FailoverPair {
                             self.progress[lane].checked, j,
                             "lane {lane}: receives complete in order"
                         );
-                        assert_eq!(usize::from(n), stream.sizes[j].len(), "lane {lane} recv {j}");
+                        assert_eq!(
+                            usize::from(n),
+                            stream.sizes[j].len(),
+                            "lane {lane} recv {j}"
+                        );
                         for (k, buf) in bufs.iter().enumerate() {
                             let len = stream.sizes[j][k];
                             assert_eq!(sizes[k] as usize, len, "lane {lane} recv {j} buf {k}");
@@ -384,7 +384,9 @@ impl FailoverPair {
                         end.quiescing = false;
                         finished = true;
                         match end.conn.failover_snapshot() {
-                            Ok(s) => self.send_fo.handle_quiesced(lane as u8, ReportBody::Sender(s)),
+                            Ok(s) => self
+                                .send_fo
+                                .handle_quiesced(lane as u8, ReportBody::Sender(s)),
                             Err(e) => self
                                 .send_fo
                                 .handle_lane_error(lane as u8, FailoverError::Local(e)),
@@ -462,7 +464,10 @@ impl FailoverPair {
                     panic!("a sender's plan")
                 };
                 // The peer's new queue pair (swapped in already if it replayed first).
-                let peer = self.receivers[l].next.as_ref().unwrap_or(&self.receivers[l].nic);
+                let peer = self.receivers[l]
+                    .next
+                    .as_ref()
+                    .unwrap_or(&self.receivers[l].nic);
                 assert_eq!(peer_qp.as_bytes(), peer.qp_num().to_le_bytes());
                 let end = &mut self.senders[l];
                 end.nic = end.next.take().expect("created");
@@ -470,8 +475,7 @@ impl FailoverPair {
                 let done = end
                     .conn
                     .failover_replay(&mut end.nic, &plan, &self.send_journals[l]);
-                self.send_fo
-                    .handle_replayed(lane, done, self.fabric.now());
+                self.send_fo.handle_replayed(lane, done, self.fabric.now());
             }
             Action::Resume { .. } => {}
             Action::GiveUp { cause, reason } => {
@@ -506,7 +510,10 @@ impl FailoverPair {
                 let Plan::Receiver(plan) = plan else {
                     panic!("a receiver's plan")
                 };
-                let peer = self.senders[l].next.as_ref().unwrap_or(&self.senders[l].nic);
+                let peer = self.senders[l]
+                    .next
+                    .as_ref()
+                    .unwrap_or(&self.senders[l].nic);
                 assert_eq!(peer_qp.as_bytes(), peer.qp_num().to_le_bytes());
                 let end = &mut self.receivers[l];
                 end.nic = end.next.take().expect("created");
@@ -514,8 +521,7 @@ impl FailoverPair {
                 let done = end
                     .conn
                     .failover_replay(&mut end.nic, &plan, &self.recv_journals[l]);
-                self.recv_fo
-                    .handle_replayed(lane, done, self.fabric.now());
+                self.recv_fo.handle_replayed(lane, done, self.fabric.now());
             }
             Action::Resume { .. } => {}
             Action::GiveUp { cause, reason } => {

@@ -5,7 +5,7 @@
 use std::vec;
 
 use super::failover_pair::{FailoverPair, Outcome, Stream};
-use crate::data::failover::{FailoverConfig, FailoverError, SeqRange, SenderPlan};
+use crate::data::failover::{FailoverConfig, FailoverError, SenderPlan, SeqRange};
 use crate::data::{DataError, ProtocolError};
 use crate::nic::WcStatus;
 use crate::time::Duration;
@@ -27,7 +27,9 @@ fn stream(receives: usize, salt: usize) -> Stream {
     let sizes = (0..receives)
         .map(|j| {
             let n = if j % 4 == 3 { 1 + (j + salt) % 8 } else { 1 };
-            (0..n).map(|k| SIZES[(j * 3 + k + salt) % SIZES.len()]).collect()
+            (0..n)
+                .map(|k| SIZES[(j * 3 + k + salt) % SIZES.len()])
+                .collect()
         })
         .collect();
     Stream { sizes }
@@ -94,7 +96,10 @@ fn one_lane_survives_a_cut_at_every_step_on_either_end() {
         }
     }
     // A cut after the last work request ran fails nothing: most cuts must have failed over.
-    assert!(failovers as usize > 2 * total, "{failovers} failovers in {total} steps");
+    assert!(
+        failovers as usize > 2 * total,
+        "{failovers} failovers in {total} steps"
+    );
 }
 
 #[test]
@@ -125,10 +130,17 @@ fn a_lane_moves_to_the_surviving_port_and_stats_count_the_replay() {
     });
     assert_eq!(outcome, Outcome::Done);
     assert_eq!(p.send_fo.lane_port(0), Some(1), "the sender's lane moved");
-    assert_eq!(p.recv_fo.lane_port(0), Some(0), "the receiver's port still works");
+    assert_eq!(
+        p.recv_fo.lane_port(0),
+        Some(0),
+        "the receiver's port still works"
+    );
     let s = p.send_fo.stats();
     assert_eq!(s.failovers, 1);
-    assert!(s.receives_replayed > 0 && s.work_requests_replayed > 0, "{s:?}");
+    assert!(
+        s.receives_replayed > 0 && s.work_requests_replayed > 0,
+        "{s:?}"
+    );
 }
 
 #[test]
@@ -153,10 +165,10 @@ fn failover_off_fails_the_connection_with_the_completion_error() {
         let reasons = [p.send_gave_up, p.recv_gave_up];
         assert!(
             reasons.contains(&Some(FailoverError::Disabled))
-                || reasons.iter().flatten().any(|r| matches!(
-                    r,
-                    FailoverError::PeerRefused(_)
-                )),
+                || reasons
+                    .iter()
+                    .flatten()
+                    .any(|r| matches!(r, FailoverError::PeerRefused(_))),
             "{reasons:?}"
         );
         if !send_on {
@@ -260,7 +272,11 @@ fn a_replayed_slot_end_of_a_completed_receive_is_refused() {
     assert_eq!(p.send.test(&mut nic, s), Ok(Completed::Pending));
     assert!(p.send.failover_quiesce(&mut nic).unwrap());
     let own = p.send.failover_snapshot().unwrap();
-    assert_eq!((own.acked, own.ended), (0, 1), "its slot end is not known complete");
+    assert_eq!(
+        (own.acked, own.ended),
+        (0, 1),
+        "its slot end is not known complete"
+    );
     p.fabric.fault_qp_error(&p.recv_nic);
     let (mut send_nic, recv_nic) = p.fabric.reconnect(&p.send_nic, &p.recv_nic);
     p.recv_nic = recv_nic;

@@ -327,7 +327,11 @@ mod tests {
         assert_eq!(with(7, 0), Err(ReportError::Field));
         assert_eq!(with(16, 2), Err(ReportError::Reserved));
         assert_eq!(with(17, 65), Err(ReportError::InfoLength(65)));
-        assert_eq!(with(17, 2), Err(ReportError::Reserved), "info past its length");
+        assert_eq!(
+            with(17, 2),
+            Err(ReportError::Reserved),
+            "info past its length"
+        );
         assert_eq!(with(19, 1), Err(ReportError::Reserved));
         // A refusal carries no state, no info and attempt 0.
         let refusal = Report {
