@@ -40,7 +40,7 @@ mod pair;
 pub mod suite;
 
 pub use drive::{irecv_direct, isend_direct, isend_direct_host, read_head};
-pub use failover_pair::{FailoverPair, Stream};
+pub use failover_pair::{FailoverPair, Outcome, Stream, Tamper};
 pub use multi_pair::MultiPair;
 pub use pair::DataPair;
 

@@ -12,7 +12,7 @@ use super::pair::{qp_configs, recv_buf, send_buf};
 use super::suite::pattern;
 use super::{EndpointId, Fabric, SimNic, irecv_direct, isend_direct};
 use crate::data::failover::{
-    Action, Failover, FailoverConfig, FailoverError, Guarded, Plan, QpInfo, RecvJournal,
+    Action, Failover, FailoverConfig, FailoverError, Guarded, Plan, QpInfo, RecvJournal, Report,
     ReportBody, Role, SendJournal, Tripwire,
 };
 use crate::data::{Completed, Connection, DataError, RecvBuf, RecvConn, RequestId, SendConn};
@@ -77,6 +77,9 @@ pub struct FailoverPair {
     progress: Vec<Progress>,
     /// Receives a lane keeps posted at most.
     pub window: usize,
+    /// A report to rewrite, if any.
+    pub tamper: Option<Tamper>,
+    reports: usize,
 }
 
 /// What a step of [`FailoverPair::run`] did.
@@ -86,6 +89,21 @@ pub enum Outcome {
     Done,
     /// A call returned this error (the connection failed).
     Failed(DataError),
+    /// Nothing moved for long: a hang (a bug, unless a report was tampered with).
+    Stuck,
+}
+
+/// A report to rewrite on its way (a peer that lies): report number `report` (counting both
+/// directions from 0) gets `a` and `b` added (wrapping) to its two numbers, re-encoded with a
+/// valid check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tamper {
+    /// Which report.
+    pub report: usize,
+    /// Added to its first number (`ended` or `oldest`).
+    pub a: u32,
+    /// Added to its second number (`acked` or `announced`).
+    pub b: u32,
 }
 
 impl FailoverPair {
@@ -137,6 +155,8 @@ impl FailoverPair {
             error: None,
             progress: (0..lanes).map(|_| Progress::default()).collect(),
             window: 16,
+            tamper: None,
+            reports: 0,
         }
     }
 
@@ -155,9 +175,9 @@ impl FailoverPair {
         &mut self.senders[lane].conn
     }
 
-    /// Drive `streams` (one per lane) to the end, calling `inject(self, step)` before each
+    /// Drive `streams` (one per lane) to the end, calling `inject(self, step)` after each
     /// fabric step. Every receive is checked byte for byte, in order, when it completes.
-    /// Panics when nothing moves for long (a hang) or when a check fails.
+    /// Panics when a check fails.
     pub fn run(&mut self, streams: &[Stream], mut inject: impl FnMut(&mut Self, usize)) -> Outcome {
         let mut step = 0usize;
         let mut idle = 0usize;
@@ -185,18 +205,22 @@ impl FailoverPair {
             {
                 return Outcome::Done;
             }
-            inject(self, step);
-            step += 1;
             if self.fabric.step() {
                 moved = true;
             }
+            // Right after the step: its completions are not polled yet (a lost acknowledgement
+            // is one of a write that executed).
+            inject(self, step);
+            step += 1;
             if moved {
                 idle = 0;
             } else {
                 idle += 1;
                 // A failover waits on the peer only through the socket, delivered above:
                 // nothing moving for this long is a hang.
-                assert!(idle < 1000, "stuck at step {step}: {:#?}", self.progress);
+                if idle >= 1000 {
+                    return Outcome::Stuck;
+                }
             }
         }
     }
@@ -424,6 +448,26 @@ impl FailoverPair {
         finished
     }
 
+    /// `r`, rewritten when it is the report [`tamper`](Self::tamper) names.
+    fn tampered(&mut self, mut r: Report) -> Report {
+        let number = self.reports;
+        self.reports += 1;
+        if let Some(t) = self.tamper.filter(|t| t.report == number) {
+            match &mut r.body {
+                ReportBody::Sender(s) => {
+                    s.ended = s.ended.wrapping_add(t.a);
+                    s.acked = s.acked.wrapping_add(t.b);
+                }
+                ReportBody::Receiver(s) => {
+                    s.oldest = s.oldest.wrapping_add(t.a);
+                    s.announced = s.announced.wrapping_add(t.b);
+                }
+                ReportBody::Refusal(_) => {}
+            }
+        }
+        r
+    }
+
     /// The lane's new queue-pair pair, made by whichever end asks first.
     fn new_qp(&mut self, lane: usize, sender: bool) -> SimNic {
         if self.senders[lane].next.is_none() && self.receivers[lane].next.is_none() {
@@ -453,7 +497,10 @@ impl FailoverPair {
                 let info = QpInfo::new(&nic.qp_num().to_le_bytes()).expect("fits");
                 self.send_fo.handle_qp_created(lane, info);
             }
-            Action::SendReport(r) => self.to_recv.push_back(r.encode().to_vec()),
+            Action::SendReport(r) => {
+                let r = self.tampered(r);
+                self.to_recv.push_back(r.encode().to_vec());
+            }
             Action::Replay {
                 lane,
                 plan,
@@ -500,7 +547,10 @@ impl FailoverPair {
                 let info = QpInfo::new(&nic.qp_num().to_le_bytes()).expect("fits");
                 self.recv_fo.handle_qp_created(lane, info);
             }
-            Action::SendReport(r) => self.to_send.push_back(r.encode().to_vec()),
+            Action::SendReport(r) => {
+                let r = self.tampered(r);
+                self.to_send.push_back(r.encode().to_vec());
+            }
             Action::Replay {
                 lane,
                 plan,
