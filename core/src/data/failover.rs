@@ -632,6 +632,22 @@ pub struct FailoverStats {
     pub max_time: Duration,
 }
 
+impl fmt::Display for FailoverStats {
+    /// The WARN line's and `rivet info --stats`' words.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} lane failover(s), {} receive(s) and {} work request(s) replayed, {} in all, \
+             longest {}",
+            self.failovers,
+            self.receives_replayed,
+            self.work_requests_replayed,
+            self.total_time,
+            self.max_time
+        )
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stage {
     /// Quiescing the old queue pair.

@@ -6,7 +6,7 @@
 //! | 0 | 4 | magic `RVFO` |
 //! | 4 | 1 | version ([`REPORT_VERSION`]) |
 //! | 5 | 1 | kind: 1 sender, 2 receiver, 3 refusal |
-//! | 6 | 1 | lane (queue pair index within the connection, below [`MAX_LANES`](super::MAX_LANES)) |
+//! | 6 | 1 | lane (queue pair index within the connection, below [`MAX_LANES`]) |
 //! | 7 | 1 | attempt (the sender of the report's count of failovers begun, 1-based; 0 in a refusal) |
 //! | 8 | 4 | sender: `ended`; receiver: `oldest`; refusal: the [`Refusal`] code |
 //! | 12 | 4 | sender: `acked`; receiver: `announced`; refusal: 0 |

@@ -109,6 +109,12 @@ fn a_sender_fails_a_lane_over_end_to_end() {
         (1, 6, 9)
     );
     assert_eq!(s.max_time, Duration::from_secs(2));
+    use alloc::string::ToString;
+    assert!(
+        s.to_string()
+            .starts_with("1 lane failover(s), 6 receive(s) and 9 work request(s) replayed"),
+        "{s}"
+    );
     assert_eq!(m.poll_timeout(), None);
 }
 
