@@ -157,6 +157,25 @@ fn the_peer_starts_it_and_a_working_port_stays() {
 }
 
 #[test]
+fn a_peer_started_failover_leaves_a_port_this_end_saw_go_down() {
+    let mut m = Failover::new(Role::Receiver, config());
+    m.handle_port_event(1, false);
+    let report = Report {
+        lane: 1,
+        attempt: 1,
+        body: ReportBody::Sender(SenderSnapshot::default()),
+        qp_info: QpInfo::EMPTY,
+    };
+    m.handle_peer(&report.encode(), at(0));
+    m.handle_quiesced(1, ReportBody::Receiver(ReceiverSnapshot::default()));
+    let all = actions(&mut m);
+    assert_eq!(all[1], Action::CreateQp { lane: 1, port: 0 });
+    // The port came back before the next one: it is usable again.
+    m.handle_port_event(1, true);
+    assert!(m.is_failing(1));
+}
+
+#[test]
 fn off_unsurvivable_or_exhausted_gives_up_with_the_completion() {
     let mut off = Failover::new(
         Role::Sender,
