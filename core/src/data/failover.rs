@@ -465,6 +465,24 @@ impl Tripwire {
         self.first.is_some()
     }
 
+    /// Screen polled completions `batch`: how many of them, from the front, the core may see
+    /// (successes before the first failure; the rest are the tripwire's).
+    fn screen(&mut self, batch: &[Completion]) -> usize {
+        let mut passed = 0;
+        for c in batch {
+            if self.tripped() {
+                self.absorb(c);
+            } else if c.status.is_success() {
+                // Before the first failure: successes are a prefix of the batch.
+                passed += 1;
+            } else {
+                self.first = Some(*c);
+                self.absorb(c);
+            }
+        }
+        passed
+    }
+
     fn absorb(&mut self, c: &Completion) {
         if c.status.is_success() {
             self.success_after = true;
@@ -505,19 +523,25 @@ impl<N: Nic> Nic for Guarded<'_, N> {
 
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError> {
         let got = self.nic.poll(out)?;
-        let mut passed = 0;
-        for c in &out[..got] {
-            if self.trip.tripped() {
-                self.trip.absorb(c);
-            } else if c.status.is_success() {
-                // Before the first failure: successes are a prefix of the batch.
-                passed += 1;
-            } else {
-                self.trip.first = Some(*c);
-                self.trip.absorb(c);
-            }
+        Ok(self.trip.screen(&out[..got]))
+    }
+
+    /// The backend's own fast path stays (it takes only successes while nothing failed).
+    fn poll_take(
+        &mut self,
+        out: &mut [Completion],
+        mut take: impl FnMut(&Completion) -> bool,
+    ) -> Result<(usize, usize), NicError> {
+        if self.trip.tripped() {
+            let got = self.nic.poll(out)?;
+            self.trip.screen(&out[..got]);
+            return Ok((got, 0));
         }
-        Ok(passed)
+        let (got, left) = self
+            .nic
+            .poll_take(out, |c| c.status.is_success() && take(c))?;
+        let passed = self.trip.screen(&out[..left.min(out.len())]);
+        Ok((got, passed))
     }
 
     fn read_inbound(&self, offset: usize, out: &mut [u8]) {

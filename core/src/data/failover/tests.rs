@@ -484,3 +484,116 @@ fn errors_name_what_happened() {
             .contains("remote access error (status 10)")
     );
 }
+
+/// A NIC whose completion queue is a script, with a backend fast path that offers each
+/// completion to `take` as it converts it.
+struct Scripted {
+    cq: VecDeque<Completion>,
+}
+
+impl Nic for Scripted {
+    fn max_inline(&self) -> usize {
+        0
+    }
+    fn post_send(&mut self, _: &[SendWr<'_>]) -> Result<(), NicError> {
+        Ok(())
+    }
+    fn post_recv(&mut self, _: u64) -> Result<(), NicError> {
+        Ok(())
+    }
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError> {
+        let mut got = 0;
+        while got < out.len() {
+            let Some(c) = self.cq.pop_front() else { break };
+            out[got] = c;
+            got += 1;
+        }
+        Ok(got)
+    }
+    fn poll_take(
+        &mut self,
+        out: &mut [Completion],
+        mut take: impl FnMut(&Completion) -> bool,
+    ) -> Result<(usize, usize), NicError> {
+        let (mut got, mut left) = (0, 0);
+        while got < out.len() {
+            let Some(c) = self.cq.pop_front() else { break };
+            got += 1;
+            if left == 0 && take(&c) {
+                continue;
+            }
+            out[left] = c;
+            left += 1;
+        }
+        Ok((got, left))
+    }
+    fn read_inbound(&self, _: usize, _: &mut [u8]) {}
+    fn write_staging(&mut self, _: usize, _: &[u8]) {}
+    fn deliver_inbound(&mut self, _: usize, _: usize, _: u64) {}
+}
+
+#[test]
+fn the_tripwire_passes_successes_before_the_first_failure_only() {
+    let ok = |wr_id| Completion {
+        wr_id,
+        ..failed(WcStatus::SUCCESS)
+    };
+    let flush = |wr_id, kind| Completion {
+        wr_id,
+        kind,
+        ..failed(WcStatus::WR_FLUSH_ERR)
+    };
+    let script = [
+        ok(1),
+        ok(2),
+        failed(WcStatus::RETRY_EXC_ERR),
+        flush(4, CompletionKind::Send),
+        flush(MARKER_SEND_WR_ID, CompletionKind::Send),
+    ];
+    for fast in [false, true] {
+        let mut nic = Scripted {
+            cq: script.iter().copied().collect(),
+        };
+        let mut trip = Tripwire::default();
+        let mut g = Guarded {
+            nic: &mut nic,
+            trip: &mut trip,
+        };
+        let mut out = [ok(0); 3];
+        let mut taken = Vec::new();
+        let seen = if fast {
+            let (got, left) = g
+                .poll_take(&mut out, |c| {
+                    taken.push(c.wr_id);
+                    c.wr_id == 1
+                })
+                .unwrap();
+            assert_eq!(got, 3);
+            left
+        } else {
+            g.poll(&mut out).unwrap()
+        };
+        if fast {
+            assert_eq!(taken, [1, 2], "a failure is never offered to the fast path");
+            assert_eq!((seen, out[0].wr_id), (1, 2));
+        } else {
+            assert_eq!(seen, 2);
+        }
+        assert!(trip.tripped() && !trip.send_marker);
+        let mut g = Guarded {
+            nic: &mut nic,
+            trip: &mut trip,
+        };
+        let polled = if fast {
+            g.poll_take(&mut out, |_| panic!("nothing is offered once tripped"))
+                .unwrap()
+                .1
+        } else {
+            g.poll(&mut out).unwrap()
+        };
+        assert_eq!(polled, 0);
+        assert_eq!(trip.failed, 3);
+        assert!(trip.send_marker && !trip.recv_marker && !trip.success_after);
+        assert_eq!(trip.first.unwrap().status, WcStatus::RETRY_EXC_ERR);
+    }
+}
