@@ -85,6 +85,7 @@
 pub mod codec;
 pub mod eager;
 mod error;
+pub mod failover;
 #[cfg(test)]
 mod mock;
 pub mod multi;

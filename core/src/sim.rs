@@ -34,16 +34,20 @@
 //! read outside the region.
 
 mod drive;
+mod failover_pair;
 mod multi_pair;
 mod pair;
 pub mod suite;
 
 pub use drive::{irecv_direct, isend_direct, isend_direct_host, read_head};
+pub use failover_pair::{FailoverPair, Outcome, Stream, Tamper};
 pub use multi_pair::MultiPair;
 pub use pair::DataPair;
 
 #[cfg(test)]
 mod eager_tests;
+#[cfg(test)]
+mod failover_tests;
 #[cfg(test)]
 mod flap_tests;
 #[cfg(test)]
@@ -169,6 +173,8 @@ struct Qp {
     staging: MemoryRegion,
     /// Since when the front work request has been waiting for a link that is down.
     blocked_since: Option<Instant>,
+    /// Its port died for good ([`Fabric::cut_port`]).
+    dead: bool,
 }
 
 #[derive(Debug)]
@@ -292,6 +298,7 @@ impl Fabric {
                 inbound,
                 staging,
                 blocked_since: None,
+                dead: false,
             });
         }
         (
@@ -434,6 +441,81 @@ impl Fabric {
     /// queues is flushed with `WR_FLUSH_ERR`.
     pub fn fault_qp_error(&self, nic: &SimNic) {
         self.inner.borrow_mut().set_error(nic.qp);
+    }
+
+    /// The port of `nic`'s queue pair dies for good (a cable pulled on one port of a fused
+    /// device; the endpoint's other queue pairs, on other ports, are untouched): from now on
+    /// every work request between it and its peer, either way, fails with `RETRY_EXC_ERR` when
+    /// it executes, putting its queue pair into error. A queue pair with nothing to send learns
+    /// nothing (as on a real port: the driver moves it to error with [`Fabric::fault_qp_error`]).
+    pub fn cut_port(&self, nic: &SimNic) {
+        self.inner.borrow_mut().qps[nic.qp].dead = true;
+    }
+
+    /// [`cut_port`](Self::cut_port), and the acknowledgements of the writes `nic`'s queue pair
+    /// executed but whose completions were not polled yet never came back: the first of them
+    /// fails with `RETRY_EXC_ERR` instead, every later one (and everything queued) is flushed,
+    /// and the queue pair is in error. The writes themselves did land at the peer.
+    pub fn cut_port_acks_lost(&self, nic: &SimNic) {
+        let mut inner = self.inner.borrow_mut();
+        inner.qps[nic.qp].dead = true;
+        let mut first = true;
+        let mut lost = false;
+        for (c, _) in inner.qps[nic.qp].cq.iter_mut() {
+            if c.kind == CompletionKind::Send && c.status.is_success() {
+                c.status = if first {
+                    WcStatus::RETRY_EXC_ERR
+                } else {
+                    WcStatus::WR_FLUSH_ERR
+                };
+                c.vendor_err = 0x80 | c.status.0;
+                first = false;
+                lost = true;
+            } else if !first {
+                c.status = WcStatus::WR_FLUSH_ERR;
+            }
+        }
+        if lost {
+            inner.set_error(nic.qp);
+        }
+    }
+
+    /// A fresh connected queue-pair pair replacing `a` and `b` (on surviving ports of the same
+    /// devices): the same endpoints, configuration and control regions (the same registrations,
+    /// as queue pairs of one protection domain share them), empty queues.
+    pub fn reconnect(&self, a: &SimNic, b: &SimNic) -> (SimNic, SimNic) {
+        let mut inner = self.inner.borrow_mut();
+        let qa = inner.qps.len();
+        let qb = qa + 1;
+        for (old, peer) in [(a.qp, qb), (b.qp, qa)] {
+            let q = &inner.qps[old];
+            let fresh = Qp {
+                endpoint: q.endpoint,
+                peer,
+                state: QpState::Ready,
+                config: q.config,
+                sq: VecDeque::new(),
+                sq_posted: 0,
+                sq_retired: 0,
+                rq: VecDeque::new(),
+                cq: VecDeque::new(),
+                inbound: q.inbound,
+                staging: q.staging,
+                blocked_since: None,
+                dead: false,
+            };
+            inner.qps.push(fresh);
+        }
+        (
+            SimNic {
+                inner: self.inner.clone(),
+                qp: qa,
+            },
+            SimNic {
+                inner: self.inner.clone(),
+                qp: qb,
+            },
+        )
     }
 
     /// Make endpoint `ep` vanish: its queue pairs stop executing and answering.
@@ -825,7 +907,11 @@ impl Inner {
             }
         };
 
-        if !self.endpoints[peer_ep].alive || self.qps[peer].state == QpState::Error {
+        if !self.endpoints[peer_ep].alive
+            || self.qps[peer].state == QpState::Error
+            || self.qps[qp].dead
+            || self.qps[peer].dead
+        {
             // Nobody answers: the transport retries, then gives up.
             self.fail_front(qp, wr, WcStatus::RETRY_EXC_ERR);
             return true;

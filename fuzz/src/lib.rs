@@ -9,6 +9,7 @@ pub mod collnet_decode;
 pub mod data_decode;
 pub mod data_ops;
 pub mod eager_ops;
+pub mod failover;
 pub mod handshake_decode;
 pub mod handshake_hostile;
 pub mod multi_ops;

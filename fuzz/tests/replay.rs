@@ -121,6 +121,46 @@ fn multi_ops() {
 }
 
 #[test]
+fn failover() {
+    replay("failover", rivet_fuzz::failover::check);
+}
+
+/// The committed seeds of `failover` are its generator's scenarios, decode back to them, and
+/// each run shows what its scenario is for (`RIVET_WRITE_SEEDS=1` rewrites them).
+#[test]
+fn failover_seeds_are_generated() {
+    use rivet_fuzz::failover::{Input, run, seeds};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds/failover");
+    let write = std::env::var_os("RIVET_WRITE_SEEDS").is_some_and(|v| v == "1");
+    for seed in seeds::seeds() {
+        let bytes = seed.input.encode();
+        assert_eq!(
+            Input::decode(&bytes),
+            seed.input,
+            "seed {} decodes otherwise",
+            seed.name
+        );
+        let outcome = run(&seed.input);
+        assert!(
+            (seed.shows)(&outcome),
+            "seed {} does not show what it is for: {outcome:?}",
+            seed.name
+        );
+        let file = dir.join(seed.name);
+        if write {
+            fs::create_dir_all(&dir).expect("seed directory");
+            fs::write(&file, &bytes).expect("seed written");
+        }
+        assert_eq!(
+            fs::read(&file).ok(),
+            Some(bytes),
+            "{} is stale",
+            file.display()
+        );
+    }
+}
+
+#[test]
 fn rma_ops() {
     replay("rma_ops", |bytes| {
         if let Some(input) = typed_input(bytes) {

@@ -207,6 +207,9 @@ pub enum ProtocolError {
         /// The count read.
         freed: u64,
     },
+    /// The peer's port-failover report is malformed or cannot be true
+    /// ([`failover`](super::failover)).
+    FailoverReport,
 }
 
 impl fmt::Display for ProtocolError {
@@ -250,6 +253,7 @@ impl fmt::Display for ProtocolError {
                 f,
                 "credit word {freed} went back or past the eager messages sent"
             ),
+            Self::FailoverReport => f.write_str("port-failover report is malformed or untrue"),
         }
     }
 }

@@ -1145,5 +1145,117 @@ impl Connection for RecvConn {
     }
 }
 
+/// Port failover ([`super::failover`]): quiesce, snapshot and replay a lane. Off the hot path:
+/// nothing here runs unless a lane failed.
+impl RecvConn {
+    /// Quiesce this lane after the driver moved its queue pair to the error state: post the
+    /// marker send and receive once, then take what the completion queue holds (arrivals before
+    /// the failure as usual; the failure and the flushes behind it go to the tripwire).
+    /// `Ok(true)` once both markers' flushes are seen: nothing of the old queue pair is left and
+    /// nothing more can land through it, so [`failover_snapshot`](Self::failover_snapshot) is
+    /// final.
+    pub fn failover_quiesce<N: Nic>(
+        &mut self,
+        nic: &mut super::failover::Guarded<'_, N>,
+    ) -> Result<bool, super::failover::FailoverError> {
+        use super::failover::{FailoverError, MARKER_RECV_WR_ID, MARKER_SEND_WR_ID};
+        self.health.check().map_err(FailoverError::Local)?;
+        if !nic.trip.markers_posted {
+            let marker = SendWr {
+                wr_id: MARKER_SEND_WR_ID,
+                op: SendOp::Write,
+                payload: Payload::Empty,
+                remote_addr: 0,
+                rkey: 0,
+                signaled: true,
+            };
+            // Refused while a queue is full of work still flushing: tried again next call.
+            nic.trip.markers_posted = nic.nic.post_send(&[marker]).is_ok()
+                && nic.nic.post_recv(MARKER_RECV_WR_ID).is_ok();
+        }
+        self.poll_cq(nic).map_err(FailoverError::Local)?;
+        if nic.trip.success_after {
+            return Err(FailoverError::SuccessAfterFailure);
+        }
+        Ok(nic.trip.send_marker && nic.trip.recv_marker)
+    }
+
+    /// The quiesced lane's state, for the report.
+    pub fn failover_snapshot(&self) -> super::failover::ReceiverSnapshot {
+        super::failover::ReceiverSnapshot {
+            oldest: self.oldest,
+            announced: self.next_seq.wrapping_sub(self.deferred),
+            eager: self.eager.is_some(),
+        }
+    }
+
+    /// Replay `plan` on the lane's new queue pair `nic` (connected to the peer's new one), the
+    /// receives' buffers from `journal`: one receive work request for each the flush took, then
+    /// the clear-to-send entries the sender had not consumed, written again (the same bytes).
+    /// Deferred entries stay deferred. The send queue starts over.
+    pub fn failover_replay(
+        &mut self,
+        nic: &mut impl Nic,
+        plan: &super::failover::ReceiverPlan,
+        journal: &super::failover::RecvJournal,
+    ) -> Result<super::failover::Replayed, super::failover::FailoverError> {
+        use super::failover::{FailoverError, Replayed};
+        let local = FailoverError::Local;
+        self.health.check().map_err(local)?;
+        let own = self.failover_snapshot();
+        let span = own.announced.wrapping_sub(own.oldest);
+        if plan.rewrite.end != own.announced || plan.rewrite.start.wrapping_sub(own.oldest) > span {
+            return Err(local(DataError::InvalidArgument(
+                "the replay plan is not this lane's",
+            )));
+        }
+        self.sq = SendQueue::default();
+        let mut done = Replayed::default();
+        // The flushed receive work requests, again, numbered on from the last one consumed.
+        self.rq_posted = self.rq_consumed;
+        for _ in 0..self.recvs_posted {
+            let wr_id = self.next_recv_id();
+            nic.post_recv(wr_id).map_err(|err| local(err.into()))?;
+            done.work_requests += 1;
+        }
+        for seq in plan.rewrite.iter() {
+            let slot = usize::from(seq as u8);
+            let n = match *self.requests.state(slot) {
+                RecvState::PostedOne { seq: s, .. } if s == seq => 1,
+                RecvState::Posted { seq: s, n } if s == seq => n,
+                _ => {
+                    return Err(local(
+                        ProtocolError::UnexpectedCompletion { wr: WrKind::Cts }.into(),
+                    ));
+                }
+            };
+            let entries = journal
+                .entries(seq, n)
+                .ok_or(local(DataError::InvalidArgument(
+                    "the receive journal does not match the lane's receives",
+                )))?;
+            let mut bytes = [0u8; CTS_SLOT_LEN];
+            for (out, entry) in bytes
+                .chunks_exact_mut(CTS_ENTRY_LEN)
+                .zip(&entries[..usize::from(n)])
+            {
+                out.copy_from_slice(&entry.encode());
+            }
+            let len = usize::from(n) * CTS_ENTRY_LEN;
+            nic.write_staging(slot * CTS_SLOT_LEN, &bytes[..len]);
+            if !self.sq.has_room(1, self.recvs_posted) {
+                return Err(local(DataError::InvalidArgument(
+                    "the replay does not fit the send queue",
+                )));
+            }
+            let write = self.cts_write(slot, 1).map_err(local)?;
+            nic.post_send(&[write]).map_err(|err| local(err.into()))?;
+            done.work_requests += 1;
+            done.receives += 1;
+        }
+        Ok(done)
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -1482,6 +1482,304 @@ impl Connection for SendConn {
     }
 }
 
+/// Port failover ([`super::failover`]): quiesce, snapshot and replay a lane. Off the hot path:
+/// nothing here runs unless a lane failed.
+impl SendConn {
+    /// Quiesce this lane after its queue pair failed and the driver moved it to the error state:
+    /// post the marker send once, then take what the completion queue holds (successes before the
+    /// failure as usual; the failure and the flushes behind it go to the tripwire). `Ok(true)`
+    /// once the marker's flush is seen: nothing of the old queue pair is left.
+    pub fn failover_quiesce<N: Nic>(
+        &mut self,
+        nic: &mut super::failover::Guarded<'_, N>,
+    ) -> Result<bool, super::failover::FailoverError> {
+        use super::failover::{FailoverError, MARKER_SEND_WR_ID};
+        self.health.check().map_err(FailoverError::Local)?;
+        if !nic.trip.markers_posted {
+            let marker = SendWr {
+                wr_id: MARKER_SEND_WR_ID,
+                op: SendOp::Write,
+                payload: Payload::Empty,
+                remote_addr: 0,
+                rkey: 0,
+                signaled: true,
+            };
+            // Refused while the queue is full of work still flushing: tried again next call.
+            nic.trip.markers_posted = nic.nic.post_send(&[marker]).is_ok();
+        }
+        self.poll_cq(nic).map_err(FailoverError::Local)?;
+        if nic.trip.success_after {
+            return Err(FailoverError::SuccessAfterFailure);
+        }
+        Ok(nic.trip.send_marker)
+    }
+
+    /// The quiesced lane's state, for the report.
+    pub fn failover_snapshot(&self) -> Result<super::failover::SenderSnapshot, DataError> {
+        let ending = self.ends.iter().filter(|e| **e != EndState::Idle).count() as u32;
+        let acked = self.seq.wrapping_sub(ending);
+        // Slot ends complete in order (RC): the ones still ending are the newest.
+        for i in 0..ending {
+            let slot = usize::from(acked.wrapping_add(i) as u8);
+            if self.ends[slot] == EndState::Idle {
+                return Err(ProtocolError::UnexpectedCompletion {
+                    wr: WrKind::SlotEnd,
+                }
+                .into());
+            }
+        }
+        Ok(super::failover::SenderSnapshot {
+            ended: self.seq,
+            acked,
+            eager: self.eager.threshold != 0,
+        })
+    }
+
+    /// Replay `plan` on the lane's new queue pair `nic` (connected to the peer's new one), the
+    /// sends' buffers from `journal`: receives whose slot end landed are completed here, then
+    /// every receive from the receiver's oldest on gets its data writes and slot end again, in
+    /// order, then the partly matched head receive its data writes. The send queue starts over.
+    pub fn failover_replay(
+        &mut self,
+        nic: &mut impl Nic,
+        plan: &super::failover::SenderPlan,
+        journal: &super::failover::SendJournal,
+    ) -> Result<super::failover::Replayed, super::failover::FailoverError> {
+        use super::failover::{FailoverError, Replayed};
+        self.health.check().map_err(FailoverError::Local)?;
+        let own = self.failover_snapshot().map_err(FailoverError::Local)?;
+        if plan.complete.start != own.acked
+            || plan.complete.end != plan.replay.start
+            || plan.replay.end != own.ended
+        {
+            return Err(FailoverError::Local(DataError::InvalidArgument(
+                "the replay plan is not this lane's",
+            )));
+        }
+        self.sq = SendQueue::default();
+        let mut done = Replayed::default();
+        for seq in plan.complete.iter() {
+            let slot = usize::from(seq as u8);
+            if let EndState::Ending { reqs, count, .. } = self.ends[slot] {
+                end_slot(&mut self.ends, &mut self.requests, slot, reqs, count);
+            }
+            done.receives += 1;
+        }
+        for seq in plan.replay.iter() {
+            let EndState::Ending { reqs, count, .. } = self.ends[usize::from(seq as u8)] else {
+                return Err(FailoverError::Local(
+                    ProtocolError::UnexpectedCompletion {
+                        wr: WrKind::SlotEnd,
+                    }
+                    .into(),
+                ));
+            };
+            done.work_requests += self.replay_slot(nic, seq, reqs, count, true, journal)?;
+            done.receives += 1;
+        }
+        if self.head.state == HeadState::Matching && self.head.m.matched != 0 {
+            if self.head.m.mismatch {
+                return Err(FailoverError::Local(DataError::InvalidArgument(
+                    "a half-matched receive with a refused send is not replayed",
+                )));
+            }
+            let (reqs, count) = (self.head.m.reqs, self.head.m.count);
+            done.work_requests += self.replay_slot(nic, self.seq, reqs, count, false, journal)?;
+        }
+        Ok(done)
+    }
+
+    /// Post receive `seq`'s sends `reqs[..count]` again (their match order, so matching by tag
+    /// finds the same buffers): the data writes, and when `ended` the slot end. Returns the work
+    /// requests posted.
+    fn replay_slot(
+        &mut self,
+        nic: &mut impl Nic,
+        seq: u32,
+        reqs: [u8; MAX_RECVS],
+        count: u8,
+        ended: bool,
+        journal: &super::failover::SendJournal,
+    ) -> Result<u32, super::failover::FailoverError> {
+        use super::failover::FailoverError;
+        let local = FailoverError::Local;
+        let slot = seq as u8;
+        let base = usize::from(slot) * CTS_SLOT_LEN;
+        // The receiver rewrites this slot only after this receive completed: the entries this
+        // side matched are still there.
+        let corrupt = || {
+            local(
+                ProtocolError::CtsEntry {
+                    slot: slot.into(),
+                    entry: 0,
+                    err: DecodeError::Checksum,
+                }
+                .into(),
+            )
+        };
+        let first = read_entry(nic, base, slot, 0)
+            .map_err(local)?
+            .ok_or_else(corrupt)?;
+        let n = first.n;
+        let mut entries = [first; MAX_RECVS];
+        for i in 1..n {
+            entries[usize::from(i)] = read_entry(nic, base, slot, i)
+                .map_err(local)?
+                .ok_or_else(corrupt)?;
+        }
+        if ended && count != n {
+            // A refused send is not listed: its receive fails anyway, but its record is gone.
+            return Err(local(DataError::InvalidArgument(
+                "a receive with a refused send is not replayed",
+            )));
+        }
+        let record_addr = region_addr(
+            &self.peer_records,
+            usize::from(slot) * RECORD_LEN,
+            RECORD_LEN,
+        )
+        .ok_or(local(DataError::PeerRegion {
+            len: self.peer_records.len,
+            need: RECV_INBOUND_LEN,
+        }))?;
+        let mut record = SizeRecord {
+            n,
+            ..SizeRecord::default()
+        };
+        let mut matched = 0u8;
+        let mut posted = 0u32;
+        let mut single = None;
+        for &req in reqs.iter().take(usize::from(count)) {
+            let sent = journal.get(req);
+            let pos = (0..n)
+                .find(|&i| matched & (1 << i) == 0 && entries[usize::from(i)].tag == sent.tag)
+                .ok_or(local(DataError::InvalidArgument(
+                    "the send journal does not match the lane's sends",
+                )))?;
+            matched |= 1 << pos;
+            let entry = entries[usize::from(pos)];
+            let len = sent.buf.len as u32;
+            record.sizes[usize::from(pos)] = len;
+            let addr = entry.addr.wrapping_add(sent.offset);
+            let data = Payload::Local(Sge {
+                addr: sent.buf.addr,
+                len,
+                lkey: sent.buf.lkey,
+            });
+            if n == 1 {
+                single = Some((data, addr, entry.rkey, len));
+                continue;
+            }
+            if len > 0 {
+                self.replay_post(
+                    nic,
+                    WrKind::Data,
+                    slot,
+                    SendOp::Write,
+                    data,
+                    addr,
+                    entry.rkey,
+                )?;
+                posted += 1;
+            }
+        }
+        if !ended {
+            return Ok(posted);
+        }
+        let imm = |record| {
+            Imm {
+                seq16: seq as u16,
+                n,
+                record,
+                mismatch: false,
+            }
+            .encode()
+        };
+        let (record_bytes, record_len) = record.encode();
+        let max_inline = nic.max_inline();
+        match single {
+            Some((_, _, _, 0)) => {
+                let op = SendOp::WriteImm(imm(false));
+                let rkey = self.peer_records.rkey;
+                self.replay_post(
+                    nic,
+                    WrKind::SlotEnd,
+                    slot,
+                    op,
+                    Payload::Empty,
+                    record_addr,
+                    rkey,
+                )?;
+            }
+            Some((data, addr, rkey, len)) if u64::from(len) <= self.ar_threshold => {
+                let op = SendOp::WriteImm(imm(false));
+                self.replay_post(nic, WrKind::SlotEnd, slot, op, data, addr, rkey)?;
+            }
+            Some((data, addr, rkey, _)) => {
+                // Adaptive routing's split: the data, then the record's write with immediate.
+                self.replay_post(nic, WrKind::Data, slot, SendOp::Write, data, addr, rkey)?;
+                posted += 1;
+                let payload = record_payload(
+                    nic,
+                    max_inline,
+                    usize::from(slot) * RECORD_LEN,
+                    &record_bytes[..record_len],
+                );
+                let (op, rkey) = (SendOp::WriteImm(imm(true)), self.peer_records.rkey);
+                self.replay_post(nic, WrKind::SlotEnd, slot, op, payload, record_addr, rkey)?;
+            }
+            None => {
+                let payload = record_payload(
+                    nic,
+                    max_inline,
+                    usize::from(slot) * RECORD_LEN,
+                    &record_bytes[..record_len],
+                );
+                let (op, rkey) = (SendOp::WriteImm(imm(true)), self.peer_records.rkey);
+                self.replay_post(nic, WrKind::SlotEnd, slot, op, payload, record_addr, rkey)?;
+            }
+        }
+        posted += 1;
+        self.ends[usize::from(slot)] = EndState::Ending {
+            post: self.sq.posted() as u32,
+            reqs,
+            count,
+        };
+        Ok(posted)
+    }
+
+    /// Post one replayed work request on the new queue pair (a slot end is signaled).
+    #[allow(clippy::too_many_arguments)]
+    fn replay_post(
+        &mut self,
+        nic: &mut impl Nic,
+        kind: WrKind,
+        slot: u8,
+        op: SendOp,
+        payload: Payload<'_>,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<(), super::failover::FailoverError> {
+        use super::failover::FailoverError;
+        if !self.sq.has_room(1, 0) {
+            return Err(FailoverError::Local(DataError::InvalidArgument(
+                "the replay does not fit the send queue",
+            )));
+        }
+        let posted = self.sq.next(kind, u16::from(slot), kind == WrKind::SlotEnd);
+        let wr = SendWr {
+            wr_id: posted.wr_id,
+            op,
+            payload,
+            remote_addr,
+            rkey,
+            signaled: posted.signaled,
+        };
+        nic.post_send(&[wr])
+            .map_err(|err| FailoverError::Local(err.into()))
+    }
+}
+
 #[cfg(test)]
 mod tests;
 

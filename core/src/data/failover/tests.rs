@@ -1,0 +1,599 @@
+//! Unit tests of the decision machine and the plans.
+
+use alloc::vec;
+
+use super::*;
+use crate::nic::{Completion, CompletionKind, WcStatus};
+
+fn config() -> FailoverConfig {
+    FailoverConfig {
+        enabled: true,
+        max_attempts: 1,
+        timeout: Duration::from_secs(2),
+        port_devices: vec![0, 0],
+        lane_ports: vec![0, 1],
+    }
+}
+
+fn failed(status: WcStatus) -> Completion {
+    Completion {
+        wr_id: 0,
+        status,
+        vendor_err: 0x81,
+        kind: CompletionKind::Send,
+    }
+}
+
+fn at(secs: u64) -> Instant {
+    Instant::from_nanos(secs * 1_000_000_000)
+}
+
+fn receiver_report(lane: u8, oldest: u32, announced: u32) -> [u8; report::REPORT_LEN] {
+    Report {
+        lane,
+        attempt: 1,
+        body: ReportBody::Receiver(ReceiverSnapshot {
+            oldest,
+            announced,
+            eager: false,
+        }),
+        qp_info: QpInfo::new(&[0xab; 4]).unwrap(),
+    }
+    .encode()
+}
+
+fn actions(m: &mut Failover) -> Vec<Action> {
+    core::iter::from_fn(|| m.poll_action()).collect()
+}
+
+fn gave_up(m: &mut Failover) -> FailoverError {
+    let all = actions(m);
+    match all.last() {
+        Some(Action::GiveUp { reason, .. }) => *reason,
+        other => panic!("expected a give-up, got {other:?} in {all:?}"),
+    }
+}
+
+#[test]
+fn a_sender_fails_a_lane_over_end_to_end() {
+    let mut m = Failover::new(Role::Sender, config());
+    m.handle_completion_error(0, &failed(WcStatus::RETRY_EXC_ERR), at(1));
+    assert_eq!(actions(&mut m), [Action::QuiesceLane { lane: 0 }]);
+    assert!(m.is_failing(0) && !m.is_failing(1));
+    // Flushes of the failing queue pair change nothing.
+    m.handle_completion_error(0, &failed(WcStatus::WR_FLUSH_ERR), at(1));
+    assert_eq!(actions(&mut m), []);
+    let own = SenderSnapshot {
+        ended: 10,
+        acked: 4,
+        eager: false,
+    };
+    m.handle_quiesced(0, ReportBody::Sender(own));
+    assert_eq!(actions(&mut m), [Action::CreateQp { lane: 0, port: 1 }]);
+    let info = QpInfo::new(&[1, 2, 3]).unwrap();
+    m.handle_qp_created(0, info);
+    let sent = actions(&mut m);
+    assert_eq!(
+        sent,
+        [Action::SendReport(Report {
+            lane: 0,
+            attempt: 1,
+            body: ReportBody::Sender(own),
+            qp_info: info,
+        })]
+    );
+    m.handle_peer(&receiver_report(0, 6, 12), at(2));
+    let expected = SenderPlan {
+        complete: SeqRange { start: 4, end: 6 },
+        replay: SeqRange { start: 6, end: 10 },
+    };
+    assert_eq!(
+        actions(&mut m),
+        [Action::Replay {
+            lane: 0,
+            plan: Plan::Sender(expected),
+            peer_qp: QpInfo::new(&[0xab; 4]).unwrap(),
+        }]
+    );
+    let done = Replayed {
+        receives: 6,
+        work_requests: 9,
+    };
+    m.handle_replayed(0, Ok(done), at(3));
+    assert_eq!(actions(&mut m), [Action::Resume { lane: 0 }]);
+    assert!(!m.is_failing(0));
+    assert_eq!(m.lane_port(0), Some(1));
+    let s = m.stats();
+    assert_eq!(
+        (s.failovers, s.receives_replayed, s.work_requests_replayed),
+        (1, 6, 9)
+    );
+    assert_eq!(s.max_time, Duration::from_secs(2));
+    use alloc::string::ToString;
+    assert!(
+        s.to_string()
+            .starts_with("1 lane failover(s), 6 receive(s) and 9 work request(s) replayed"),
+        "{s}"
+    );
+    assert_eq!(m.poll_timeout(), None);
+}
+
+#[test]
+fn the_peer_starts_it_and_a_working_port_stays() {
+    let mut m = Failover::new(Role::Receiver, config());
+    let report = Report {
+        lane: 1,
+        attempt: 1,
+        body: ReportBody::Sender(SenderSnapshot {
+            ended: 3,
+            acked: 3,
+            eager: false,
+        }),
+        qp_info: QpInfo::EMPTY,
+    };
+    m.handle_peer(&report.encode(), at(0));
+    assert_eq!(actions(&mut m), [Action::QuiesceLane { lane: 1 }]);
+    let own = ReceiverSnapshot {
+        oldest: 3,
+        announced: 5,
+        eager: false,
+    };
+    m.handle_quiesced(1, ReportBody::Receiver(own));
+    // This end's port did not fail: the new queue pair goes on the same port.
+    assert_eq!(actions(&mut m), [Action::CreateQp { lane: 1, port: 1 }]);
+    m.handle_qp_created(1, QpInfo::EMPTY);
+    let all = actions(&mut m);
+    assert!(matches!(all[0], Action::SendReport(_)));
+    assert_eq!(
+        all[1],
+        Action::Replay {
+            lane: 1,
+            plan: Plan::Receiver(ReceiverPlan {
+                rewrite: SeqRange { start: 3, end: 5 }
+            }),
+            peer_qp: QpInfo::EMPTY,
+        }
+    );
+}
+
+#[test]
+fn a_peer_started_failover_leaves_a_port_this_end_saw_go_down() {
+    let mut m = Failover::new(Role::Receiver, config());
+    m.handle_port_event(1, false);
+    let report = Report {
+        lane: 1,
+        attempt: 1,
+        body: ReportBody::Sender(SenderSnapshot::default()),
+        qp_info: QpInfo::EMPTY,
+    };
+    m.handle_peer(&report.encode(), at(0));
+    m.handle_quiesced(1, ReportBody::Receiver(ReceiverSnapshot::default()));
+    let all = actions(&mut m);
+    assert_eq!(all[1], Action::CreateQp { lane: 1, port: 0 });
+    // The port came back before the next one: it is usable again.
+    m.handle_port_event(1, true);
+    assert!(m.is_failing(1));
+}
+
+#[test]
+fn off_unsurvivable_or_exhausted_gives_up_with_the_completion() {
+    let mut off = Failover::new(
+        Role::Sender,
+        FailoverConfig {
+            enabled: false,
+            ..config()
+        },
+    );
+    let c = failed(WcStatus::RETRY_EXC_ERR);
+    off.handle_completion_error(0, &c, at(0));
+    let all = actions(&mut off);
+    assert_eq!(
+        all,
+        [Action::GiveUp {
+            cause: DataError::Completion {
+                status: WcStatus::RETRY_EXC_ERR,
+                vendor_err: 0x81,
+                wr: None,
+            },
+            reason: FailoverError::Disabled,
+        }]
+    );
+
+    let mut m = Failover::new(Role::Sender, config());
+    m.handle_completion_error(0, &failed(WcStatus::REM_ACCESS_ERR), at(0));
+    assert_eq!(
+        gave_up(&mut m),
+        FailoverError::NotSurvivable(WcStatus::REM_ACCESS_ERR)
+    );
+    // Nothing more happens after giving up.
+    m.handle_completion_error(1, &c, at(0));
+    assert_eq!(actions(&mut m), []);
+
+    // A flush is survivable only after a PORT_ERR on the lane's port.
+    let mut m = Failover::new(Role::Sender, config());
+    m.handle_completion_error(0, &failed(WcStatus::WR_FLUSH_ERR), at(0));
+    assert_eq!(
+        gave_up(&mut m),
+        FailoverError::NotSurvivable(WcStatus::WR_FLUSH_ERR)
+    );
+    let mut m = Failover::new(Role::Sender, config());
+    m.handle_port_event(0, false);
+    m.handle_completion_error(0, &failed(WcStatus::WR_FLUSH_ERR), at(0));
+    assert_eq!(actions(&mut m), [Action::QuiesceLane { lane: 0 }]);
+    // Port 1 down (a PORT_ERR) and port 0 failing: nowhere to go.
+    let mut m2 = Failover::new(
+        Role::Sender,
+        FailoverConfig {
+            max_attempts: 2,
+            ..config()
+        },
+    );
+    m2.handle_port_event(1, false);
+    m2.handle_completion_error(0, &c, at(0));
+    assert_eq!(gave_up(&mut m2), FailoverError::NoSurvivingPort);
+
+    // One attempt: the second port's failure is one too many.
+    let mut m = Failover::new(
+        Role::Sender,
+        FailoverConfig {
+            port_devices: vec![0, 0, 0],
+            ..config()
+        },
+    );
+    m.handle_completion_error(0, &c, at(0));
+    let _ = actions(&mut m);
+    m.handle_completion_error(1, &c, at(0));
+    assert_eq!(gave_up(&mut m), FailoverError::AttemptsExhausted { max: 1 });
+}
+
+#[test]
+fn a_lane_on_an_already_failed_port_costs_no_attempt_but_two_devices_fail() {
+    let c = failed(WcStatus::RETRY_EXC_ERR);
+    let mut m = Failover::new(
+        Role::Sender,
+        FailoverConfig {
+            lane_ports: vec![0, 0, 1],
+            port_devices: vec![0, 1, 2],
+            max_attempts: 5,
+            ..config()
+        },
+    );
+    m.handle_completion_error(0, &c, at(0));
+    m.handle_completion_error(1, &c, at(0));
+    assert_eq!(
+        actions(&mut m),
+        [
+            Action::QuiesceLane { lane: 0 },
+            Action::QuiesceLane { lane: 1 }
+        ]
+    );
+    m.handle_completion_error(2, &c, at(0));
+    assert_eq!(gave_up(&mut m), FailoverError::DevicesFailed { failed: 2 });
+}
+
+#[test]
+fn a_silent_peer_times_out() {
+    let mut m = Failover::new(Role::Sender, config());
+    m.handle_completion_error(1, &failed(WcStatus::RETRY_EXC_ERR), at(5));
+    let _ = actions(&mut m);
+    assert_eq!(m.poll_timeout(), Some(at(7)));
+    m.handle_timeout(at(6));
+    assert_eq!(actions(&mut m), []);
+    m.handle_timeout(at(7));
+    let all = actions(&mut m);
+    assert!(
+        matches!(
+            all[0],
+            Action::SendReport(Report {
+                body: ReportBody::Refusal(Refusal::GaveUp),
+                ..
+            })
+        ),
+        "the peer is told: {all:?}"
+    );
+    assert_eq!(
+        all[1],
+        Action::GiveUp {
+            cause: DataError::PeerLost,
+            reason: FailoverError::Timeout {
+                lane: 1,
+                after: Duration::from_secs(2)
+            },
+        }
+    );
+    assert_eq!(
+        m.gave_up(),
+        Some(FailoverError::Timeout {
+            lane: 1,
+            after: Duration::from_secs(2)
+        })
+    );
+}
+
+#[test]
+fn bad_reports_give_up_as_protocol_errors() {
+    let proto = DataError::Protocol(super::super::ProtocolError::FailoverReport);
+    let mut m = Failover::new(Role::Sender, config());
+    m.handle_peer(&[0; 5], at(0));
+    let all = actions(&mut m);
+    assert_eq!(
+        all.last(),
+        Some(&Action::GiveUp {
+            cause: proto,
+            reason: FailoverError::BadReport(ReportError::Length(5)),
+        })
+    );
+    // A sender report to a sender.
+    let mut m = Failover::new(Role::Sender, config());
+    let same = Report {
+        lane: 0,
+        attempt: 1,
+        body: ReportBody::Sender(SenderSnapshot::default()),
+        qp_info: QpInfo::EMPTY,
+    };
+    m.handle_peer(&same.encode(), at(0));
+    assert!(matches!(
+        gave_up(&mut m),
+        FailoverError::Inconsistent { .. }
+    ));
+    // A lane the connection does not have.
+    let mut m = Failover::new(Role::Sender, config());
+    m.handle_peer(&receiver_report(5, 0, 0), at(0));
+    assert_eq!(gave_up(&mut m), FailoverError::Lane(5));
+    // Two reports for one failover.
+    let mut m = Failover::new(Role::Sender, config());
+    m.handle_peer(&receiver_report(0, 0, 0), at(0));
+    m.handle_peer(&receiver_report(0, 0, 0), at(0));
+    assert!(matches!(
+        gave_up(&mut m),
+        FailoverError::Inconsistent { .. }
+    ));
+    // A receiver's oldest past what the sender ended.
+    let mut m = Failover::new(Role::Sender, config());
+    m.handle_completion_error(0, &failed(WcStatus::RETRY_EXC_ERR), at(0));
+    m.handle_quiesced(
+        0,
+        ReportBody::Sender(SenderSnapshot {
+            ended: 4,
+            acked: 2,
+            eager: false,
+        }),
+    );
+    m.handle_qp_created(0, QpInfo::EMPTY);
+    m.handle_peer(&receiver_report(0, 5, 9), at(0));
+    let all = actions(&mut m);
+    assert_eq!(
+        all.last(),
+        Some(&Action::GiveUp {
+            cause: proto,
+            reason: FailoverError::Inconsistent {
+                lane: 0,
+                why: "its oldest receive is outside the slot ends posted and not acknowledged"
+            },
+        })
+    );
+    // A refusal.
+    let mut m = Failover::new(Role::Receiver, config());
+    let refusal = Report {
+        lane: 0,
+        attempt: 0,
+        body: ReportBody::Refusal(Refusal::Disabled),
+        qp_info: QpInfo::EMPTY,
+    };
+    m.handle_peer(&refusal.encode(), at(0));
+    assert_eq!(
+        actions(&mut m),
+        [Action::GiveUp {
+            cause: DataError::PeerLost,
+            reason: FailoverError::PeerRefused(Refusal::Disabled),
+        }]
+    );
+    // Off here, asked by the peer: refuse, so the peer fails at once.
+    let mut off = Failover::new(
+        Role::Sender,
+        FailoverConfig {
+            enabled: false,
+            ..config()
+        },
+    );
+    off.handle_peer(&receiver_report(0, 0, 0), at(0));
+    let all = actions(&mut off);
+    assert_eq!(all[0], Action::SendReport(refusal));
+    assert!(matches!(
+        all[1],
+        Action::GiveUp {
+            reason: FailoverError::Disabled,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn plans_check_the_peer_against_this_end_with_wrapping_numbers() {
+    let s = |ended, acked| SenderSnapshot {
+        ended,
+        acked,
+        eager: false,
+    };
+    let r = |oldest, announced| ReceiverSnapshot {
+        oldest,
+        announced,
+        eager: false,
+    };
+    let max = u32::MAX;
+    // Across the wrap: acked max-1, oldest max, ended 2, announced 5.
+    let plan = plan_sender(0, s(2, max - 1), r(max, 5)).unwrap();
+    assert_eq!((plan.complete.len(), plan.replay.len()), (1, 3));
+    assert_eq!(
+        plan.replay.iter().collect::<Vec<_>>(),
+        [max, 0, 1],
+        "in order across the wrap"
+    );
+    assert!(
+        plan_sender(0, s(2, max - 1), r(max - 2, 5)).is_err(),
+        "before acked"
+    );
+    assert!(
+        plan_sender(0, s(2, max - 1), r(3, 5)).is_err(),
+        "past ended"
+    );
+    assert!(
+        plan_sender(0, s(10, 5), r(7, 9)).is_err(),
+        "announced < ended"
+    );
+    assert!(
+        plan_sender(0, s(10, 5), r(7, 5 + 257)).is_err(),
+        "more than a FIFO"
+    );
+    assert_eq!(
+        plan_sender(
+            0,
+            s(1, 0),
+            ReceiverSnapshot {
+                eager: true,
+                ..r(1, 1)
+            }
+        ),
+        Err(FailoverError::Eager)
+    );
+    let plan = plan_receiver(0, r(max, 3), s(1, max - 3)).unwrap();
+    assert_eq!(plan.rewrite, SeqRange { start: 1, end: 3 });
+    assert!(
+        plan_receiver(0, r(10, 12), s(13, 10)).is_err(),
+        "ended unannounced"
+    );
+    assert!(
+        plan_receiver(0, r(10, 12), s(9, 9)).is_err(),
+        "ended before oldest"
+    );
+    assert!(
+        plan_receiver(0, r(10, 12), s(11, 11)).is_err(),
+        "acked past oldest"
+    );
+    assert!(plan_receiver(0, r(10, 12), s(10, 10)).is_ok());
+}
+
+#[test]
+fn errors_name_what_happened() {
+    use alloc::string::ToString;
+    let text = FailoverError::AttemptsExhausted { max: 1 }.to_string();
+    assert!(text.contains("MAX_ATTEMPTS") && text.starts_with("port failover gave up"));
+    assert!(
+        FailoverError::NotSurvivable(WcStatus::REM_ACCESS_ERR)
+            .to_string()
+            .contains("remote access error (status 10)")
+    );
+}
+
+/// A NIC whose completion queue is a script, with a backend fast path that offers each
+/// completion to `take` as it converts it.
+struct Scripted {
+    cq: VecDeque<Completion>,
+}
+
+impl Nic for Scripted {
+    fn max_inline(&self) -> usize {
+        0
+    }
+    fn post_send(&mut self, _: &[SendWr<'_>]) -> Result<(), NicError> {
+        Ok(())
+    }
+    fn post_recv(&mut self, _: u64) -> Result<(), NicError> {
+        Ok(())
+    }
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError> {
+        let mut got = 0;
+        while got < out.len() {
+            let Some(c) = self.cq.pop_front() else { break };
+            out[got] = c;
+            got += 1;
+        }
+        Ok(got)
+    }
+    fn poll_take(
+        &mut self,
+        out: &mut [Completion],
+        mut take: impl FnMut(&Completion) -> bool,
+    ) -> Result<(usize, usize), NicError> {
+        let (mut got, mut left) = (0, 0);
+        while got < out.len() {
+            let Some(c) = self.cq.pop_front() else { break };
+            got += 1;
+            if left == 0 && take(&c) {
+                continue;
+            }
+            out[left] = c;
+            left += 1;
+        }
+        Ok((got, left))
+    }
+    fn read_inbound(&self, _: usize, _: &mut [u8]) {}
+    fn write_staging(&mut self, _: usize, _: &[u8]) {}
+    fn deliver_inbound(&mut self, _: usize, _: usize, _: u64) {}
+}
+
+#[test]
+fn the_tripwire_passes_successes_before_the_first_failure_only() {
+    let ok = |wr_id| Completion {
+        wr_id,
+        ..failed(WcStatus::SUCCESS)
+    };
+    let flush = |wr_id, kind| Completion {
+        wr_id,
+        kind,
+        ..failed(WcStatus::WR_FLUSH_ERR)
+    };
+    let script = [
+        ok(1),
+        ok(2),
+        failed(WcStatus::RETRY_EXC_ERR),
+        flush(4, CompletionKind::Send),
+        flush(MARKER_SEND_WR_ID, CompletionKind::Send),
+    ];
+    for fast in [false, true] {
+        let mut nic = Scripted {
+            cq: script.iter().copied().collect(),
+        };
+        let mut trip = Tripwire::default();
+        let mut g = Guarded {
+            nic: &mut nic,
+            trip: &mut trip,
+        };
+        let mut out = [ok(0); 3];
+        let mut taken = Vec::new();
+        let seen = if fast {
+            let (got, left) = g
+                .poll_take(&mut out, |c| {
+                    taken.push(c.wr_id);
+                    c.wr_id == 1
+                })
+                .unwrap();
+            assert_eq!(got, 3);
+            left
+        } else {
+            g.poll(&mut out).unwrap()
+        };
+        if fast {
+            assert_eq!(taken, [1, 2], "a failure is never offered to the fast path");
+            assert_eq!((seen, out[0].wr_id), (1, 2));
+        } else {
+            assert_eq!(seen, 2);
+        }
+        assert!(trip.tripped() && !trip.send_marker);
+        let mut g = Guarded {
+            nic: &mut nic,
+            trip: &mut trip,
+        };
+        let polled = if fast {
+            g.poll_take(&mut out, |_| panic!("nothing is offered once tripped"))
+                .unwrap()
+                .1
+        } else {
+            g.poll(&mut out).unwrap()
+        };
+        assert_eq!(polled, 0);
+        assert_eq!(trip.failed, 3);
+        assert!(trip.send_marker && !trip.recv_marker && !trip.success_after);
+        assert_eq!(trip.first.unwrap().status, WcStatus::RETRY_EXC_ERR);
+    }
+}

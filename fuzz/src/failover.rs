@@ -1,0 +1,396 @@
+//! Port failover (issue #39) on the simulated fabric: a multi-lane connection with failover on
+//! (or off, on either end) carries a verified stream while ports are cut at arbitrary steps,
+//! on either end, with or without lost acknowledgements, and a report may be tampered with (a
+//! lying peer). Checked:
+//!
+//! - every receive that completes holds exactly the bytes sent, in order, once
+//!   ([`FailoverPair::run`] checks each as it completes);
+//! - without tampering nothing hangs; a connection that fails fails with a fatal error, after a
+//!   cut, and an end that gave up says why;
+//! - one cut, failover on at both ends with an attempt: the stream always completes (failover
+//!   may not give up there);
+//! - with a tampered report, nothing panics and no receive is wrong (a hang is the liar's).
+//!
+//! The input is a small byte format of its own ([`Input::decode`]; missing bytes read as 0), so
+//! the committed seeds are generated from named scenarios ([`seeds`]).
+
+use rivet_core::data::DataError;
+use rivet_core::data::failover::{FailoverConfig, FailoverError, FailoverStats};
+use rivet_core::sim::{FailoverPair, Outcome, Stream, Tamper};
+use rivet_core::time::Duration;
+
+/// Bytes a send may carry (indexed by a nibble of the input, low 3 bits).
+const SIZES: [usize; 8] = [0, 1, 8, 100, 512, 4096, 20_000, 70_000];
+/// Receives per lane at most.
+const MAX_RECEIVES: usize = 24;
+/// Cuts at most.
+const MAX_CUTS: usize = 4;
+
+/// Where a port is cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cut {
+    /// After this fabric step (mod 1024).
+    pub step: u16,
+    /// Which lane (mod lanes).
+    pub lane: u8,
+    /// 0: the sender's port, 1: the receiver's, 2: the sender's with its acknowledgements lost.
+    pub kind: u8,
+}
+
+/// One input.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Input {
+    /// Lanes, 1..=3.
+    pub lanes: u8,
+    /// Queue pairs with 64 inline bytes (else none).
+    pub inline: bool,
+    /// Adaptive routing's threshold, if on.
+    pub adaptive_routing: Option<u16>,
+    /// Failover off at the sending end.
+    pub send_off: bool,
+    /// Failover off at the receiving end.
+    pub recv_off: bool,
+    /// Attempts, 0..=3.
+    pub attempts: u8,
+    /// Three ports instead of two.
+    pub third_port: bool,
+    /// Every port on its own device (else all on one).
+    pub devices: bool,
+    /// Receives posted ahead at most, 1..=16.
+    pub window: u8,
+    /// Per receive: group size (low 3 bits + 1) and its sizes' nibbles.
+    pub receives: Vec<(u8, u32)>,
+    /// The cuts.
+    pub cuts: Vec<Cut>,
+    /// The report to tamper with: number and what to add to its numbers.
+    pub tamper: Option<(u8, u32, u32)>,
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn u8(&mut self) -> u8 {
+        let (&b, rest) = self.0.split_first().unwrap_or((&0, &[]));
+        self.0 = rest;
+        b
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes([self.u8(), self.u8()])
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
+    }
+}
+
+impl Input {
+    /// Decode any bytes (missing ones are 0).
+    pub fn decode(bytes: &[u8]) -> Self {
+        let mut r = Reader(bytes);
+        let lanes = r.u8() % 3 + 1;
+        let flags = r.u8();
+        let attempts = r.u8() % 4;
+        let window = r.u8() % 16 + 1;
+        let threshold = r.u16();
+        let receives = (0..usize::from(r.u8()) % (MAX_RECEIVES + 1))
+            .map(|_| (r.u8(), r.u32()))
+            .collect();
+        let cuts = (0..usize::from(r.u8()) % (MAX_CUTS + 1))
+            .map(|_| Cut {
+                step: r.u16() % 1024,
+                lane: r.u8() % lanes,
+                kind: r.u8() % 3,
+            })
+            .collect();
+        let tamper = (flags & 0x40 != 0).then(|| (r.u8() % 4, r.u32(), r.u32()));
+        Self {
+            lanes,
+            inline: flags & 1 != 0,
+            adaptive_routing: (flags & 2 != 0).then_some(threshold),
+            send_off: flags & 4 != 0,
+            recv_off: flags & 8 != 0,
+            attempts,
+            third_port: flags & 0x10 != 0,
+            devices: flags & 0x20 != 0,
+            window,
+            receives,
+            cuts,
+            tamper,
+        }
+    }
+
+    /// The bytes [`decode`](Self::decode) reads back as this input (which must be in range).
+    pub fn encode(&self) -> Vec<u8> {
+        let flags = u8::from(self.inline)
+            | u8::from(self.adaptive_routing.is_some()) << 1
+            | u8::from(self.send_off) << 2
+            | u8::from(self.recv_off) << 3
+            | u8::from(self.third_port) << 4
+            | u8::from(self.devices) << 5
+            | u8::from(self.tamper.is_some()) << 6;
+        let mut out = vec![self.lanes - 1, flags, self.attempts, self.window - 1];
+        out.extend(self.adaptive_routing.unwrap_or(0).to_le_bytes());
+        out.push(self.receives.len() as u8);
+        for &(group, nibbles) in &self.receives {
+            out.push(group);
+            out.extend(nibbles.to_le_bytes());
+        }
+        out.push(self.cuts.len() as u8);
+        for cut in &self.cuts {
+            out.extend(cut.step.to_le_bytes());
+            out.push(cut.lane);
+            out.push(cut.kind);
+        }
+        if let Some((report, a, b)) = self.tamper {
+            out.push(report);
+            out.extend(a.to_le_bytes());
+            out.extend(b.to_le_bytes());
+        }
+        out
+    }
+}
+
+/// What a run came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Run {
+    /// The outcome.
+    pub outcome: Outcome,
+    /// Cuts that happened before the stream ended.
+    pub applied: usize,
+    /// Why each end gave up, if it did.
+    pub gave_up: (Option<FailoverError>, Option<FailoverError>),
+    /// The sending end's statistics.
+    pub stats: FailoverStats,
+}
+
+fn config(input: &Input, lanes: usize, off: bool) -> FailoverConfig {
+    let ports: u8 = if input.third_port { 3 } else { 2 };
+    FailoverConfig {
+        enabled: !off,
+        max_attempts: u32::from(input.attempts),
+        timeout: Duration::from_secs(10),
+        port_devices: (0..ports)
+            .map(|p| if input.devices { p } else { 0 })
+            .collect(),
+        lane_ports: (0..lanes).map(|l| (l % usize::from(ports)) as u8).collect(),
+    }
+}
+
+/// Run `input` (panics where a receive is wrong).
+pub fn run(input: &Input) -> Run {
+    let lanes = usize::from(input.lanes.clamp(1, 3));
+    let receives: Vec<Vec<usize>> = input
+        .receives
+        .iter()
+        .take(MAX_RECEIVES)
+        .map(|&(group, nibbles)| {
+            let n = usize::from(group & 7) + 1;
+            (0..n)
+                .map(|k| SIZES[(nibbles >> (4 * k)) as usize & 7])
+                .collect()
+        })
+        .collect();
+    let streams: Vec<Stream> = (0..lanes)
+        .map(|lane| {
+            // Each lane its own rotation of the receives.
+            let mut sizes = receives.clone();
+            let by = lane.min(sizes.len());
+            sizes.rotate_left(by);
+            Stream { sizes }
+        })
+        .collect();
+    let max_inline = if input.inline { 64 } else { 0 };
+    let mut p = FailoverPair::new(
+        lanes,
+        max_inline,
+        config(input, lanes, input.send_off),
+        config(input, lanes, input.recv_off),
+    );
+    p.window = usize::from(input.window.clamp(1, 16));
+    if let Some(threshold) = input.adaptive_routing {
+        for lane in 0..lanes {
+            p.sender(lane)
+                .set_adaptive_routing(Some(u64::from(threshold)));
+        }
+    }
+    p.tamper = input.tamper.map(|(report, a, b)| Tamper {
+        report: usize::from(report),
+        a,
+        b,
+    });
+    let mut applied = 0;
+    let outcome = p.run(&streams, |p, step| {
+        for cut in input.cuts.iter().take(MAX_CUTS) {
+            if usize::from(cut.step) != step {
+                continue;
+            }
+            let lane = usize::from(cut.lane) % lanes;
+            let fabric = p.fabric.clone();
+            match cut.kind {
+                0 => fabric.cut_port(p.send_nic(lane)),
+                1 => fabric.cut_port(p.recv_nic(lane)),
+                _ => fabric.cut_port_acks_lost(p.send_nic(lane)),
+            }
+            applied += 1;
+        }
+    });
+    Run {
+        outcome,
+        applied,
+        gave_up: (p.send_gave_up, p.recv_gave_up),
+        stats: p.send_fo.stats(),
+    }
+}
+
+/// Run one input and check it against the model.
+pub fn check(bytes: &[u8]) {
+    let input = Input::decode(bytes);
+    let run = run(&input);
+    if input.tamper.is_some() {
+        // A lying peer may hang or fail the connection; the receives that complete were checked.
+        return;
+    }
+    match run.outcome {
+        Outcome::Done => {}
+        Outcome::Stuck => panic!("a hang without a lying peer: {run:?}"),
+        Outcome::Failed(err) => {
+            assert!(err.is_fatal(), "{err}");
+            assert!(run.applied > 0, "failed without a cut: {err}");
+            assert!(
+                run.gave_up.0.is_some() || run.gave_up.1.is_some(),
+                "failed without giving up: {err}"
+            );
+            let must_survive =
+                run.applied == 1 && !input.send_off && !input.recv_off && input.attempts >= 1;
+            assert!(
+                !must_survive,
+                "one cut with failover on must survive: {err}; {run:?}"
+            );
+        }
+    }
+}
+
+/// The named scenarios the committed seeds are made from.
+pub mod seeds {
+    use super::{Cut, DataError, Input, Outcome, Run};
+
+    /// A scenario: its name (the seed's file name), its input, and what its run must show.
+    #[derive(Debug)]
+    pub struct Seed {
+        /// File name.
+        pub name: &'static str,
+        /// The input.
+        pub input: Input,
+        /// What the run must show.
+        pub shows: fn(&Run) -> bool,
+    }
+
+    fn mixed(n: usize) -> Vec<(u8, u32)> {
+        (0..n)
+            .map(|j| {
+                let group = if j % 4 == 3 { (j % 8) as u8 } else { 0 };
+                (group, 0x7654_3210u32.rotate_left(4 * j as u32))
+            })
+            .collect()
+    }
+
+    fn base() -> Input {
+        Input {
+            lanes: 1,
+            inline: true,
+            attempts: 1,
+            window: 8,
+            receives: mixed(16),
+            ..Input::default()
+        }
+    }
+
+    fn cut(step: u16, lane: u8, kind: u8) -> Cut {
+        Cut { step, lane, kind }
+    }
+
+    fn failed_over(run: &Run) -> bool {
+        run.outcome == Outcome::Done && run.stats.failovers >= 1
+    }
+
+    fn failed(run: &Run) -> bool {
+        matches!(run.outcome, Outcome::Failed(_))
+    }
+
+    /// Every scenario.
+    pub fn seeds() -> Vec<Seed> {
+        vec![
+            Seed {
+                name: "cut_sender",
+                input: Input {
+                    cuts: vec![cut(20, 0, 0)],
+                    ..base()
+                },
+                shows: failed_over,
+            },
+            Seed {
+                name: "cut_receiver",
+                input: Input {
+                    cuts: vec![cut(30, 0, 1)],
+                    ..base()
+                },
+                shows: failed_over,
+            },
+            Seed {
+                name: "acks_lost",
+                input: Input {
+                    cuts: vec![cut(25, 0, 2)],
+                    ..base()
+                },
+                shows: failed_over,
+            },
+            Seed {
+                name: "three_lanes_groups",
+                input: Input {
+                    lanes: 3,
+                    window: 16,
+                    receives: mixed(20),
+                    cuts: vec![cut(40, 1, 0)],
+                    ..base()
+                },
+                shows: failed_over,
+            },
+            Seed {
+                name: "split_staged",
+                input: Input {
+                    inline: false,
+                    adaptive_routing: Some(4096),
+                    cuts: vec![cut(30, 0, 1)],
+                    ..base()
+                },
+                shows: failed_over,
+            },
+            Seed {
+                name: "failover_off",
+                input: Input {
+                    send_off: true,
+                    cuts: vec![cut(20, 0, 0)],
+                    ..base()
+                },
+                shows: |run| matches!(run.outcome, Outcome::Failed(DataError::Completion { .. })),
+            },
+            Seed {
+                name: "attempts_exhausted",
+                input: Input {
+                    lanes: 2,
+                    cuts: vec![cut(15, 0, 0), cut(60, 1, 0)],
+                    ..base()
+                },
+                shows: failed,
+            },
+            Seed {
+                name: "lying_receiver",
+                input: Input {
+                    cuts: vec![cut(25, 0, 2)],
+                    tamper: Some((1, u32::MAX, 0)),
+                    ..base()
+                },
+                shows: failed,
+            },
+        ]
+    }
+}
