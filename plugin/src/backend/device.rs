@@ -10,7 +10,7 @@ use rivet_verbs_ffi::discover::PortInfo;
 use rivet_verbs_ffi::sys::event_type;
 use rivet_verbs_ffi::{Context, DeviceList, ProtectionDomain, VerbsError};
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 /// The device events that fail connections, by connection (policy in `rivet_core::event`).
 ///
@@ -107,6 +107,21 @@ fn retry_settings() -> (u8, u8) {
     }
 }
 
+/// A device some open port uses, found again by the next port of that device to open.
+#[derive(Debug)]
+struct OpenedDevice {
+    name: String,
+    pd: Weak<ProtectionDomain>,
+    events: Weak<Mutex<AsyncState>>,
+}
+
+/// The devices open ports use: the ports of one device share its context, protection domain
+/// and asynchronous events, as NCCL's IB transport shares a device's context among its ports. A
+/// queue pair can then move to another port of the device (port failover, issue #39) with every
+/// key it and its peer hold still valid; and one reader drains the device's one event queue
+/// for every port on it.
+static OPENED: Mutex<Vec<OpenedDevice>> = Mutex::new(Vec::new());
+
 /// What a port does with GPU memory (decided by `rivet_core::gdr` at discovery).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct GpuSetup {
@@ -131,45 +146,79 @@ pub(crate) struct OpenPort<D: PortDevice = VerbsDevice> {
     pub(crate) gpu: GpuSetup,
     /// User-buffer registrations on `device`, shared by every comm on the port (`regIsGlobal`).
     pub(crate) mrs: MrCache<D>,
-    events: Mutex<AsyncState>,
+    /// The device's events, shared by its open ports (one async fd per context).
+    events: Arc<Mutex<AsyncState>>,
     /// Whether new connections use the mlx5 direct data path (mlx5 device, opted in with
     /// `RIVET_MLX5_DIRECT=1`, and no set-up failure so far).
     direct: AtomicBool,
 }
 
 impl<D: PortDevice> OpenPort<D> {
-    /// Open the device named in `info` and allocate a protection domain on it.
+    /// Open the port `info` names: on the device's context and protection domain when another
+    /// port of the same device is open, else on a newly opened context and protection domain.
     pub(crate) fn open(info: &PortInfo, gpu: GpuSetup) -> Result<Arc<Self>, VerbsError> {
-        let list = DeviceList::new()?;
-        let device =
-            list.iter()
-                .find(|d| d.name() == info.name)
-                .ok_or(VerbsError::InvalidArgument {
-                    what: "the discovered RDMA device disappeared",
-                })?;
-        let context = device.open()?;
-        let pd = ProtectionDomain::new(&context)?;
+        let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
+        opened.retain(|d| d.pd.strong_count() > 0 && d.events.strong_count() > 0);
+        let shared = opened
+            .iter()
+            .filter(|d| d.name == info.name)
+            .find_map(|d| Some((d.pd.upgrade()?, d.events.upgrade()?)));
+        let (pd, events) = match shared {
+            Some(shared) => shared,
+            None => {
+                let list = DeviceList::new()?;
+                let device = list.iter().find(|d| d.name() == info.name).ok_or(
+                    VerbsError::InvalidArgument {
+                        what: "the discovered RDMA device disappeared",
+                    },
+                )?;
+                let context = device.open()?;
+                let pd = ProtectionDomain::new(&context)?;
+                let events = Arc::new(Mutex::new(AsyncState::default()));
+                opened.push(OpenedDevice {
+                    name: info.name.clone(),
+                    pd: Arc::downgrade(&pd),
+                    events: Arc::downgrade(&events),
+                });
+                (pd, events)
+            }
+        };
+        drop(opened);
+        let context = Arc::clone(pd.context());
         let direct = direct_path_wanted(&context, info);
-        Ok(Self::on_device(
+        Ok(Self::with_events(
             info,
             D::from(VerbsDevice { context, pd }),
             gpu,
             direct,
+            events,
         ))
     }
 
-    /// The port `info` on an opened `device`; `direct`: whether connections start on the mlx5
-    /// direct path.
+    /// The port `info` on an opened `device` of its own; `direct`: whether connections start on
+    /// the mlx5 direct path.
+    #[cfg(test)]
     pub(crate) fn on_device(info: &PortInfo, device: D, gpu: GpuSetup, direct: bool) -> Arc<Self> {
+        Self::with_events(info, device, gpu, direct, Arc::default())
+    }
+
+    fn with_events(
+        info: &PortInfo,
+        device: D,
+        gpu: GpuSetup,
+        direct: bool,
+        events: Arc<Mutex<AsyncState>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             info: info.clone(),
             gpu,
             mrs: MrCache::new(device.clone()),
             device,
-            events: Mutex::new(AsyncState::default()),
+            events,
             direct: AtomicBool::new(direct),
         })
     }
+
 
     /// Whether new connections on this port use the mlx5 direct data path.
     pub(crate) fn direct_path(&self) -> bool {
@@ -237,26 +286,28 @@ impl<D: PortDevice> OpenPort<D> {
 
     /// One log line per event: WARN for those that fail connections, INFO for the rest.
     fn log_event(&self, event: DeviceEvent, name: &str) {
-        let (dev, port) = (&self.info.name, self.info.port);
+        // The device's ports share its events, so the port reading one may not be the port it
+        // concerns: port events name their own port, the others only the device.
+        let dev = &self.info.name;
         match event {
             DeviceEvent::QpFatal { qp }
             | DeviceEvent::QpRequestError { qp }
             | DeviceEvent::QpAccessError { qp } => {
                 warn!(
-                    "{dev} port {port}: asynchronous event {name} on QP {qp}: its connection fails"
+                    "{dev}: asynchronous event {name} on QP {qp}: its connection fails"
                 );
             }
             DeviceEvent::CqError { .. } => {
                 warn!(
-                    "{dev} port {port}: asynchronous event {name}: the connections of that completion queue fail"
+                    "{dev}: asynchronous event {name}: the connections of that completion queue fail"
                 );
             }
             DeviceEvent::DeviceFatal => {
                 warn!(
-                    "{dev} port {port}: asynchronous event {name}: the device failed; every connection on it fails"
+                    "{dev}: asynchronous event {name}: the device failed; every connection on it fails"
                 );
             }
-            DeviceEvent::PortError { port: p } if p == u32::from(port) => {
+            DeviceEvent::PortError { port } => {
                 // Not fatal: RC retransmission rides out a flap shorter than the retry budget.
                 let (timeout, retries) = retry_settings();
                 let budget = rc_retry_budget(timeout, retries)
@@ -267,13 +318,13 @@ impl<D: PortDevice> OpenPort<D> {
                      and fail only if it stays down longer"
                 );
             }
-            DeviceEvent::PortActive { port: p } if p == u32::from(port) => {
+            DeviceEvent::PortActive { port } => {
                 info!(
                     INIT_NET,
                     "{dev} port {port}: asynchronous event {name}: the link is up"
                 );
             }
-            _ => info!(INIT_NET, "{dev} port {port}: asynchronous event {name}"),
+            _ => info!(INIT_NET, "{dev}: asynchronous event {name}"),
         }
     }
 }
