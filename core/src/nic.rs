@@ -347,6 +347,60 @@ pub trait Nic {
     fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64);
 }
 
+/// A borrowed NIC is a NIC: a wrapper that owns its NIC (the failover
+/// [`Guarded`](crate::data::failover::Guarded)) can wrap a borrow where the caller keeps the NIC.
+/// Every method forwards, inlined, so the borrow costs nothing on the hot path.
+impl<N: Nic + ?Sized> Nic for &mut N {
+    #[inline(always)]
+    fn max_inline(&self) -> usize {
+        (**self).max_inline()
+    }
+
+    #[inline(always)]
+    fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
+        (**self).post_send(chain)
+    }
+
+    #[inline(always)]
+    fn post_recv(&mut self, wr_id: u64) -> Result<(), NicError> {
+        (**self).post_recv(wr_id)
+    }
+
+    #[inline(always)]
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError> {
+        (**self).poll(out)
+    }
+
+    #[inline(always)]
+    fn poll_take(
+        &mut self,
+        out: &mut [Completion],
+        take: impl FnMut(&Completion) -> bool,
+    ) -> Result<(usize, usize), NicError> {
+        (**self).poll_take(out, take)
+    }
+
+    #[inline(always)]
+    fn read_inbound(&self, offset: usize, out: &mut [u8]) {
+        (**self).read_inbound(offset, out);
+    }
+
+    #[inline(always)]
+    fn read_inbound_stamped<const M: usize>(&self, offset: usize) -> (u32, [u8; M]) {
+        (**self).read_inbound_stamped::<M>(offset)
+    }
+
+    #[inline(always)]
+    fn write_staging(&mut self, offset: usize, bytes: &[u8]) {
+        (**self).write_staging(offset, bytes);
+    }
+
+    #[inline(always)]
+    fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
+        (**self).deliver_inbound(offset, len, dst);
+    }
+}
+
 /// A region of the peer's memory that this side may RDMA-write into: the peer's inbound
 /// control region, learned during the handshake.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -443,8 +443,14 @@ impl RecvJournal {
 // The tripwire.
 
 /// What a lane's completion queue reported since its queue pair failed ([`Guarded`]).
+///
+/// Unarmed (failover not negotiated on the connection, and [`Default`]), it passes every
+/// completion, failed ones too, to the core as if it were not there; armed, the first failed
+/// completion and everything after it are the tripwire's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Tripwire {
+    /// Whether it screens completions at all.
+    pub armed: bool,
     /// The first failed completion.
     pub first: Option<Completion>,
     /// Failed completions seen, the first one included.
@@ -460,14 +466,27 @@ pub struct Tripwire {
 }
 
 impl Tripwire {
+    /// A tripwire that has seen nothing, screening completions when `armed`.
+    pub fn new(armed: bool) -> Self {
+        Self {
+            armed,
+            ..Self::default()
+        }
+    }
+
     /// Whether the queue pair failed.
     pub fn tripped(&self) -> bool {
         self.first.is_some()
     }
 
     /// Screen polled completions `batch`: how many of them, from the front, the core may see
-    /// (successes before the first failure; the rest are the tripwire's).
+    /// (all when unarmed; armed, the successes before the first failure, the rest being the
+    /// tripwire's).
+    #[inline]
     fn screen(&mut self, batch: &[Completion]) -> usize {
+        if !self.armed {
+            return batch.len();
+        }
         let mut passed = 0;
         for c in batch {
             if self.tripped() {
@@ -497,41 +516,61 @@ impl Tripwire {
     }
 }
 
-/// A lane's NIC as the core sees it with failover on: completions pass until the first failed
-/// one, which (with everything after it) goes to the [`Tripwire`] instead. The core's
-/// connection stays healthy and its requests outstanding; the failover machine decides.
+/// A lane's NIC as the core sees it: with its [`Tripwire`] armed (failover on), completions pass
+/// until the first failed one, which (with everything after it) goes to the tripwire instead,
+/// so the core's connection stays healthy and its requests outstanding while the failover
+/// machine decides. Unarmed, it is the NIC. It owns its NIC: wrap a `&mut` to keep the NIC
+/// elsewhere.
 #[derive(Debug)]
-pub struct Guarded<'a, N: Nic> {
+pub struct Guarded<N: Nic> {
     /// The lane's queue pair.
-    pub nic: &'a mut N,
+    pub nic: N,
     /// Its tripwire.
-    pub trip: &'a mut Tripwire,
+    pub trip: Tripwire,
 }
 
-impl<N: Nic> Nic for Guarded<'_, N> {
+impl<N: Nic> Guarded<N> {
+    /// `nic` behind a fresh tripwire, armed when failover is on.
+    pub fn new(nic: N, armed: bool) -> Self {
+        Self {
+            nic,
+            trip: Tripwire::new(armed),
+        }
+    }
+}
+
+impl<N: Nic> Nic for Guarded<N> {
+    #[inline(always)]
     fn max_inline(&self) -> usize {
         self.nic.max_inline()
     }
 
+    #[inline(always)]
     fn post_send(&mut self, chain: &[SendWr<'_>]) -> Result<(), NicError> {
         self.nic.post_send(chain)
     }
 
+    #[inline(always)]
     fn post_recv(&mut self, wr_id: u64) -> Result<(), NicError> {
         self.nic.post_recv(wr_id)
     }
 
+    #[inline(always)]
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, NicError> {
         let got = self.nic.poll(out)?;
         Ok(self.trip.screen(&out[..got]))
     }
 
-    /// The backend's own fast path stays (it takes only successes while nothing failed).
+    /// The backend's own fast path stays (armed, it takes only successes while nothing failed).
+    #[inline(always)]
     fn poll_take(
         &mut self,
         out: &mut [Completion],
         mut take: impl FnMut(&Completion) -> bool,
     ) -> Result<(usize, usize), NicError> {
+        if !self.trip.armed {
+            return self.nic.poll_take(out, take);
+        }
         if self.trip.tripped() {
             let got = self.nic.poll(out)?;
             self.trip.screen(&out[..got]);
@@ -544,14 +583,22 @@ impl<N: Nic> Nic for Guarded<'_, N> {
         Ok((got, passed))
     }
 
+    #[inline(always)]
+    fn read_inbound_stamped<const M: usize>(&self, offset: usize) -> (u32, [u8; M]) {
+        self.nic.read_inbound_stamped::<M>(offset)
+    }
+
+    #[inline(always)]
     fn read_inbound(&self, offset: usize, out: &mut [u8]) {
         self.nic.read_inbound(offset, out);
     }
 
+    #[inline(always)]
     fn write_staging(&mut self, offset: usize, bytes: &[u8]) {
         self.nic.write_staging(offset, bytes);
     }
 
+    #[inline(always)]
     fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
         self.nic.deliver_inbound(offset, len, dst);
     }

@@ -1156,10 +1156,14 @@ impl RecvConn {
     /// final.
     pub fn failover_quiesce<N: Nic>(
         &mut self,
-        nic: &mut super::failover::Guarded<'_, N>,
+        nic: &mut super::failover::Guarded<N>,
     ) -> Result<bool, super::failover::FailoverError> {
         use super::failover::{FailoverError, MARKER_RECV_WR_ID, MARKER_SEND_WR_ID};
         self.health.check().map_err(FailoverError::Local)?;
+        // Unarmed, the flushes would reach the connection as failures: failover is off.
+        if !nic.trip.armed {
+            return Err(FailoverError::Disabled);
+        }
         if !nic.trip.markers_posted {
             let marker = SendWr {
                 wr_id: MARKER_SEND_WR_ID,

@@ -13,7 +13,7 @@ use super::suite::pattern;
 use super::{EndpointId, Fabric, SimNic, irecv_direct, isend_direct};
 use crate::data::failover::{
     Action, Failover, FailoverConfig, FailoverError, Guarded, Plan, QpInfo, RecvJournal, Report,
-    ReportBody, Role, SendJournal, Tripwire,
+    ReportBody, Role, SendJournal,
 };
 use crate::data::{Completed, Connection, DataError, RecvBuf, RecvConn, RequestId, SendConn};
 
@@ -21,8 +21,8 @@ use crate::data::{Completed, Connection, DataError, RecvBuf, RecvConn, RequestId
 #[derive(Debug)]
 struct End<C> {
     conn: C,
-    nic: SimNic,
-    trip: Tripwire,
+    /// The lane's queue pair behind its (armed) tripwire.
+    nic: Guarded<SimNic>,
     /// Quiescing: call the lane's `failover_quiesce` until it says done.
     quiescing: bool,
     /// The new queue pair, created and not swapped in yet.
@@ -125,15 +125,13 @@ impl FailoverPair {
             let (send_nic, recv_nic) = fabric.connect(send_ep, sc, recv_ep, rc);
             senders.push(End {
                 conn: SendConn::new(recv_nic.inbound_region()),
-                nic: send_nic.clone(),
-                trip: Tripwire::default(),
+                nic: Guarded::new(send_nic.clone(), true),
                 quiescing: false,
                 next: None,
             });
             receivers.push(End {
                 conn: RecvConn::new(send_nic.inbound_region()),
-                nic: recv_nic,
-                trip: Tripwire::default(),
+                nic: Guarded::new(recv_nic, true),
                 quiescing: false,
                 next: None,
             });
@@ -162,12 +160,12 @@ impl FailoverPair {
 
     /// The sending NIC of `lane` (its current queue pair).
     pub fn send_nic(&self, lane: usize) -> &SimNic {
-        &self.senders[lane].nic
+        &self.senders[lane].nic.nic
     }
 
     /// The receiving NIC of `lane` (its current queue pair).
     pub fn recv_nic(&self, lane: usize) -> &SimNic {
-        &self.receivers[lane].nic
+        &self.receivers[lane].nic.nic
     }
 
     /// The sending connection of `lane`.
@@ -246,11 +244,8 @@ impl FailoverPair {
                 .collect();
             let tags: Vec<u32> = (0..bufs.len() as u32).collect();
             let end = &mut self.receivers[lane];
-            let mut nic = Guarded {
-                nic: &mut end.nic,
-                trip: &mut end.trip,
-            };
-            let Some(req) = irecv_direct(&mut end.conn, &mut nic, &bufs, &tags)? else {
+            let nic = &mut end.nic;
+            let Some(req) = irecv_direct(&mut end.conn, nic, &bufs, &tags)? else {
                 break;
             };
             self.recv_journals[lane].note(req, &bufs, &tags);
@@ -267,11 +262,8 @@ impl FailoverPair {
             let len = stream.sizes[j][k];
             let buf = send_buf(&self.fabric, self.send_ep, &pattern(seed(lane, j, k), len));
             let end = &mut self.senders[lane];
-            let mut nic = Guarded {
-                nic: &mut end.nic,
-                trip: &mut end.trip,
-            };
-            let Some(req) = isend_direct(&mut end.conn, &mut nic, buf, k as u32)? else {
+            let nic = &mut end.nic;
+            let Some(req) = isend_direct(&mut end.conn, nic, buf, k as u32)? else {
                 break;
             };
             self.send_journals[lane].note(req, buf, k as u32, 0);
@@ -287,13 +279,10 @@ impl FailoverPair {
         // Test sends (any order is fine; oldest first).
         if !self.send_fo.is_failing(lane as u8) {
             let end = &mut self.senders[lane];
-            let mut nic = Guarded {
-                nic: &mut end.nic,
-                trip: &mut end.trip,
-            };
+            let nic = &mut end.nic;
             let p = &mut self.progress[lane];
             while let Some(&req) = p.sends.front() {
-                match end.conn.test(&mut nic, req)? {
+                match end.conn.test(nic, req)? {
                     Completed::Pending => break,
                     Completed::Done { .. } => {
                         p.sends.pop_front();
@@ -306,12 +295,9 @@ impl FailoverPair {
         // Test receives in order and check their bytes.
         if !self.recv_fo.is_failing(lane as u8) {
             let end = &mut self.receivers[lane];
-            let mut nic = Guarded {
-                nic: &mut end.nic,
-                trip: &mut end.trip,
-            };
+            let nic = &mut end.nic;
             while let Some((j, req, bufs)) = self.progress[lane].recvs.front().cloned() {
-                match end.conn.test(&mut nic, req)? {
+                match end.conn.test(nic, req)? {
                     Completed::Pending => break,
                     Completed::Done { n, sizes } => {
                         assert_eq!(
@@ -351,7 +337,7 @@ impl FailoverPair {
         for _ in 0..64 {
             let mut again = false;
             for (lane, end) in self.senders.iter().enumerate() {
-                if let Some(c) = end.trip.first
+                if let Some(c) = end.nic.trip.first
                     && !self.send_fo.is_failing(lane as u8)
                     && self.send_gave_up.is_none()
                 {
@@ -359,7 +345,7 @@ impl FailoverPair {
                 }
             }
             for (lane, end) in self.receivers.iter().enumerate() {
-                if let Some(c) = end.trip.first
+                if let Some(c) = end.nic.trip.first
                     && !self.recv_fo.is_failing(lane as u8)
                     && self.recv_gave_up.is_none()
                 {
@@ -399,11 +385,8 @@ impl FailoverPair {
         for lane in 0..self.senders.len() {
             let end = &mut self.senders[lane];
             if end.quiescing {
-                let mut nic = Guarded {
-                    nic: &mut end.nic,
-                    trip: &mut end.trip,
-                };
-                match end.conn.failover_quiesce(&mut nic) {
+                let nic = &mut end.nic;
+                match end.conn.failover_quiesce(nic) {
                     Ok(true) => {
                         end.quiescing = false;
                         finished = true;
@@ -425,11 +408,8 @@ impl FailoverPair {
             }
             let end = &mut self.receivers[lane];
             if end.quiescing {
-                let mut nic = Guarded {
-                    nic: &mut end.nic,
-                    trip: &mut end.trip,
-                };
-                match end.conn.failover_quiesce(&mut nic) {
+                let nic = &mut end.nic;
+                match end.conn.failover_quiesce(nic) {
                     Ok(true) => {
                         end.quiescing = false;
                         finished = true;
@@ -473,7 +453,7 @@ impl FailoverPair {
         if self.senders[lane].next.is_none() && self.receivers[lane].next.is_none() {
             let (s, r) = self
                 .fabric
-                .reconnect(&self.senders[lane].nic, &self.receivers[lane].nic);
+                .reconnect(&self.senders[lane].nic.nic, &self.receivers[lane].nic.nic);
             self.senders[lane].next = Some(s);
             self.receivers[lane].next = Some(r);
         }
@@ -489,7 +469,7 @@ impl FailoverPair {
         match action {
             Action::QuiesceLane { lane } => {
                 let end = &mut self.senders[usize::from(lane)];
-                self.fabric.fault_qp_error(&end.nic);
+                self.fabric.fault_qp_error(&end.nic.nic);
                 end.quiescing = true;
             }
             Action::CreateQp { lane, .. } => {
@@ -514,14 +494,13 @@ impl FailoverPair {
                 let peer = self.receivers[l]
                     .next
                     .as_ref()
-                    .unwrap_or(&self.receivers[l].nic);
+                    .unwrap_or(&self.receivers[l].nic.nic);
                 assert_eq!(peer_qp.as_bytes(), peer.qp_num().to_le_bytes());
                 let end = &mut self.senders[l];
-                end.nic = end.next.take().expect("created");
-                end.trip = Tripwire::default();
-                let done = end
-                    .conn
-                    .failover_replay(&mut end.nic, &plan, &self.send_journals[l]);
+                end.nic = Guarded::new(end.next.take().expect("created"), true);
+                let done =
+                    end.conn
+                        .failover_replay(&mut end.nic.nic, &plan, &self.send_journals[l]);
                 self.send_fo.handle_replayed(lane, done, self.fabric.now());
             }
             Action::Resume { .. } => {}
@@ -539,7 +518,7 @@ impl FailoverPair {
         match action {
             Action::QuiesceLane { lane } => {
                 let end = &mut self.receivers[usize::from(lane)];
-                self.fabric.fault_qp_error(&end.nic);
+                self.fabric.fault_qp_error(&end.nic.nic);
                 end.quiescing = true;
             }
             Action::CreateQp { lane, .. } => {
@@ -563,14 +542,13 @@ impl FailoverPair {
                 let peer = self.senders[l]
                     .next
                     .as_ref()
-                    .unwrap_or(&self.senders[l].nic);
+                    .unwrap_or(&self.senders[l].nic.nic);
                 assert_eq!(peer_qp.as_bytes(), peer.qp_num().to_le_bytes());
                 let end = &mut self.receivers[l];
-                end.nic = end.next.take().expect("created");
-                end.trip = Tripwire::default();
-                let done = end
-                    .conn
-                    .failover_replay(&mut end.nic, &plan, &self.recv_journals[l]);
+                end.nic = Guarded::new(end.next.take().expect("created"), true);
+                let done =
+                    end.conn
+                        .failover_replay(&mut end.nic.nic, &plan, &self.recv_journals[l]);
                 self.recv_fo.handle_replayed(lane, done, self.fabric.now());
             }
             Action::Resume { .. } => {}

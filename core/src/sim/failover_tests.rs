@@ -252,7 +252,7 @@ fn two_failed_devices_give_up() {
 #[test]
 fn a_replayed_slot_end_of_a_completed_receive_is_refused() {
     use crate::data::Connection;
-    use crate::data::failover::{Guarded, SendJournal, Tripwire};
+    use crate::data::failover::{Guarded, SendJournal};
     use crate::data::{Completed, RecvBuf};
     use crate::sim::{DataPair, irecv_direct, isend_direct};
 
@@ -275,11 +275,7 @@ fn a_replayed_slot_end_of_a_completed_receive_is_refused() {
     ));
     // The sender's acknowledgement is lost: it sees a port failure instead.
     p.fabric.cut_port_acks_lost(&p.send_nic);
-    let mut trip = Tripwire::default();
-    let mut nic = Guarded {
-        nic: &mut p.send_nic,
-        trip: &mut trip,
-    };
+    let mut nic = Guarded::new(&mut p.send_nic, true);
     assert_eq!(p.send.test(&mut nic, s), Ok(Completed::Pending));
     assert!(p.send.failover_quiesce(&mut nic).unwrap());
     let own = p.send.failover_snapshot().unwrap();

@@ -13,8 +13,8 @@
 //! | 16 | 1 | flags: bit 0 eager on (every other bit zero) |
 //! | 17 | 1 | bytes of `qp_info` used (at most [`QP_INFO_LEN`]) |
 //! | 18 | 2 | zero |
-//! | 20 | 64 | `qp_info`: the new queue pair's connection info, opaque to the core (the plugin fills and reads it); unused bytes zero |
-//! | 84 | 4 | check: FNV-1a of bytes 0..84 |
+//! | 20 | 80 | `qp_info`: the new queue pair's connection info, opaque to the core (the plugin fills and reads it); unused bytes zero |
+//! | 100 | 4 | check: FNV-1a of bytes 0..100 |
 //!
 //! Every field is validated on decode; what the numbers mean against the reader's own state is
 //! checked by [`plan_sender`](super::plan_sender) and [`plan_receiver`](super::plan_receiver).
@@ -26,9 +26,9 @@ use super::{MAX_LANES, ReceiverSnapshot, SenderSnapshot};
 /// Version of the report layout.
 pub const REPORT_VERSION: u8 = 1;
 /// Bytes of an encoded report.
-pub const REPORT_LEN: usize = 88;
+pub const REPORT_LEN: usize = 20 + QP_INFO_LEN + 4;
 /// Bytes of opaque queue-pair connection info a report carries at most.
-pub const QP_INFO_LEN: usize = 64;
+pub const QP_INFO_LEN: usize = 80;
 
 const MAGIC: [u8; 4] = *b"RVFO";
 const KIND_SENDER: u8 = 1;
@@ -207,7 +207,12 @@ impl Report {
         if bytes[4] != REPORT_VERSION {
             return Err(ReportError::Version(bytes[4]));
         }
-        let stored = u32::from_le_bytes([bytes[84], bytes[85], bytes[86], bytes[87]]);
+        let stored = u32::from_le_bytes([
+            bytes[CHECKED_LEN],
+            bytes[CHECKED_LEN + 1],
+            bytes[CHECKED_LEN + 2],
+            bytes[CHECKED_LEN + 3],
+        ]);
         if check(&bytes[..CHECKED_LEN]) != stored {
             return Err(ReportError::Check);
         }
@@ -326,7 +331,20 @@ mod tests {
         assert_eq!(with(6, MAX_LANES as u8), Err(ReportError::Lane(128)));
         assert_eq!(with(7, 0), Err(ReportError::Field));
         assert_eq!(with(16, 2), Err(ReportError::Reserved));
-        assert_eq!(with(17, 65), Err(ReportError::InfoLength(65)));
+        assert_eq!(
+            with(17, QP_INFO_LEN as u8 + 1),
+            Err(ReportError::InfoLength(QP_INFO_LEN as u8 + 1))
+        );
+        assert_eq!(REPORT_LEN, 104, "the layout table's length");
+        let full = Report {
+            qp_info: QpInfo::new(&[0xab; 80]).unwrap(),
+            ..sample()
+        };
+        assert_eq!(
+            Report::decode(&full.encode()),
+            Ok(full),
+            "an 80-byte EndpointInfo fits"
+        );
         assert_eq!(
             with(17, 2),
             Err(ReportError::Reserved),

@@ -554,11 +554,7 @@ fn the_tripwire_passes_successes_before_the_first_failure_only() {
         let mut nic = Scripted {
             cq: script.iter().copied().collect(),
         };
-        let mut trip = Tripwire::default();
-        let mut g = Guarded {
-            nic: &mut nic,
-            trip: &mut trip,
-        };
+        let mut g = Guarded::new(&mut nic, true);
         let mut out = [ok(0); 3];
         let mut taken = Vec::new();
         let seen = if fast {
@@ -579,11 +575,7 @@ fn the_tripwire_passes_successes_before_the_first_failure_only() {
         } else {
             assert_eq!(seen, 2);
         }
-        assert!(trip.tripped() && !trip.send_marker);
-        let mut g = Guarded {
-            nic: &mut nic,
-            trip: &mut trip,
-        };
+        assert!(g.trip.tripped() && !g.trip.send_marker);
         let polled = if fast {
             g.poll_take(&mut out, |_| panic!("nothing is offered once tripped"))
                 .unwrap()
@@ -592,8 +584,55 @@ fn the_tripwire_passes_successes_before_the_first_failure_only() {
             g.poll(&mut out).unwrap()
         };
         assert_eq!(polled, 0);
+        let trip = g.trip;
         assert_eq!(trip.failed, 3);
         assert!(trip.send_marker && !trip.recv_marker && !trip.success_after);
         assert_eq!(trip.first.unwrap().status, WcStatus::RETRY_EXC_ERR);
+    }
+}
+
+/// Unarmed (failover not negotiated), the tripwire is not there: a failed completion reaches
+/// the core through `poll`, and every completion is offered to the backend's fast path.
+#[test]
+fn an_unarmed_tripwire_passes_failed_completions_through() {
+    let ok = |wr_id| Completion {
+        wr_id,
+        ..failed(WcStatus::SUCCESS)
+    };
+    let script = [ok(1), failed(WcStatus::RETRY_EXC_ERR), ok(3)];
+    for fast in [false, true] {
+        let mut nic = Scripted {
+            cq: script.iter().copied().collect(),
+        };
+        let mut g = Guarded::new(&mut nic, false);
+        let mut out = [ok(0); 3];
+        let mut offered = Vec::new();
+        let seen = if fast {
+            let (got, left) = g
+                .poll_take(&mut out, |c| {
+                    offered.push(c.wr_id);
+                    false
+                })
+                .unwrap();
+            assert_eq!(got, 3);
+            left
+        } else {
+            g.poll(&mut out).unwrap()
+        };
+        assert_eq!(seen, 3, "fast {fast}: every completion reaches the core");
+        assert_eq!(out[1].status, WcStatus::RETRY_EXC_ERR);
+        if fast {
+            assert_eq!(
+                offered,
+                [1],
+                "the fast path sees the failure as without the wrapper"
+            );
+        }
+        assert_eq!(
+            g.trip,
+            Tripwire::new(false),
+            "an unarmed tripwire records nothing"
+        );
+        assert!(!g.trip.tripped());
     }
 }
