@@ -34,12 +34,14 @@
 //! read outside the region.
 
 mod drive;
+mod failover_multi_pair;
 mod failover_pair;
 mod multi_pair;
 mod pair;
 pub mod suite;
 
 pub use drive::{irecv_direct, isend_direct, isend_direct_host, read_head};
+pub use failover_multi_pair::MultiFailoverPair;
 pub use failover_pair::{FailoverPair, Outcome, Stream, Tamper};
 pub use multi_pair::MultiPair;
 pub use pair::DataPair;

@@ -36,16 +36,25 @@
 //! **Retries.** A part may find its queue pair not ready (`Ok(None)`) after earlier parts were
 //! posted. The request is then kept half-posted and the next call, which must be the same
 //! `isend`/`irecv` again (NCCL retries the same operation), posts the rest.
+//!
+//! **Port failover** ([`super::failover`], the [`failover`] submodule): with
+//! [`MultiSend::enable_failover`] every part posted is journaled for its lane; a lane being
+//! failed over is *blocked* (a message needing it is refused as not ready before any part is
+//! posted, and its NIC is not polled), quiesced, snapshotted and replayed through the lane's
+//! connection, then resumed.
 
 use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt;
 
+use super::failover::{RecvJournal, SendJournal};
 use super::{
     Completed, Connection, DataError, MAX_RECVS, MAX_REQUESTS, ProtocolError, RecvBuf, RecvConn,
     RequestId, SendBuf, SendConn, Side,
 };
 use crate::nic::{MAX_WR_BYTES, Nic};
+
+pub mod failover;
 
 /// Most queue pairs per connection (NCCL's bound for `NCCL_IB_QPS_PER_CONNECTION`).
 pub const MAX_QPS: usize = 128;
@@ -228,6 +237,19 @@ impl<A: Copy + PartialEq> Parts<A> {
         }
     }
 
+    /// Whether a call with `args` would post a part on a queue pair of `blocked`: the parts
+    /// left of the half-posted request when this is its retry, else all `width` of a fresh one
+    /// from queue pair `current` on. A retry of another call is not judged here (`start`
+    /// refuses it).
+    fn needs_blocked(&self, args: A, current: usize, width: usize, blocked: QpMask) -> bool {
+        let first = match self.half {
+            Some(half) if half.args == args => half.next_part,
+            Some(_) => return false,
+            None => 0,
+        };
+        (first..width).any(|part| blocked & (1 << ((current + part) % self.qps)) != 0)
+    }
+
     /// Record what posting part `part` of request `index` on queue pair `qp` gave: `Ok(true)`
     /// posted; `Ok(false)`
     /// not now (the request is kept half posted for the retry of `args`, or freed when none of
@@ -323,12 +345,14 @@ impl<A: Copy + PartialEq> Parts<A> {
         conns: &mut [C],
         nics: &mut [N],
         index: u8,
+        blocked: &mut QpMask,
     ) -> Result<Option<PartSums>, DataError> {
         let base = usize::from(index) * self.qps;
         // A second round only after a part failed the connection: the parts tested before it
         // in the first round now report the failure instead of waiting for ever.
         for _round in 0..2 {
-            let mut pending = self.reqs[usize::from(index)].pending;
+            // A blocked lane's NIC is the failover driver's while it quiesces: its parts wait.
+            let mut pending = self.reqs[usize::from(index)].pending & !*blocked;
             while pending != 0 {
                 let qp = pending.trailing_zeros() as usize;
                 pending &= pending - 1;
@@ -354,10 +378,13 @@ impl<A: Copy + PartialEq> Parts<A> {
                         }
                         if err.is_fatal() {
                             // One queue pair failing fails the connection: the others' parts
-                            // would otherwise wait for data that is never sent.
+                            // would otherwise wait for data that is never sent. A blocked
+                            // lane has no failover left to wait for: it reports the failure
+                            // too.
                             for conn in conns.iter_mut() {
                                 conn.handle_fatal(err);
                             }
+                            *blocked = 0;
                         }
                     }
                 }
@@ -445,6 +472,10 @@ pub struct MultiSend {
     /// receive has ended once the count moves.
     current_ended: u32,
     parts: Parts<(SendBuf, u32)>,
+    /// Per lane, the sends posted on it, once failover is enabled (`None`: off).
+    journals: Option<Vec<SendJournal>>,
+    /// Lanes being failed over: nothing is posted on them and their NICs are not polled.
+    blocked: QpMask,
 }
 
 impl MultiSend {
@@ -474,6 +505,8 @@ impl MultiSend {
             current: 0,
             current_ended: 0,
             parts: Parts::new(Side::Send, qps),
+            journals: None,
+            blocked: 0,
         }
     }
 
@@ -517,6 +550,14 @@ impl MultiSend {
             ));
         }
         let args = (buf, tag);
+        // Decided before the first part: a block never leaves a message half posted.
+        if self.blocked != 0
+            && self
+                .parts
+                .needs_blocked(args, self.current, self.width, self.blocked)
+        {
+            return Ok(None);
+        }
         let Some((index, first)) = self.parts.start(
             args,
             "a split send was half posted: retry the same send first",
@@ -534,6 +575,11 @@ impl MultiSend {
                 lkey: lkeys[qp % lkeys.len()],
             };
             let outcome = self.conns[qp].isend_at(&mut nics[qp], piece, tag, offset);
+            if let Some(journals) = &mut self.journals
+                && let Ok(Some(id)) = outcome
+            {
+                journals[qp].note(id, piece, tag, offset);
+            }
             match self.parts.part_posted(index, (qp, part), outcome, args) {
                 Ok(true) => {}
                 Ok(false) => return Ok(None),
@@ -554,10 +600,13 @@ impl MultiSend {
         Ok(Some(self.parts.posted(index)))
     }
 
+    /// Fail every lane; a blocked one has no failover left to wait for (its requests report
+    /// the failure).
     fn fail_all(&mut self, err: DataError) {
         for conn in &mut self.conns {
             conn.handle_fatal(err);
         }
+        self.blocked = 0;
     }
 
     /// Test `req`: done once every part is.
@@ -565,18 +614,19 @@ impl MultiSend {
         let index = self.parts.lookup(req)?;
         Ok(self
             .parts
-            .test(&mut self.conns, nics, index)?
+            .test(&mut self.conns, nics, index, &mut self.blocked)?
             .map_or(Completed::Pending, |done| done.completed()))
     }
 
-    /// Fail every queue pair with `err`.
+    /// Fail every queue pair with `err` (blocked lanes are unblocked: no failover is left to
+    /// wait for, and their requests report the failure).
     pub fn handle_fatal(&mut self, err: DataError) {
         self.fail_all(err);
     }
 
     /// Sum of the queue pairs' [`Connection::drain`].
     pub fn drain<N: Nic>(&mut self, nics: &mut [N]) -> Result<usize, DataError> {
-        drain_all(&mut self.conns, nics)
+        drain_all(&mut self.conns, nics, self.blocked)
     }
 
     /// Requests handed out and not yet freed by `test`.
@@ -596,6 +646,10 @@ pub struct MultiRecv {
     parts: Parts<RecvArgs>,
     /// Capacities of each request's buffers, to check the parts' sum against.
     capacity: Vec<[u64; MAX_RECVS]>,
+    /// Per lane, the receives posted on it, once failover is enabled (`None`: off).
+    journals: Option<Vec<RecvJournal>>,
+    /// Lanes being failed over: nothing is posted on them and their NICs are not polled.
+    blocked: QpMask,
 }
 
 /// The arguments of a split receive, kept while it is half posted.
@@ -627,6 +681,8 @@ impl MultiRecv {
             current: 0,
             parts: Parts::new(Side::Recv, qps),
             capacity: vec![[0; MAX_RECVS]; MAX_REQUESTS],
+            journals: None,
+            blocked: 0,
         }
     }
 
@@ -677,6 +733,14 @@ impl MultiRecv {
         args.bufs[..n].copy_from_slice(bufs);
         args.tags[..n].copy_from_slice(tags);
         let (qps, width) = (self.conns.len(), self.width);
+        // Decided before the first part: a block never leaves a receive half posted.
+        if self.blocked != 0
+            && self
+                .parts
+                .needs_blocked(args, self.current, width, self.blocked)
+        {
+            return Ok(None);
+        }
         let Some((index, first)) = self.parts.start(
             args,
             "a split receive was half posted: retry the same receive first",
@@ -686,16 +750,18 @@ impl MultiRecv {
         };
         for part in first..width {
             let qp = (self.current + part) % qps;
-            let outcome = match rkeys.len() {
-                0 => self.conns[qp].irecv(&mut nics[qp], bufs, tags),
-                devices => {
-                    let mut keyed = args.bufs;
-                    for (buf, key) in keyed.iter_mut().zip(rkeys[qp % devices]) {
-                        buf.rkey = key;
-                    }
-                    self.conns[qp].irecv(&mut nics[qp], &keyed[..n], tags)
+            let mut keyed = args.bufs;
+            if let Some(devices) = core::num::NonZeroUsize::new(rkeys.len()) {
+                for (buf, key) in keyed.iter_mut().zip(rkeys[qp % devices]) {
+                    buf.rkey = key;
                 }
-            };
+            }
+            let outcome = self.conns[qp].irecv(&mut nics[qp], &keyed[..n], tags);
+            if let Some(journals) = &mut self.journals
+                && let Ok(Some(id)) = outcome
+            {
+                journals[qp].note(id, &keyed[..n], tags);
+            }
             match self.parts.part_posted(index, (qp, part), outcome, args) {
                 Ok(true) => {}
                 Ok(false) => return Ok(None),
@@ -719,7 +785,10 @@ impl MultiRecv {
     /// Test `req`: done once every part is, with each buffer's size the sum of its parts.
     pub fn test<N: Nic>(&mut self, nics: &mut [N], req: RequestId) -> Result<Completed, DataError> {
         let index = self.parts.lookup(req)?;
-        let Some(done) = self.parts.test(&mut self.conns, nics, index)? else {
+        let Some(done) = self
+            .parts
+            .test(&mut self.conns, nics, index, &mut self.blocked)?
+        else {
             return Ok(Completed::Pending);
         };
         let PartSums { n, sizes } = done;
@@ -732,24 +801,24 @@ impl MultiRecv {
                 size: sizes[i],
                 capacity: capacity[i],
             });
-            for conn in &mut self.conns {
-                conn.handle_fatal(err);
-            }
+            self.handle_fatal(err);
             return Err(err);
         }
         Ok(done.completed())
     }
 
-    /// Fail every queue pair with `err`.
+    /// Fail every queue pair with `err` (blocked lanes are unblocked: no failover is left to
+    /// wait for, and their requests report the failure).
     pub fn handle_fatal(&mut self, err: DataError) {
         for conn in &mut self.conns {
             conn.handle_fatal(err);
         }
+        self.blocked = 0;
     }
 
     /// Sum of the queue pairs' [`Connection::drain`].
     pub fn drain<N: Nic>(&mut self, nics: &mut [N]) -> Result<usize, DataError> {
-        drain_all(&mut self.conns, nics)
+        drain_all(&mut self.conns, nics, self.blocked)
     }
 
     /// Requests handed out and not yet freed by `test`.
@@ -758,9 +827,19 @@ impl MultiRecv {
     }
 }
 
-fn drain_all<C: Connection, N: Nic>(conns: &mut [C], nics: &mut [N]) -> Result<usize, DataError> {
+/// Drain every lane but the `blocked` ones (their NICs are the failover driver's); what they
+/// hold counts as left.
+fn drain_all<C: Connection, N: Nic>(
+    conns: &mut [C],
+    nics: &mut [N],
+    blocked: QpMask,
+) -> Result<usize, DataError> {
     let mut left = 0;
-    for (conn, nic) in conns.iter_mut().zip(nics) {
+    for (qp, (conn, nic)) in conns.iter_mut().zip(nics).enumerate() {
+        if blocked & (1 << qp) != 0 {
+            left += conn.outstanding();
+            continue;
+        }
         left += conn.drain(nic)?;
     }
     Ok(left)

@@ -490,3 +490,163 @@ fn keyed_calls_use_each_devices_key_on_its_queue_pairs() {
         "device 1's wrong key must fail the send"
     );
 }
+
+/// A blocked lane posts nothing: a message needing it is refused as not ready before any of
+/// its parts is posted (a split one included, whose other parts' lanes are free), and goes
+/// through once the lane is resumed.
+#[test]
+fn a_blocked_lane_posts_nothing_and_a_message_needing_it_is_not_ready() {
+    for split in [false, true] {
+        let mut p = MultiPair::new(64, policy(2, split));
+        let rbuf = p.recv_buf(1000);
+        let sbuf = p.send_buf(&pattern(1000, 3));
+        // Receive 0 uses lane 0 (and lane 1 when split).
+        p.recv.block_lane(0);
+        assert!(p.recv.lane_blocked(0) && !p.recv.lane_blocked(1));
+        assert_eq!(p.recv.irecv(&mut p.recv_nics, &[rbuf], &[1]), Ok(None));
+        assert_eq!(p.recv.outstanding(), 0);
+        for nic in &p.recv_nics {
+            assert_eq!(
+                nic.sq_occupancy(),
+                0,
+                "split {split}: no clear-to-send posted"
+            );
+        }
+        p.recv.resume_lane(0);
+        assert!(!p.recv.lane_blocked(0));
+        let r = irecv(&mut p, &[rbuf], &[1]);
+        p.fabric.run_until_idle();
+        // The last lane blocks the message when split; lane 0 does when not.
+        let lane = if split { 1 } else { 0 };
+        p.send.block_lane(lane);
+        assert_eq!(p.send.isend(&mut p.send_nics, sbuf, 1), Ok(None));
+        assert_eq!(p.send.outstanding(), 0);
+        for nic in &p.send_nics {
+            assert_eq!(nic.sq_occupancy(), 0, "split {split}: no part posted");
+        }
+        p.send.resume_lane(lane);
+        let s = isend(&mut p, sbuf, 1);
+        p.fabric.run_until_idle();
+        assert_eq!(recv_done(&mut p, r), Some(1000));
+        assert_eq!(send_done(&mut p, s), Some(1000));
+        assert_eq!(p.received(&rbuf, 1000), pattern(1000, 3));
+    }
+}
+
+/// A blocked lane's NIC is not polled: a request with a part on it stays pending with its
+/// completion left in the queue, and completes once the lane is resumed. A lane outside the
+/// connection is never blocked.
+#[test]
+fn a_blocked_lane_is_not_polled_and_its_requests_wait() {
+    let mut p = MultiPair::new(64, policy(2, false));
+    let rbuf = p.recv_buf(64);
+    let r = irecv(&mut p, &[rbuf], &[1]);
+    p.fabric.run_until_idle();
+    let sbuf = p.send_buf(&pattern(64, 5));
+    let s = isend(&mut p, sbuf, 1);
+    p.fabric.run_until_idle();
+    p.recv.block_lane(0);
+    p.recv.block_lane(7);
+    assert!(!p.recv.lane_blocked(7));
+    let queued = p.recv_nics[0].cq_len();
+    assert!(queued > 0);
+    assert_eq!(recv_done(&mut p, r), None);
+    assert_eq!(p.recv.drain(&mut p.recv_nics), Ok(1));
+    assert_eq!(p.recv_nics[0].cq_len(), queued, "nothing polled");
+    p.recv.resume_lane(0);
+    assert_eq!(recv_done(&mut p, r), Some(64));
+    assert_eq!(send_done(&mut p, s), Some(64));
+}
+
+/// The failover hooks check their lane and their plan's role.
+#[test]
+fn the_failover_hooks_refuse_a_foreign_lane_or_plan() {
+    use crate::data::failover::{
+        FailoverError, Guarded, Plan, ReceiverPlan, ReportBody, SenderPlan, SeqRange,
+    };
+    let mut p = MultiPair::new(64, policy(2, false));
+    let range = SeqRange { start: 0, end: 0 };
+    let receiver_plan = Plan::Receiver(ReceiverPlan { rewrite: range });
+    let sender_plan = Plan::Sender(SenderPlan {
+        complete: range,
+        replay: range,
+    });
+    let nic = &mut p.send_nics[0];
+    assert_eq!(
+        p.send.failover_replay(0, nic, &sender_plan),
+        Err(FailoverError::Disabled),
+        "no journal without enable_failover"
+    );
+    p.send.enable_failover();
+    p.recv.enable_failover();
+    assert!(p.send.failover_enabled() && p.recv.failover_enabled());
+    assert!(matches!(
+        p.send
+            .failover_replay(0, &mut p.send_nics[0], &receiver_plan),
+        Err(FailoverError::Local(DataError::InvalidArgument(_)))
+    ));
+    assert!(matches!(
+        p.recv.failover_replay(0, &mut p.recv_nics[0], &sender_plan),
+        Err(FailoverError::Local(DataError::InvalidArgument(_)))
+    ));
+    assert_eq!(
+        p.send.failover_snapshot(2),
+        Err(FailoverError::Lane(2)),
+        "two lanes"
+    );
+    assert!(matches!(
+        p.recv.failover_snapshot(1),
+        Ok(ReportBody::Receiver(_))
+    ));
+    let mut unarmed = Guarded::new(&mut p.send_nics[1], false);
+    assert_eq!(
+        p.send.failover_quiesce(1, &mut unarmed),
+        Err(FailoverError::Disabled),
+        "an unarmed lane cannot be quiesced"
+    );
+    assert_eq!(p.send.lanes(), 2);
+}
+
+/// A lane blocked while a split send is half posted: the retry posts nothing while the lane of
+/// a part left is blocked, a block of the lane of a part already posted does not hold the rest
+/// back, and once resumed the retry posts only the remaining part.
+#[test]
+fn a_block_in_the_middle_of_a_half_posted_send_holds_only_the_parts_left() {
+    let mut p = MultiPair::new(64, policy(2, true));
+    let rbuf = p.recv_buf(4096);
+    let rid = irecv(&mut p, &[rbuf], &[1]);
+    while p.fabric.step_qp(&p.recv_nics[0]) {}
+    let data = pattern(4000, 9);
+    let sbuf = p.send_buf(&data);
+    assert_eq!(p.send.isend(&mut p.send_nics, sbuf, 1), Ok(None));
+    assert_eq!(p.send_nics[0].sq_occupancy(), 1, "part 0 is posted");
+    p.fabric.run_until_idle();
+    p.send.block_lane(1);
+    assert_eq!(p.send.isend(&mut p.send_nics, sbuf, 1), Ok(None));
+    assert_eq!(
+        p.send_nics[1].sq_occupancy(),
+        0,
+        "part 1 waits for its lane"
+    );
+    // Another call is still refused as not the retry, blocked or not.
+    let other = p.send_buf(&pattern(10, 0));
+    assert!(matches!(
+        p.send.isend(&mut p.send_nics, other, 1),
+        Err(DataError::InvalidArgument(_))
+    ));
+    p.send.resume_lane(1);
+    p.send.block_lane(0);
+    let lane0 = p.send_nics[0].sq_occupancy();
+    let sid = isend(&mut p, sbuf, 1);
+    assert_eq!(
+        p.send_nics[0].sq_occupancy(),
+        lane0,
+        "part 0 is not posted again"
+    );
+    assert!(p.send_nics[1].sq_occupancy() > 0, "part 1 is posted");
+    p.send.resume_lane(0);
+    p.fabric.run_until_idle();
+    assert_eq!(recv_done(&mut p, rid), Some(4000));
+    assert_eq!(p.received(&rbuf, 4000), data);
+    assert_eq!(send_done(&mut p, sid), Some(4000));
+}
