@@ -49,6 +49,8 @@ pub use pair::DataPair;
 #[cfg(test)]
 mod eager_tests;
 #[cfg(test)]
+mod failover_multi_tests;
+#[cfg(test)]
 mod failover_tests;
 #[cfg(test)]
 mod flap_tests;

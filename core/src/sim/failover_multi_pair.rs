@@ -293,10 +293,13 @@ impl MultiFailoverPair {
     }
 
     /// The plugin's failover driver: trips become machine inputs, the machines' actions are
-    /// carried out through the multi connections' hooks, reports cross the socket.
+    /// carried out through the multi connections' hooks, reports cross the socket (one call
+    /// later).
     fn failover_progress(&mut self) -> bool {
         let mut moved = false;
         let now = self.fabric.now();
+        let (mut delivered_recv, mut delivered_send) =
+            (self.recv.inbox.len(), self.send.inbox.len());
         for _ in 0..64 {
             let mut again = false;
             feed_trips(&mut self.send, now);
@@ -310,14 +313,19 @@ impl MultiFailoverPair {
                 again = true;
             }
             again |= quiesce_send(&mut self.send) | quiesce_recv(&mut self.recv);
-            while let Some(bytes) = self.recv.inbox.pop_front() {
+            // Reports sent in an earlier call arrive now; this call's wait for the next one,
+            // so a failover spans calls of the data path, which must find the lane blocked.
+            for _ in 0..delivered_recv {
+                let bytes = self.recv.inbox.pop_front().expect("counted");
                 self.recv.fo.handle_peer(&bytes, now);
                 again = true;
             }
-            while let Some(bytes) = self.send.inbox.pop_front() {
+            for _ in 0..delivered_send {
+                let bytes = self.send.inbox.pop_front().expect("counted");
                 self.send.fo.handle_peer(&bytes, now);
                 again = true;
             }
+            (delivered_recv, delivered_send) = (0, 0);
             self.send.fo.handle_timeout(now);
             self.recv.fo.handle_timeout(now);
             if !again {
