@@ -11,12 +11,17 @@
 //!   may not give up there);
 //! - with a tampered report, nothing panics and no receive is wrong (a hang is the liar's).
 //!
+//! In multi mode the connection is one fused device's multi-lane connection driven through
+//! `MultiSend`/`MultiRecv` ([`MultiFailoverPair`]): 2 to 4 lanes, each message over 1 to all
+//! of them, a cut takes a whole port (every lane on it), and one stream runs over the
+//! connection; the same checks hold.
+//!
 //! The input is a small byte format of its own ([`Input::decode`]; missing bytes read as 0), so
 //! the committed seeds are generated from named scenarios ([`seeds`]).
 
 use rivet_core::data::DataError;
 use rivet_core::data::failover::{FailoverConfig, FailoverError, FailoverStats};
-use rivet_core::sim::{FailoverPair, Outcome, Stream, Tamper};
+use rivet_core::sim::{FailoverPair, MultiFailoverPair, Outcome, Stream, Tamper};
 use rivet_core::time::Duration;
 
 /// Bytes a send may carry (indexed by a nibble of the input, low 3 bits).
@@ -64,6 +69,9 @@ pub struct Input {
     pub cuts: Vec<Cut>,
     /// The report to tamper with: number and what to add to its numbers.
     pub tamper: Option<(u8, u32, u32)>,
+    /// Multi mode: `lanes + 1` lanes (2..=4) driven through the multi connection, each message
+    /// cut over `1 + multi % (lanes + 1)` of them.
+    pub multi: Option<u8>,
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -102,6 +110,7 @@ impl Input {
             })
             .collect();
         let tamper = (flags & 0x40 != 0).then(|| (r.u8() % 4, r.u32(), r.u32()));
+        let multi = (flags & 0x80 != 0).then(|| r.u8() % (lanes + 1));
         Self {
             lanes,
             inline: flags & 1 != 0,
@@ -115,6 +124,7 @@ impl Input {
             receives,
             cuts,
             tamper,
+            multi,
         }
     }
 
@@ -126,7 +136,8 @@ impl Input {
             | u8::from(self.recv_off) << 3
             | u8::from(self.third_port) << 4
             | u8::from(self.devices) << 5
-            | u8::from(self.tamper.is_some()) << 6;
+            | u8::from(self.tamper.is_some()) << 6
+            | u8::from(self.multi.is_some()) << 7;
         let mut out = vec![self.lanes - 1, flags, self.attempts, self.window - 1];
         out.extend(self.adaptive_routing.unwrap_or(0).to_le_bytes());
         out.push(self.receives.len() as u8);
@@ -144,6 +155,9 @@ impl Input {
             out.push(report);
             out.extend(a.to_le_bytes());
             out.extend(b.to_le_bytes());
+        }
+        if let Some(width) = self.multi {
+            out.push(width);
         }
         out
     }
@@ -175,10 +189,9 @@ fn config(input: &Input, lanes: usize, off: bool) -> FailoverConfig {
     }
 }
 
-/// Run `input` (panics where a receive is wrong).
-pub fn run(input: &Input) -> Run {
-    let lanes = usize::from(input.lanes.clamp(1, 3));
-    let receives: Vec<Vec<usize>> = input
+/// The receives of `input`: per receive, its sends' sizes.
+fn receives(input: &Input) -> Vec<Vec<usize>> {
+    input
         .receives
         .iter()
         .take(MAX_RECEIVES)
@@ -188,7 +201,16 @@ pub fn run(input: &Input) -> Run {
                 .map(|k| SIZES[(nibbles >> (4 * k)) as usize & 7])
                 .collect()
         })
-        .collect();
+        .collect()
+}
+
+/// Run `input` (panics where a receive is wrong).
+pub fn run(input: &Input) -> Run {
+    let lanes = usize::from(input.lanes.clamp(1, 3));
+    let receives = receives(input);
+    if let Some(width) = input.multi {
+        return run_multi(input, lanes + 1, width, receives);
+    }
     let streams: Vec<Stream> = (0..lanes)
         .map(|lane| {
             // Each lane its own rotation of the receives.
@@ -241,6 +263,60 @@ pub fn run(input: &Input) -> Run {
     }
 }
 
+/// Run `input` in multi mode: `lanes` lanes of one fused device, each message over
+/// `1 + width % lanes` of them, one stream; a cut takes the port of its lane (every lane on it).
+fn run_multi(input: &Input, lanes: usize, width: u8, receives: Vec<Vec<usize>>) -> Run {
+    let width = 1 + usize::from(width) % lanes;
+    let max_inline = if input.inline { 64 } else { 0 };
+    let mut p = MultiFailoverPair::new(
+        (lanes, width),
+        max_inline,
+        input.adaptive_routing.map(u64::from),
+        config(input, lanes, input.send_off),
+        config(input, lanes, input.recv_off),
+    );
+    p.window = usize::from(input.window.clamp(1, 16));
+    p.tamper = input.tamper.map(|(report, a, b)| Tamper {
+        report: usize::from(report),
+        a,
+        b,
+    });
+    let ports = if input.third_port { 3 } else { 2 };
+    let mut applied = 0;
+    let outcome = p.run(&Stream { sizes: receives }, |p, step| {
+        for cut in input.cuts.iter().take(MAX_CUTS) {
+            if usize::from(cut.step) != step {
+                continue;
+            }
+            let port = usize::from(cut.lane) % ports;
+            let fabric = p.fabric.clone();
+            // The lanes still on that port at the cut end (the ones that moved are elsewhere).
+            for lane in 0..lanes {
+                let machine = if cut.kind == 1 {
+                    p.recv_fo()
+                } else {
+                    p.send_fo()
+                };
+                if machine.lane_port(lane as u8) != Some(port as u8) {
+                    continue;
+                }
+                match cut.kind {
+                    0 => fabric.cut_port(p.send_nic(lane)),
+                    1 => fabric.cut_port(p.recv_nic(lane)),
+                    _ => fabric.cut_port_acks_lost(p.send_nic(lane)),
+                }
+            }
+            applied += 1;
+        }
+    });
+    Run {
+        outcome,
+        applied,
+        gave_up: (p.send_gave_up(), p.recv_gave_up()),
+        stats: p.send_fo().stats(),
+    }
+}
+
 /// Run one input and check it against the model.
 pub fn check(bytes: &[u8]) {
     let input = Input::decode(bytes);
@@ -255,8 +331,11 @@ pub fn check(bytes: &[u8]) {
         Outcome::Failed(err) => {
             assert!(err.is_fatal(), "{err}");
             assert!(run.applied > 0, "failed without a cut: {err}");
+            // In multi mode failover off at either end is failover not negotiated: the
+            // tripwires are unarmed and the failure reaches the caller with no machine asked.
+            let negotiated_off = input.multi.is_some() && (input.send_off || input.recv_off);
             assert!(
-                run.gave_up.0.is_some() || run.gave_up.1.is_some(),
+                run.gave_up.0.is_some() || run.gave_up.1.is_some() || negotiated_off,
                 "failed without giving up: {err}"
             );
             let must_survive =
@@ -390,6 +469,69 @@ pub mod seeds {
                     ..base()
                 },
                 shows: failed,
+            },
+            Seed {
+                name: "multi_round_robin_cut",
+                input: Input {
+                    lanes: 1,
+                    multi: Some(0),
+                    receives: mixed(20),
+                    cuts: vec![cut(20, 0, 0)],
+                    ..base()
+                },
+                shows: failed_over,
+            },
+            Seed {
+                name: "multi_split_cut_receiver",
+                input: Input {
+                    lanes: 3,
+                    multi: Some(3),
+                    window: 16,
+                    receives: mixed(20),
+                    cuts: vec![cut(30, 0, 1)],
+                    ..base()
+                },
+                shows: failed_over,
+            },
+            Seed {
+                name: "multi_striped_acks_lost",
+                input: Input {
+                    lanes: 3,
+                    multi: Some(1),
+                    inline: false,
+                    receives: mixed(20),
+                    cuts: vec![cut(25, 1, 2)],
+                    ..base()
+                },
+                shows: failed_over,
+            },
+            Seed {
+                name: "multi_failover_off",
+                input: Input {
+                    lanes: 1,
+                    multi: Some(1),
+                    send_off: true,
+                    recv_off: true,
+                    cuts: vec![cut(20, 0, 0)],
+                    ..base()
+                },
+                shows: |run| matches!(run.outcome, Outcome::Failed(DataError::Completion { .. })),
+            },
+            Seed {
+                name: "multi_both_ports",
+                input: Input {
+                    lanes: 3,
+                    multi: Some(0),
+                    attempts: 2,
+                    receives: mixed(24),
+                    cuts: vec![cut(15, 0, 0), cut(60, 1, 0)],
+                    ..base()
+                },
+                shows: |run| {
+                    failed(run)
+                        && [run.gave_up.0, run.gave_up.1]
+                            .contains(&Some(super::FailoverError::NoSurvivingPort))
+                },
             },
         ]
     }

@@ -9,12 +9,12 @@
 use std::collections::VecDeque;
 use std::vec::Vec;
 
-use super::failover_pair::{Outcome, Stream};
+use super::failover_pair::{Outcome, Stream, Tamper};
 use super::pair::{qp_configs, recv_buf, send_buf};
 use super::suite::pattern;
 use super::{EndpointId, Fabric, SimNic};
 use crate::data::failover::{
-    Action, Failover, FailoverConfig, FailoverError, Guarded, QpInfo, Role,
+    Action, Failover, FailoverConfig, FailoverError, Guarded, QpInfo, Report, ReportBody, Role,
 };
 use crate::data::multi::{MultiRecv, MultiSend};
 use crate::data::{Completed, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn};
@@ -76,17 +76,21 @@ pub struct MultiFailoverPair {
     sent_done: usize,
     /// Calls refused (`Ok(None)`) while a lane they needed was blocked.
     pub refused_blocked: usize,
+    /// A report to rewrite, if any (a peer that lies).
+    pub tamper: Option<Tamper>,
+    reports: usize,
 }
 
 impl MultiFailoverPair {
     /// `lanes` lanes cutting each message over `width` of them (1: round-robin; `lanes`:
-    /// split), queue pairs allowing `max_inline` inline bytes, the two ends' failover
-    /// configurations (`lane_ports` of `lanes` entries). An end's tripwires are armed and its
-    /// journals kept only when failover is on at both ends (as negotiated).
+    /// split), queue pairs allowing `max_inline` inline bytes, adaptive routing above
+    /// `ar_threshold`, the two ends' failover configurations (`lane_ports` of `lanes`
+    /// entries). An end's tripwires are armed and its journals kept only when failover is on
+    /// at both ends (as negotiated).
     pub fn new(
-        lanes: usize,
-        width: usize,
+        (lanes, width): (usize, usize),
         max_inline: usize,
+        ar_threshold: Option<u64>,
         send_config: FailoverConfig,
         recv_config: FailoverConfig,
     ) -> Self {
@@ -104,7 +108,7 @@ impl MultiFailoverPair {
             recv_nics.push(recv_nic);
         }
         let on = send_config.enabled && recv_config.enabled;
-        let mut send = MultiSend::with_width(send_conns, width, None);
+        let mut send = MultiSend::with_width(send_conns, width, ar_threshold);
         let mut recv = MultiRecv::with_width(recv_conns, width);
         if on {
             send.enable_failover();
@@ -137,6 +141,8 @@ impl MultiFailoverPair {
             sends: VecDeque::new(),
             sent_done: 0,
             refused_blocked: 0,
+            tamper: None,
+            reports: 0,
         }
     }
 
@@ -336,6 +342,26 @@ impl MultiFailoverPair {
         moved
     }
 
+    /// `r`, rewritten when it is the report [`tamper`](Self::tamper) names.
+    fn tampered(&mut self, mut r: Report) -> Report {
+        let number = self.reports;
+        self.reports += 1;
+        if let Some(t) = self.tamper.filter(|t| t.report == number) {
+            match &mut r.body {
+                ReportBody::Sender(s) => {
+                    s.ended = s.ended.wrapping_add(t.a);
+                    s.acked = s.acked.wrapping_add(t.b);
+                }
+                ReportBody::Receiver(s) => {
+                    s.oldest = s.oldest.wrapping_add(t.a);
+                    s.announced = s.announced.wrapping_add(t.b);
+                }
+                ReportBody::Refusal(_) => {}
+            }
+        }
+        r
+    }
+
     /// The lane's new queue-pair pair, made by whichever end asks first.
     fn new_qp(&mut self, lane: usize, sender: bool) -> SimNic {
         if self.send.next[lane].is_none() && self.recv.next[lane].is_none() {
@@ -378,7 +404,7 @@ impl MultiFailoverPair {
                 }
             }
             Action::SendReport(r) => {
-                let bytes = r.encode().to_vec();
+                let bytes = self.tampered(r).encode().to_vec();
                 if sender {
                     self.recv.inbox.push_back(bytes);
                 } else {

@@ -60,7 +60,8 @@ fn cut_port0(p: &mut MultiFailoverPair, how: Cut) {
 
 /// How many fabric steps `stream` takes on `lanes` lanes of `width` without a failure.
 fn steps(lanes: usize, width: usize, stream: &Stream) -> usize {
-    let mut p = MultiFailoverPair::new(lanes, width, 64, config(lanes, 1), config(lanes, 1));
+    let mut p =
+        MultiFailoverPair::new((lanes, width), 64, None, config(lanes, 1), config(lanes, 1));
     let mut last = 0;
     assert_eq!(p.run(stream, |_, step| last = step), Outcome::Done);
     last
@@ -81,8 +82,13 @@ fn survive_a_port_cut_at_every_step(
     let mut refused = 0;
     for at in (0..=total).step_by(stride) {
         for how in [Cut::Sender, Cut::Receiver, Cut::SenderAcksLost] {
-            let mut p =
-                MultiFailoverPair::new(lanes, width, 64, config(lanes, 1), config(lanes, 1));
+            let mut p = MultiFailoverPair::new(
+                (lanes, width),
+                64,
+                None,
+                config(lanes, 1),
+                config(lanes, 1),
+            );
             let outcome = p.run(stream, |p, step| {
                 if step == at {
                     cut_port0(p, how);
@@ -171,7 +177,7 @@ fn failover_off_fails_the_connection_with_the_first_error() {
     for (lanes, width) in [(2, 1), (4, 4)] {
         let mut off = config(lanes, 1);
         off.enabled = false;
-        let mut p = MultiFailoverPair::new(lanes, width, 64, off.clone(), off);
+        let mut p = MultiFailoverPair::new((lanes, width), 64, None, off.clone(), off);
         let outcome = p.run(&stream(40, 0, 65_536), |p, step| {
             if step == 20 {
                 cut_port0(p, Cut::Sender);
@@ -200,8 +206,13 @@ fn failover_off_fails_the_connection_with_the_first_error() {
 fn both_ports_cut_is_a_clean_error() {
     for (lanes, width) in [(2, 1), (4, 1), (4, 4)] {
         for second in [None, Some(150)] {
-            let mut p =
-                MultiFailoverPair::new(lanes, width, 64, config(lanes, 2), config(lanes, 2));
+            let mut p = MultiFailoverPair::new(
+                (lanes, width),
+                64,
+                None,
+                config(lanes, 2),
+                config(lanes, 2),
+            );
             let outcome = p.run(&stream(60, 0, 65_536), |p, step| {
                 let fabric = p.fabric.clone();
                 if step == 20 {
