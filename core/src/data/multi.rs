@@ -750,18 +750,31 @@ impl MultiRecv {
         };
         for part in first..width {
             let qp = (self.current + part) % qps;
-            let mut keyed = args.bufs;
-            if let Some(devices) = core::num::NonZeroUsize::new(rkeys.len()) {
-                for (buf, key) in keyed.iter_mut().zip(rkeys[qp % devices]) {
-                    buf.rkey = key;
+            let outcome = match rkeys.len() {
+                0 => {
+                    let outcome = self.conns[qp].irecv(&mut nics[qp], bufs, tags);
+                    if let Some(journals) = &mut self.journals
+                        && let Ok(Some(id)) = outcome
+                    {
+                        journals[qp].note(id, bufs, tags);
+                    }
+                    outcome
                 }
-            }
-            let outcome = self.conns[qp].irecv(&mut nics[qp], &keyed[..n], tags);
-            if let Some(journals) = &mut self.journals
-                && let Ok(Some(id)) = outcome
-            {
-                journals[qp].note(id, &keyed[..n], tags);
-            }
+                devices => {
+                    let mut keyed = args.bufs;
+                    for (buf, key) in keyed.iter_mut().zip(rkeys[qp % devices]) {
+                        buf.rkey = key;
+                    }
+                    let outcome = self.conns[qp].irecv(&mut nics[qp], &keyed[..n], tags);
+                    // The keys this lane offered: a replay rewrites the same entries.
+                    if let Some(journals) = &mut self.journals
+                        && let Ok(Some(id)) = outcome
+                    {
+                        journals[qp].note(id, &keyed[..n], tags);
+                    }
+                    outcome
+                }
+            };
             match self.parts.part_posted(index, (qp, part), outcome, args) {
                 Ok(true) => {}
                 Ok(false) => return Ok(None),

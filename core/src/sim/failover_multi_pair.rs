@@ -17,7 +17,9 @@ use crate::data::failover::{
     Action, Failover, FailoverConfig, FailoverError, Guarded, QpInfo, Report, ReportBody, Role,
 };
 use crate::data::multi::{MultiRecv, MultiSend};
-use crate::data::{Completed, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn};
+use crate::data::{
+    Completed, DataError, MAX_RECVS, RecvBuf, RecvConn, RequestId, SendBuf, SendConn,
+};
 
 /// One end: its multi-lane connection, its lanes' NICs and its failover machine.
 #[derive(Debug)]
@@ -67,7 +69,7 @@ pub struct MultiFailoverPair {
     recvs: VecDeque<(usize, RequestId, Vec<RecvBuf>)>,
     /// The next receive's buffers, kept while the multi driver refuses it (its retry must be
     /// the same call).
-    next_recv: Option<Vec<RecvBuf>>,
+    next_recv: Option<(Vec<RecvBuf>, [u32; MAX_RECVS])>,
     checked: usize,
     /// The next send, as (receive, buffer), and its buffer while refused.
     send_at: (usize, usize),
@@ -224,18 +226,38 @@ impl MultiFailoverPair {
         let mut moved = false;
         while self.posted < stream.sizes.len() && self.recvs.len() < self.window {
             let j = self.posted;
-            let bufs = self.next_recv.take().unwrap_or_else(|| {
-                stream.sizes[j]
+            // Every other receive goes through the keyed call (one device) with the buffers'
+            // own keys wrong: only the per-device keys are valid, so a replay that rewrote the
+            // clear-to-send entries from anything but the keys offered would fail.
+            let keyed = j % 3 == 1;
+            let (bufs, keys) = self.next_recv.take().unwrap_or_else(|| {
+                let mut keys = [0u32; MAX_RECVS];
+                let bufs = stream.sizes[j]
                     .iter()
-                    .map(|&len| recv_buf(&self.fabric, self.recv_ep, len.max(1)))
-                    .collect()
+                    .zip(&mut keys)
+                    .map(|(&len, key)| {
+                        let mut buf = recv_buf(&self.fabric, self.recv_ep, len.max(1));
+                        *key = buf.rkey;
+                        if keyed {
+                            buf.rkey = !buf.rkey;
+                        }
+                        buf
+                    })
+                    .collect();
+                (bufs, keys)
             });
             let tags: Vec<u32> = (0..bufs.len() as u32).collect();
-            let Some(req) = self.recv.conn.irecv(&mut self.recv.nics, &bufs, &tags)? else {
+            let posted = if keyed {
+                let nics = &mut self.recv.nics;
+                self.recv.conn.irecv_keyed(nics, &bufs, &[keys], &tags)?
+            } else {
+                self.recv.conn.irecv(&mut self.recv.nics, &bufs, &tags)?
+            };
+            let Some(req) = posted else {
                 let conn = &self.recv.conn;
                 self.refused_blocked +=
                     usize::from((0..conn.lanes()).any(|l| conn.lane_blocked(l as u8)));
-                self.next_recv = Some(bufs);
+                self.next_recv = Some((bufs, keys));
                 break;
             };
             self.recvs.push_back((j, req, bufs));
@@ -249,7 +271,15 @@ impl MultiFailoverPair {
                 .next_send
                 .take()
                 .unwrap_or_else(|| send_buf(&self.fabric, self.send_ep, &pattern(seed(j, k), len)));
-            let Some(req) = self.send.conn.isend(&mut self.send.nics, buf, k as u32)? else {
+            let nics = &mut self.send.nics;
+            let posted = if j % 3 == 1 {
+                self.send
+                    .conn
+                    .isend_keyed(nics, buf, &[buf.lkey], k as u32)?
+            } else {
+                self.send.conn.isend(nics, buf, k as u32)?
+            };
+            let Some(req) = posted else {
                 let conn = &self.send.conn;
                 self.refused_blocked +=
                     usize::from((0..conn.lanes()).any(|l| conn.lane_blocked(l as u8)));
