@@ -443,6 +443,41 @@ fn a_cut_port_of_a_fused_device_fails_the_connection_in_bound() {
 
 #[test]
 #[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn a_cut_port_of_a_fused_device_fails_over_and_the_stream_goes_on() {
+    // As the port-cut test, with port failover on in both processes: the cut port's lanes move
+    // to port 2 and every message still arrives byte-exact, in order, without an error.
+    let dir = std::env::temp_dir().join(format!("rivet-port-failover-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory for the port-failover fabric");
+    let ctl = dir.join("ctl");
+    std::fs::write(&ctl, "").expect("the control file");
+    let mut command = over_fabric(env!("RIVET_C_FAULTS"), &[&lib(), "port-failover"]);
+    command
+        .env("RIVET_FABRIC_DIR", dir.join("fabric"))
+        .env("RIVET_FABRIC_PORTS", "2")
+        .env("RIVET_FABRIC_CTL", &ctl)
+        .env("FAULTS_FUSE", "0,1")
+        .env("NCCL_IB_RESILIENCY_PORT_FAILOVER", "1")
+        .env("NCCL_IB_TIMEOUT", "14")
+        .env("NCCL_IB_RETRY_CNT", "2");
+    let (out, _, stderr) = run("faults port-failover", &mut command);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "the port-failover scenario failed");
+    assert!(!stderr.contains("FAIL ["), "port-failover: a check failed");
+    assert_eq!(
+        stderr
+            .matches("messages byte-exact and in order across the cut")
+            .count(),
+        2,
+        "both sides must see every message"
+    );
+    assert!(
+        stderr.contains("port failover: lane"),
+        "the failover's WARN line (lane moved, replayed, time taken)"
+    );
+}
+
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
 fn c_loader_with_the_fabric_device_checks_the_rma_tables() {
     // With a device, the RMA tables must init, list it and call it a GIN_PROXY device (NCCL
     // drops the table otherwise): checks the no-device run of tests/abi_loader.rs cannot make.

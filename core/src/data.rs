@@ -149,7 +149,10 @@ pub fn classify(raw: &RawCompletion) -> Completion {
     } else {
         let from_recv = match raw.queue {
             Some(queue) => queue == Queue::Recv,
-            None => codec::WrId::decode(raw.wr_id).is_ok_and(|id| id.kind == WrKind::Recv),
+            None => {
+                codec::WrId::decode(raw.wr_id).is_ok_and(|id| id.kind == WrKind::Recv)
+                    || raw.wr_id == failover::MARKER_RECV_WR_ID
+            }
         };
         if from_recv {
             CompletionKind::RecvFailed

@@ -29,6 +29,8 @@
  *                      exceeded") within 2 x the retry time (4.096 us x 2^NCCL_IB_TIMEOUT x
  *                      (NCCL_IB_RETRY_CNT+1)) + 5 s of the kill (it sees the marker appear on the
  *                      shared directory); later calls fail too.
+ *   port-failover      as port-cut, with NCCL_IB_RESILIENCY_PORT_FAILOVER=1: the stream goes on
+ *                      byte-exact (FAULTS_MESSAGES, FAULTS_CUT_AT)
  *   port-cut           the user-space verbs fabric only (RIVET_FABRIC_PORTS=2, FAULTS_FUSE=0,1,
  *                      RIVET_FABRIC_CTL): port 1 of the fused device cut in both processes after 20
  *                      verified messages; without port failover both sides fail within
@@ -1104,6 +1106,60 @@ static int scenario_port_cut(const char* lib) {
   return end_pair(&p, receiver);
 }
 
+/* Whether `p` holds fill_words(n, seed). */
+static int words_match(const unsigned char* p, size_t n, unsigned seed) {
+  const uint64_t* w = (const uint64_t*)p;
+  for (size_t j = 0; j < n / 8; j++)
+    if (w[j] != (((uint64_t)seed << 40) ^ (j * 0x9E3779B97F4A7C15ull))) return 0;
+  return 1;
+}
+
+/* port-failover, over the user-space verbs fabric only (as port-cut, with
+ * NCCL_IB_RESILIENCY_PORT_FAILOVER=1 in both processes): the same cut of port 1 after
+ * FAULTS_CUT_AT (default 20) verified messages, and the stream goes on over port 2: every one of
+ * FAULTS_MESSAGES (default 100) 1 MiB messages must arrive byte-exact and in order (each carries
+ * its own pattern; the receiver poisons its buffer before each receive), no call may fail, and
+ * the longest transfer (the one the failover held up) is reported. */
+static int scenario_port_failover(const char* lib) {
+  if (!getenv("RIVET_FABRIC_CTL") || !getenv("FAULTS_FUSE")) {
+    h_fail("port-failover needs RIVET_FABRIC_CTL and FAULTS_FUSE");
+    return 1;
+  }
+  const char* m = getenv("FAULTS_MESSAGES");
+  const char* c = getenv("FAULTS_CUT_AT");
+  int total = m ? atoi(m) : 100, cut_at = c ? atoi(c) : 20;
+  struct pair p;
+  if (!make_pair(lib, 1, &p)) return 1;
+  int receiver = strcmp(h_role, "receiver") == 0;
+  if (!warm_up(&p, receiver, 3)) return 1;
+  double worst = 0, t_start = h_now();
+  int i = 0;
+  for (; i < total; i++) {
+    if (receiver) memset(p.buf, 0xEE, MSG);
+    else fill_words(p.buf, MSG, 1000 + i);
+    double t0 = h_now();
+    int done = 0;
+    nccl_result r = transfer_once(&p, receiver, 60, &done);
+    if (r != NCCL_OK || !done) {
+      h_fail("port failover: message %d of %d: %s (result %d): %s", i, total, done ? "done" : "not done", r,
+             h_last_warn);
+      break;
+    }
+    if (receiver && !words_match(p.buf, MSG, 1000 + i)) {
+      h_fail("port failover: message %d of %d arrived with the wrong bytes", i, total);
+      break;
+    }
+    if (h_now() - t0 > worst) worst = h_now() - t0;
+    if (receiver && i + 1 == cut_at) cut_port(i + 1);
+  }
+  if (i == total)
+    h_pass("port failover: %d messages byte-exact and in order across the cut of port 1 after %d, no call "
+           "failed; longest transfer %.2f s, all %.2f s (NCCL_IB_TIMEOUT=%s, NCCL_IB_RETRY_CNT=%s)",
+           total, cut_at, worst, h_now() - t_start, getenv("NCCL_IB_TIMEOUT") ?: "20",
+           getenv("NCCL_IB_RETRY_CNT") ?: "7");
+  return end_pair(&p, receiver);
+}
+
 int main(int argc, char** argv) {
   if (argc == 5 && (!strcmp(argv[2], "host-death") || !strcmp(argv[2], "link-cut"))) {
     alarm(600);
@@ -1139,6 +1195,7 @@ int main(int argc, char** argv) {
   else if (!strcmp(s, "reload")) rc = scenario_reload(lib);
   else if (!strncmp(s, "cycles", 6)) rc = scenario_cycles(lib, s[6] == '=' ? atoi(s + 7) : 1000);
   else if (!strcmp(s, "port-cut")) rc = scenario_port_cut(lib);
+  else if (!strcmp(s, "port-failover")) rc = scenario_port_failover(lib);
   else {
     fprintf(stderr, "unknown scenario %s\n", s);
     return 2;

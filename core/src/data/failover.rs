@@ -58,7 +58,7 @@ use core::fmt;
 
 use super::codec::{CtsEntry, stamp_for};
 use super::{DataError, MAX_RECVS, MAX_REQUESTS, RecvBuf, RequestId, SLOTS, SendBuf};
-use crate::nic::{Completion, CompletionKind, Nic, NicError, SendWr, WcStatus};
+use crate::nic::{Completion, Nic, NicError, SendWr, WcStatus};
 use crate::time::{Duration, Instant};
 pub use report::{QpInfo, Refusal, Report, ReportBody, ReportError};
 
@@ -508,9 +508,11 @@ impl Tripwire {
             return;
         }
         self.failed += 1;
-        match (c.wr_id, c.kind) {
-            (MARKER_SEND_WR_ID, CompletionKind::Send) => self.send_marker = true,
-            (MARKER_RECV_WR_ID, CompletionKind::RecvFailed) => self.recv_marker = true,
+        // By `wr_id` alone: a failed completion carries no opcode, and a backend that tells the
+        // queue apart by the core's `wr_id` layout cannot place the markers' (see `classify`).
+        match c.wr_id {
+            MARKER_SEND_WR_ID => self.send_marker = true,
+            MARKER_RECV_WR_ID => self.recv_marker = true,
             _ => {}
         }
     }

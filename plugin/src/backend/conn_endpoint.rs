@@ -36,4 +36,13 @@ pub(crate) trait ConnEndpoint: Nic + Debug + Send + Sized {
 
     /// The CQ's address, as `CQ_ERR` events name it.
     fn cq_addr(&self) -> usize;
+
+    /// Port failover: move the queue pair to the error state, so nothing more lands through it
+    /// and everything posted on it flushes.
+    fn fail_queue_pair(&self) -> Result<(), VerbsError>;
+
+    /// Port failover: a new queue pair (at INIT) on `port`, another port of the same protection
+    /// domain, in place of the failed one; the control regions and their keys stay.
+    fn move_to(&mut self, port: &Arc<OpenPort<Self::Device>>, role: Role)
+    -> Result<(), VerbsError>;
 }

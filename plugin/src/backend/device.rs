@@ -219,6 +219,25 @@ impl<D: PortDevice> OpenPort<D> {
         })
     }
 
+    /// Whether `other` shares this port's protection domain (two ports of one device): keys of
+    /// one are valid on queue pairs of the other, so a queue pair may move between them.
+    pub(crate) fn same_domain(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.device.verbs().pd, &other.device.verbs().pd)
+    }
+
+    /// Whether the port's link is up now (`ibv_query_port`: ACTIVE); `None` when the query
+    /// fails. Port failover asks it of a lane whose work was flushed: a flush is the port's
+    /// doing only while the port is down.
+    pub(crate) fn link_active(&self) -> Option<bool> {
+        use rivet_verbs_ffi::sys::port_state;
+        let attr = self
+            .device
+            .verbs()
+            .context
+            .query_port(self.info.port)
+            .ok()?;
+        Some(attr.state == port_state::ACTIVE)
+    }
 
     /// Whether new connections on this port use the mlx5 direct data path.
     pub(crate) fn direct_path(&self) -> bool {
@@ -293,9 +312,7 @@ impl<D: PortDevice> OpenPort<D> {
             DeviceEvent::QpFatal { qp }
             | DeviceEvent::QpRequestError { qp }
             | DeviceEvent::QpAccessError { qp } => {
-                warn!(
-                    "{dev}: asynchronous event {name} on QP {qp}: its connection fails"
-                );
+                warn!("{dev}: asynchronous event {name} on QP {qp}: its connection fails");
             }
             DeviceEvent::CqError { .. } => {
                 warn!(

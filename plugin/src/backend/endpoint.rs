@@ -122,7 +122,6 @@ unsafe impl Sync for Templates {}
 impl<D: PortDevice> Endpoint<D> {
     /// Create the queue pair (at INIT) and register the control regions for `role`.
     pub(crate) fn new(port: &Arc<OpenPort<D>>, role: Role) -> Result<Self, VerbsError> {
-        use rivet_core::data::{CQ_DEPTH, SEND_QUEUE_DEPTH};
         let (inbound_len, staging_len, recv_depth) = role.regions();
         let verbs = port.device.verbs();
         let inbound = Region::new(
@@ -131,6 +130,27 @@ impl<D: PortDevice> Endpoint<D> {
             access::LOCAL_WRITE | access::REMOTE_WRITE,
         )?;
         let staging = Region::new(&verbs.pd, staging_len, access::LOCAL_WRITE)?;
+        let (qp, cq) = Self::queue_pair(port, recv_depth)?;
+        Ok(Self {
+            max_inline: qp.caps().max_inline_data as usize,
+            qp,
+            cq,
+            inbound,
+            staging,
+            posts: Box::default(),
+            port: Arc::clone(port),
+            psn: qp_params::random_psn(),
+        })
+    }
+
+    /// A completion queue and a queue pair on `port`, at INIT, with the largest inline size the
+    /// provider accepts.
+    fn queue_pair(
+        port: &Arc<OpenPort<D>>,
+        recv_depth: u32,
+    ) -> Result<(QueuePair, Arc<CompletionQueue>), VerbsError> {
+        use rivet_core::data::{CQ_DEPTH, SEND_QUEUE_DEPTH};
+        let verbs = port.device.verbs();
         let cq = CompletionQueue::new(&verbs.context, CQ_DEPTH as u32)?;
         let mut last_err = None;
         for inline in INLINE_CHOICES {
@@ -148,17 +168,7 @@ impl<D: PortDevice> Endpoint<D> {
                         0,
                         access::LOCAL_WRITE | access::REMOTE_WRITE,
                     )?;
-                    let max_inline = qp.caps().max_inline_data as usize;
-                    return Ok(Self {
-                        qp,
-                        cq,
-                        inbound,
-                        staging,
-                        max_inline,
-                        posts: Box::default(),
-                        port: Arc::clone(port),
-                        psn: qp_params::random_psn(),
-                    });
+                    return Ok((qp, cq));
                 }
                 Err(e) => last_err = Some(e),
             }
@@ -166,6 +176,39 @@ impl<D: PortDevice> Endpoint<D> {
         Err(last_err.unwrap_or(VerbsError::InvalidArgument {
             what: "no QP configuration accepted",
         }))
+    }
+
+    /// Port failover (issue #39): move the queue pair to the error state (nothing more lands
+    /// through it; what is posted flushes).
+    pub(crate) fn fail_queue_pair(&self) -> Result<(), VerbsError> {
+        self.qp.modify_to_error()
+    }
+
+    /// Port failover (issue #39): a new queue pair and completion queue on `port` (the queue
+    /// pair at INIT, to be connected like a new one), in place of this endpoint's failed ones,
+    /// which are destroyed. The control regions stay, with their contents (the lane's state)
+    /// and keys: `port` must be a port of this endpoint's protection domain (another port of the
+    /// same device: [`OpenPort::same_domain`]), where every key both ends hold stays valid.
+    /// `role` is the endpoint's, as at creation.
+    pub(crate) fn move_to(
+        &mut self,
+        port: &Arc<OpenPort<D>>,
+        role: Role,
+    ) -> Result<(), VerbsError> {
+        if !Arc::ptr_eq(self.qp.pd(), &port.device.verbs().pd) {
+            return Err(VerbsError::InvalidArgument {
+                what: "failover to a port of another device (another protection domain)",
+            });
+        }
+        let (_, _, recv_depth) = role.regions();
+        let (qp, cq) = Self::queue_pair(port, recv_depth)?;
+        // The old queue pair goes before its completion queue (as in `Drop`'s field order).
+        self.max_inline = qp.caps().max_inline_data as usize;
+        self.qp = qp;
+        self.cq = cq;
+        self.port = Arc::clone(port);
+        self.psn = qp_params::random_psn();
+        Ok(())
     }
 
     /// What the peer needs to reach this endpoint.
@@ -800,7 +843,27 @@ pub(crate) mod any {
                 Self::Mlx5(e) => e.cq_addr(),
             }
         }
+
+        fn fail_queue_pair(&self) -> Result<(), VerbsError> {
+            match self {
+                Self::Verbs(e) => e.fail_queue_pair(),
+                Self::Mlx5(_) => Err(MLX5_NO_FAILOVER),
+            }
+        }
+
+        fn move_to(&mut self, port: &Arc<OpenPort<D>>, role: Role) -> Result<(), VerbsError> {
+            match self {
+                Self::Verbs(e) => e.move_to(port, role),
+                Self::Mlx5(_) => Err(MLX5_NO_FAILOVER),
+            }
+        }
     }
+
+    /// The mlx5 direct path's queue pairs are not failed over (not built: the model has no
+    /// second port); its connections fail as without failover.
+    const MLX5_NO_FAILOVER: VerbsError = VerbsError::InvalidArgument {
+        what: "port failover on the mlx5 direct path",
+    };
 
     impl<D: PortDevice> Nic for AnyEndpoint<D> {
         #[inline]

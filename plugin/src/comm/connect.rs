@@ -27,6 +27,7 @@ use crate::net::{self, NetContext};
 use crate::oob::{pump, socket};
 use core::ffi::c_int;
 use rivet_core::data::SendConn;
+use rivet_core::data::failover::Role as FailoverSide;
 use rivet_core::data::multi::MultiSend;
 use rivet_core::handshake::{Connector, ConnectorEvent};
 use rivet_core::mesh::{MeshAddr, Reach};
@@ -316,6 +317,7 @@ pub(crate) fn connect(
                 width,
                 ar_threshold,
                 eager_threshold,
+                settings,
                 ..
             } = *pending;
             let peer = format!("{addr} ({} qp {})", remote.device_name.as_str(), remote.qpn);
@@ -337,9 +339,20 @@ pub(crate) fn connect(
                 return data::insert(DataComm::Send(side)).map(Some);
             }
             let conns = remotes.iter().map(|r| SendConn::new(r.inbound)).collect();
-            let multi = MultiSend::with_width(conns, width, ar_threshold);
-            let lanes = Lanes::new(endpoints, devices)
+            let mut multi = MultiSend::with_width(conns, width, ar_threshold);
+            let mut lanes = Lanes::new(endpoints, devices)
                 .ok_or_else(|| NetError::misuse("connect: fewer queue pairs than ports"))?;
+            if failover {
+                multi.enable_failover();
+                lanes = super::failover::attach(
+                    lanes,
+                    FailoverSide::Sender,
+                    net::config()?.failover.max_attempts,
+                    settings,
+                    &peer,
+                    &socket,
+                )?;
+            }
             data::insert(DataComm::SendMulti(Side::new(multi, lanes, socket, peer))).map(Some)
         }
         Err(e) => {

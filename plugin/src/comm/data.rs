@@ -138,6 +138,13 @@ impl Watch {
         }
     }
 
+    /// Port failover replaced lane 0's queue pair: watch the new one's events instead.
+    #[cold]
+    fn follow(&mut self, port: &OpenPort, endpoint: &impl Nics) {
+        port.unwatch(self.events);
+        self.events = port.watch(endpoint.qp_num(), endpoint.cq_addr());
+    }
+
     /// Whether the peer's end of the handshake socket is closed now (no rate limit, no grace:
     /// for naming the cause of a failure already seen).
     fn peer_gone(&self) -> bool {
@@ -366,7 +373,11 @@ impl<Conn: Path> Side<Conn> {
             watch,
             events,
         } = &mut *state;
-        match conn.test(endpoint, req, sizes) {
+        let tested = conn.test(endpoint, req, sizes);
+        if conn.progress_failover(endpoint, &watch.socket) {
+            watch.follow(&self.port, endpoint);
+        }
+        match tested {
             Ok(false) => match watch.check(&self.port) {
                 None => {
                     state.leave();
@@ -632,6 +643,15 @@ impl<Conn: Path> Guard<'_, State<Conn>> {
         posted: Result<Option<RequestId>, DataError>,
         events: Option<EventStart<'_>>,
     ) -> NetResult<Ptr> {
+        let State {
+            conn,
+            endpoint,
+            watch,
+            ..
+        } = &mut *self;
+        if conn.progress_failover(endpoint, &watch.socket) {
+            watch.follow(&side.port, endpoint);
+        }
         let answer = match posted {
             Ok(Some(req)) => {
                 let request = handle.request_ptr(req.to_bits());

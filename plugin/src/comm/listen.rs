@@ -31,6 +31,7 @@ use crate::net::{self, NetContext};
 use crate::oob::{iface, pump, socket};
 use core::ffi::c_int;
 use rivet_core::data::RecvConn;
+use rivet_core::data::failover::Role as FailoverSide;
 use rivet_core::data::multi::MultiRecv;
 use rivet_core::handshake::{Acceptor, AcceptorEvent};
 use rivet_core::mesh::{self, MeshAddr};
@@ -235,6 +236,8 @@ enum Progress {
         remotes: Vec<EndpointInfo>,
         width: usize,
         peer: String,
+        /// Both ends have port failover on (negotiated).
+        failover: bool,
     },
 }
 
@@ -350,6 +353,7 @@ impl ListenComm {
                         remotes,
                         width,
                         peer,
+                        failover: pending.machine.failover(),
                     };
                 }
                 _ => {}
@@ -418,6 +422,7 @@ pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
                 remotes,
                 width,
                 peer,
+                failover,
             } => {
                 let done = pending.remove(index);
                 if endpoints.len() == 1 {
@@ -433,10 +438,21 @@ pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
                     return data::insert(DataComm::Recv(comm.with_flush(side)?)).map(Some);
                 }
                 let conns = remotes.iter().map(|r| RecvConn::new(r.inbound)).collect();
-                let multi = MultiRecv::with_width(conns, width);
+                let mut multi = MultiRecv::with_width(conns, width);
                 let devices = done.ports.len().min(endpoints.len());
-                let lanes = Lanes::new(endpoints, devices)
+                let mut lanes = Lanes::new(endpoints, devices)
                     .ok_or_else(|| NetError::misuse("accept: fewer queue pairs than ports"))?;
+                if failover {
+                    multi.enable_failover();
+                    lanes = super::failover::attach(
+                        lanes,
+                        FailoverSide::Receiver,
+                        comm.config.failover.max_attempts,
+                        comm.settings,
+                        &peer,
+                        &done.socket,
+                    )?;
+                }
                 let side = Side::new(multi, lanes, done.socket, peer);
                 return data::insert(DataComm::RecvMulti(comm.with_flush(side)?)).map(Some);
             }

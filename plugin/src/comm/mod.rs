@@ -18,6 +18,7 @@
 
 mod connect;
 mod data;
+mod failover;
 mod flush;
 mod listen;
 mod mr;

@@ -6,9 +6,11 @@
 
 use crate::backend::DataEndpoint as Endpoint;
 // Only the module: `ConnEndpoint`'s methods share names with `Nics`'s, which this file calls.
+use super::failover::FailoverDriver;
 use crate::backend::OpenPort;
 use crate::backend::conn_endpoint;
 use crate::config::QpSettings;
+use rivet_core::data::failover::{Guarded, Tripwire};
 use rivet_core::data::multi::flow_label;
 use rivet_core::data::multi::{MultiRecv, MultiSend};
 use rivet_core::data::{
@@ -17,6 +19,7 @@ use rivet_core::data::{
 use rivet_core::nic::Nic;
 use rivet_core::wire::EndpointInfo;
 use std::fmt::Debug;
+use std::net::TcpStream;
 use std::sync::Arc;
 
 /// The queue pairs a connection drives: one endpoint, or its lanes.
@@ -56,21 +59,51 @@ impl Nics for Endpoint {
 }
 
 /// The endpoints of a multi-QP connection, lane `i` at index `i` (never empty), lane `i` on
-/// port `i % devices`.
+/// port `i % devices` (until port failover moves it). Each is guarded by a tripwire
+/// (`rivet_core::data::failover::Guarded`), armed only when the connection fails over: unarmed,
+/// every completion reaches the core as it comes.
 #[derive(Debug)]
-pub(crate) struct Lanes(Vec<Endpoint>, usize);
+pub(crate) struct Lanes {
+    lanes: Vec<Guarded<Endpoint>>,
+    devices: usize,
+    failover: Option<Box<FailoverDriver>>,
+}
 
 impl Lanes {
     /// `endpoints` in lane order over `devices` ports (1..=8, at most one per lane); `None` when
     /// that does not hold.
     pub(crate) fn new(endpoints: Vec<Endpoint>, devices: usize) -> Option<Self> {
-        ((1..=8).contains(&devices) && devices <= endpoints.len())
-            .then_some(Self(endpoints, devices))
+        ((1..=8).contains(&devices) && devices <= endpoints.len()).then(|| Self {
+            lanes: endpoints
+                .into_iter()
+                .map(|nic| Guarded {
+                    nic,
+                    trip: Tripwire::new(false),
+                })
+                .collect(),
+            devices,
+            failover: None,
+        })
+    }
+
+    /// Fail over among the ports (negotiated at connect): the tripwires are armed and `driver`
+    /// runs after every data-path call.
+    pub(crate) fn with_failover(mut self, driver: FailoverDriver) -> Self {
+        for lane in &mut self.lanes {
+            lane.trip = Tripwire::new(true);
+        }
+        self.failover = Some(Box::new(driver));
+        self
+    }
+
+    /// How many lanes.
+    pub(crate) fn count(&self) -> usize {
+        self.lanes.len()
     }
 
     fn first(&self) -> &Endpoint {
         // Never empty (checked in `new`).
-        &self.0[0]
+        &self.lanes[0].nic
     }
 }
 
@@ -88,12 +121,12 @@ impl Nics for Lanes {
         Nic::max_inline(self.first())
     }
     fn devices(&self) -> usize {
-        self.1
+        self.devices
     }
     fn ports(&self) -> Vec<Arc<OpenPort>> {
-        self.0[..self.1]
+        self.lanes[..self.devices]
             .iter()
-            .map(|e| Arc::clone(e.port()))
+            .map(|e| Arc::clone(e.nic.port()))
             .collect()
     }
 }
@@ -137,6 +170,15 @@ pub(crate) trait Path: Debug + Send {
     fn drain(&mut self, nics: &mut Self::Nics) -> Result<usize, DataError>;
     /// Requests handed out and not yet freed by `test`.
     fn outstanding(&self) -> usize;
+
+    /// After a data-path call: run port failover as far as it goes now (a connection that fails
+    /// over; nothing otherwise), the peer's reports read from `socket`. Whether lane 0's queue
+    /// pair was replaced (the connection's event watch follows it).
+    #[inline(always)]
+    fn progress_failover(&mut self, nics: &mut Self::Nics, socket: &TcpStream) -> bool {
+        let _ = (nics, socket);
+        false
+    }
 }
 
 /// A send comm's connection.
@@ -244,16 +286,28 @@ macro_rules! multi_path {
                 req: RequestId,
                 sizes: &mut impl SizesOut,
             ) -> Result<bool, DataError> {
-                Ok(<$conn>::test(self, &mut lanes.0, req)?.deliver(sizes))
+                Ok(<$conn>::test(self, &mut lanes.lanes, req)?.deliver(sizes))
             }
             fn handle_fatal(&mut self, err: DataError) {
                 <$conn>::handle_fatal(self, err)
             }
             fn drain(&mut self, lanes: &mut Lanes) -> Result<usize, DataError> {
-                <$conn>::drain(self, &mut lanes.0)
+                <$conn>::drain(self, &mut lanes.lanes)
             }
             fn outstanding(&self) -> usize {
                 <$conn>::outstanding(self)
+            }
+            fn progress_failover(&mut self, lanes: &mut Lanes, socket: &TcpStream) -> bool {
+                let Lanes {
+                    lanes, failover, ..
+                } = lanes;
+                match failover {
+                    Some(driver) => {
+                        driver.drive(self, lanes, socket);
+                        driver.take_lane0_moved()
+                    }
+                    None => false,
+                }
             }
         }
     };
@@ -270,7 +324,7 @@ impl SendPath for MultiSend {
         _host_memory: bool,
         tag: u32,
     ) -> Result<Option<RequestId>, DataError> {
-        Self::isend(self, &mut lanes.0, buf, tag)
+        Self::isend(self, &mut lanes.lanes, buf, tag)
     }
     fn isend_keyed(
         &mut self,
@@ -279,7 +333,7 @@ impl SendPath for MultiSend {
         lkeys: &[u32],
         tag: u32,
     ) -> Result<Option<RequestId>, DataError> {
-        Self::isend_keyed(self, &mut lanes.0, buf, lkeys, tag)
+        Self::isend_keyed(self, &mut lanes.lanes, buf, lkeys, tag)
     }
 }
 
@@ -290,7 +344,7 @@ impl RecvPath for MultiRecv {
         bufs: &[RecvBuf],
         tags: &[u32],
     ) -> Result<Option<RequestId>, DataError> {
-        Self::irecv(self, &mut lanes.0, bufs, tags)
+        Self::irecv(self, &mut lanes.lanes, bufs, tags)
     }
     fn irecv_keyed(
         &mut self,
@@ -299,6 +353,6 @@ impl RecvPath for MultiRecv {
         rkeys: &[[u32; 8]],
         tags: &[u32],
     ) -> Result<Option<RequestId>, DataError> {
-        Self::irecv_keyed(self, &mut lanes.0, bufs, rkeys, tags)
+        Self::irecv_keyed(self, &mut lanes.lanes, bufs, rkeys, tags)
     }
 }

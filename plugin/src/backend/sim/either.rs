@@ -66,6 +66,20 @@ impl ConnEndpoint for TestEndpoint {
             Self::Simulated(e) => e.cq_addr(),
         }
     }
+
+    fn fail_queue_pair(&self) -> Result<(), VerbsError> {
+        match self {
+            Self::Device(e) => e.fail_queue_pair(),
+            Self::Simulated(e) => e.fail_queue_pair(),
+        }
+    }
+
+    fn move_to(&mut self, port: &Arc<OpenPort<TestDevice>>, role: Role) -> Result<(), VerbsError> {
+        match self {
+            Self::Device(e) => e.move_to(port, role),
+            Self::Simulated(e) => e.move_to(port, role),
+        }
+    }
 }
 
 impl Nic for TestEndpoint {

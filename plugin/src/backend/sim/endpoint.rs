@@ -130,6 +130,22 @@ impl ConnEndpoint for SimEndpoint {
     fn cq_addr(&self) -> usize {
         0xc0de_0000 + self.id
     }
+
+    /// The unit tests' simulated port has one port: nothing to fail over to (the core's
+    /// simulator tests failover; the fabric lane tests the plugin's).
+    fn fail_queue_pair(&self) -> Result<(), VerbsError> {
+        Err(VerbsError::InvalidArgument {
+            what: "port failover on the unit tests' simulated port",
+        })
+    }
+
+    fn move_to(
+        &mut self,
+        _port: &Arc<OpenPort<TestDevice>>,
+        _role: Role,
+    ) -> Result<(), VerbsError> {
+        self.fail_queue_pair()
+    }
 }
 
 impl SimEndpoint {

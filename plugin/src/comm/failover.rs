@@ -1,0 +1,471 @@
+//! Port failover's driver (issue #39): runs `rivet_core`'s failover machine
+//! ([`rivet_core::data::failover`]) for one multi-lane connection over a fused device, from the
+//! data-path calls NCCL keeps making (no thread: `test`, `isend` and `irecv` drive it, as they
+//! drive everything else).
+//!
+//! What the core decides, this module does: it moves a failed lane's queue pair to the error
+//! state and lets the core quiesce it, creates the lane's new queue pair on the port the machine
+//! chose (another port of the same device: [`ConnEndpoint::move_to`]), carries the two reports
+//! over the connection's handshake socket (raw [`REPORT_LEN`]-byte reports: each carries its own
+//! magic, version and check), connects the new queue pair to the peer's, and runs the core's
+//! replay on it. Meanwhile the lane is blocked: posts that need it answer "try later" and
+//! requests with parts on it stay pending, so NCCL sees nothing but a pause. When the machine
+//! gives up, the connection fails with the first error, exactly as without failover.
+
+use super::path::{Lanes, Nics};
+use crate::backend::DataEndpoint as Endpoint;
+use crate::backend::OpenPort;
+use crate::backend::conn_endpoint::ConnEndpoint;
+use crate::backend::endpoint::Role;
+use crate::clock;
+use crate::config::QpSettings;
+use crate::error::{NetError, NetResult};
+use crate::log::{INIT_NET, info, warn};
+use rivet_core::data::DataError;
+use rivet_core::data::failover::report::REPORT_LEN;
+use rivet_core::data::failover::{
+    Action, Failover, FailoverConfig, FailoverError, Guarded, Plan, QpInfo, Replayed, ReportBody,
+    Role as Side,
+};
+use rivet_core::data::multi::{MultiRecv, MultiSend};
+use rivet_core::nic::WcStatus;
+use rivet_core::time::Instant;
+use rivet_core::wire::{ENDPOINT_INFO_LEN, EndpointInfo};
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+
+/// What the driver needs of a multi-lane connection, either direction (`rivet_core`'s
+/// `MultiSend`/`MultiRecv` failover API).
+pub(crate) trait FailoverLanes {
+    /// Stop posting on `lane` (its failover began).
+    fn block_lane(&mut self, lane: u8);
+    /// Post on `lane` again (its failover ended).
+    fn resume_lane(&mut self, lane: u8);
+    /// Take what the lane's failed queue pair still reports; `Ok(true)` once nothing is left.
+    fn quiesce(&mut self, lane: u8, nic: &mut Guarded<Endpoint>) -> Result<bool, FailoverError>;
+    /// The quiesced lane's state, for the report.
+    fn snapshot(&self, lane: u8) -> Result<ReportBody, FailoverError>;
+    /// Replay `plan` on the lane's new queue pair.
+    fn replay(
+        &mut self,
+        lane: u8,
+        nic: &mut Guarded<Endpoint>,
+        plan: &Plan,
+    ) -> Result<Replayed, FailoverError>;
+    /// Fail the connection with `err` (every lane).
+    fn fail(&mut self, err: DataError);
+}
+
+macro_rules! failover_lanes {
+    ($conn:ty) => {
+        impl FailoverLanes for $conn {
+            fn block_lane(&mut self, lane: u8) {
+                <$conn>::block_lane(self, lane)
+            }
+            fn resume_lane(&mut self, lane: u8) {
+                <$conn>::resume_lane(self, lane)
+            }
+            fn quiesce(
+                &mut self,
+                lane: u8,
+                nic: &mut Guarded<Endpoint>,
+            ) -> Result<bool, FailoverError> {
+                <$conn>::failover_quiesce(self, lane, nic)
+            }
+            fn snapshot(&self, lane: u8) -> Result<ReportBody, FailoverError> {
+                <$conn>::failover_snapshot(self, lane)
+            }
+            fn replay(
+                &mut self,
+                lane: u8,
+                nic: &mut Guarded<Endpoint>,
+                plan: &Plan,
+            ) -> Result<Replayed, FailoverError> {
+                <$conn>::failover_replay(self, lane, nic, plan)
+            }
+            fn fail(&mut self, err: DataError) {
+                <$conn>::handle_fatal(self, err)
+            }
+        }
+    };
+}
+
+failover_lanes!(MultiSend);
+failover_lanes!(MultiRecv);
+
+/// One connection's failover: the machine and what the plugin keeps to act on it.
+#[derive(Debug)]
+pub(crate) struct FailoverDriver {
+    machine: Failover,
+    /// The fused device's ports, by the machine's port index.
+    ports: Vec<Arc<OpenPort>>,
+    /// The lanes' endpoint role (their receive depth, for a new queue pair).
+    role: Role,
+    /// The connection's queue-pair settings (a new queue pair is connected with them).
+    settings: QpSettings,
+    /// The peer, for log lines.
+    peer: String,
+    /// A report being read from the socket.
+    inbox: [u8; REPORT_LEN],
+    inbox_len: usize,
+    /// Reports not yet written to the socket.
+    outbox: Vec<u8>,
+    /// Lanes being quiesced (their quiesce runs again on every call until it is done).
+    quiescing: Vec<u8>,
+    /// Per lane, the port it was on when its failover began (for the WARN line).
+    from_port: Vec<u8>,
+    /// Lane 0's queue pair was replaced since the caller last asked (its event watch follows).
+    lane0_moved: bool,
+}
+
+impl FailoverDriver {
+    /// The driver of a connection whose `lanes` lane `i` is on `ports[i % ports.len()]`, with
+    /// failover on at both ends (negotiated at connect), at most `max_attempts` failovers.
+    pub(crate) fn new(
+        side: Side,
+        ports: Vec<Arc<OpenPort>>,
+        lanes: usize,
+        max_attempts: u32,
+        role: Role,
+        settings: QpSettings,
+        peer: String,
+    ) -> Self {
+        // A port's device is its protection domain: failover stays within one.
+        let mut devices: Vec<&Arc<OpenPort>> = Vec::new();
+        let port_devices = ports
+            .iter()
+            .map(|p| {
+                let same = devices.iter().position(|d| d.same_domain(p));
+                let index = same.unwrap_or_else(|| {
+                    devices.push(p);
+                    devices.len() - 1
+                });
+                index as u8
+            })
+            .collect();
+        let lane_ports = (0..lanes).map(|i| (i % ports.len()) as u8).collect();
+        let config = FailoverConfig {
+            enabled: true,
+            max_attempts,
+            port_devices,
+            lane_ports,
+            ..FailoverConfig::off(lanes)
+        };
+        Self {
+            machine: Failover::new(side, config),
+            from_port: (0..lanes).map(|i| (i % ports.len()) as u8).collect(),
+            ports,
+            role,
+            settings,
+            peer,
+            inbox: [0; REPORT_LEN],
+            inbox_len: 0,
+            outbox: Vec::new(),
+            quiescing: Vec::new(),
+            lane0_moved: false,
+        }
+    }
+
+    /// Whether lane 0's queue pair was replaced since the last call (and forget it).
+    pub(crate) fn take_lane0_moved(&mut self) -> bool {
+        std::mem::take(&mut self.lane0_moved)
+    }
+
+    /// Run the machine as far as it goes now: hand it new lane failures and the peer's
+    /// reports, act on what it decides. Called after each data-path call on the connection.
+    pub(crate) fn drive<C: FailoverLanes>(
+        &mut self,
+        conn: &mut C,
+        lanes: &mut [Guarded<Endpoint>],
+        socket: &TcpStream,
+    ) {
+        let now = clock::now();
+        for (lane, nic) in lanes.iter().enumerate() {
+            let lane = lane as u8;
+            if let Some(first) = nic.trip.first
+                && !self.machine.is_failing(lane)
+                && self.machine.gave_up().is_none()
+            {
+                if first.status == WcStatus::WR_FLUSH_ERR {
+                    // A flush is the port's doing only while its link is down: tell the
+                    // machine what the port says now (its PORT_ERR event may not be read yet).
+                    self.note_link(lane);
+                }
+                self.machine.handle_completion_error(lane, &first, now);
+            }
+        }
+        self.read_reports(socket, now);
+        if self.machine.poll_timeout().is_some_and(|t| now >= t) {
+            self.machine.handle_timeout(now);
+        }
+        self.quiesce_pending(conn, lanes);
+        while let Some(action) = self.machine.poll_action() {
+            info!(INIT_NET, "port failover: {}", ActionName(&action));
+            self.act(action, conn, lanes, now);
+            self.quiesce_pending(conn, lanes);
+        }
+        self.write_reports(socket);
+    }
+
+    fn act<C: FailoverLanes>(
+        &mut self,
+        action: Action,
+        conn: &mut C,
+        lanes: &mut [Guarded<Endpoint>],
+        now: Instant,
+    ) {
+        let lane_count = lanes.len();
+        match action {
+            Action::QuiesceLane { lane } => {
+                conn.block_lane(lane);
+                if let Some(port) = self.machine.lane_port(lane)
+                    && let Some(from) = self.from_port.get_mut(usize::from(lane))
+                {
+                    *from = port;
+                }
+                let Some(nic) = lanes.get_mut(usize::from(lane)) else {
+                    return self
+                        .machine
+                        .handle_lane_error(lane, FailoverError::Lane(lane));
+                };
+                // Already in error after a retry exhaustion; a peer-started failover finds it
+                // healthy. Either way nothing more lands through it from here on.
+                if let Err(e) = nic.nic.fail_queue_pair() {
+                    warn!(
+                        "port failover: moving lane {lane}'s queue pair to the error state failed: {e}"
+                    );
+                }
+                self.quiescing.push(lane);
+            }
+            Action::CreateQp { lane, port } => {
+                let created = match (
+                    lanes.get_mut(usize::from(lane)),
+                    self.ports.get(usize::from(port)),
+                ) {
+                    (Some(nic), Some(port)) => nic
+                        .nic
+                        .move_to(port, self.role)
+                        .map(|()| {
+                            nic.trip = rivet_core::data::failover::Tripwire::new(true);
+                            nic.nic.local_info(&self.settings)
+                        })
+                        .map_err(|e| e.to_string()),
+                    _ => Err(format!("no lane {lane} or port {port}")),
+                };
+                match created {
+                    Ok(info) => {
+                        let mut bytes = Vec::with_capacity(ENDPOINT_INFO_LEN);
+                        info.encode_into(&mut bytes);
+                        match QpInfo::new(&bytes) {
+                            Some(info) => {
+                                if lane == 0 {
+                                    self.lane0_moved = true;
+                                }
+                                self.machine.handle_qp_created(lane, info);
+                            }
+                            None => {
+                                self.local_error(lane, "the endpoint info does not fit a report")
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        warn!(
+                            "port failover: creating lane {lane}'s queue pair on port {port} failed: {e}"
+                        );
+                        self.local_error(lane, "creating the new queue pair failed");
+                    }
+                }
+            }
+            Action::SendReport(report) => self.outbox.extend_from_slice(&report.encode()),
+            Action::Replay {
+                lane,
+                plan,
+                peer_qp,
+            } => {
+                let Some(nic) = lanes.get_mut(usize::from(lane)) else {
+                    return self
+                        .machine
+                        .handle_lane_error(lane, FailoverError::Lane(lane));
+                };
+                let connected = EndpointInfo::decode(peer_qp.as_bytes())
+                    .map_err(|e| format!("the peer's queue pair info: {e}"))
+                    .and_then(|remote| {
+                        super::path::connect_lane(&nic.nic, &remote, &self.settings, lane_count)
+                    });
+                if let Err(e) = connected {
+                    warn!("port failover: connecting lane {lane}'s new queue pair failed: {e}");
+                    return self.local_error(lane, "connecting the new queue pair failed");
+                }
+                let replayed = conn.replay(lane, nic, &plan);
+                self.machine.handle_replayed(lane, replayed, now);
+            }
+            Action::Resume { lane } => {
+                conn.resume_lane(lane);
+                let from = self.from_port.get(usize::from(lane)).copied().unwrap_or(0);
+                let to = self.machine.lane_port(lane).unwrap_or(0);
+                let name = |p: u8| {
+                    self.ports.get(usize::from(p)).map_or_else(
+                        || format!("port index {p}"),
+                        |p| format!("{} port {}", p.info.name, p.info.port),
+                    )
+                };
+                warn!(
+                    "port failover: lane {lane} of the connection with {} moved from {} to {} \
+                     ({})",
+                    self.peer,
+                    name(from),
+                    name(to),
+                    self.machine.stats()
+                );
+            }
+            Action::GiveUp { cause, reason } => {
+                warn!(
+                    "port failover: the connection with {} fails: {reason} (cause: {cause})",
+                    self.peer
+                );
+                conn.fail(cause);
+            }
+        }
+    }
+
+    /// Run the quiesce of every lane being quiesced; hand the machine those that finished.
+    fn quiesce_pending<C: FailoverLanes>(&mut self, conn: &mut C, lanes: &mut [Guarded<Endpoint>]) {
+        let mut i = 0;
+        while i < self.quiescing.len() {
+            let lane = self.quiescing[i];
+            let Some(nic) = lanes.get_mut(usize::from(lane)) else {
+                self.quiescing.swap_remove(i);
+                continue;
+            };
+            match conn.quiesce(lane, nic) {
+                Ok(false) => i += 1,
+                Ok(true) => {
+                    self.quiescing.swap_remove(i);
+                    match conn.snapshot(lane) {
+                        Ok(body) => self.machine.handle_quiesced(lane, body),
+                        Err(e) => self.machine.handle_lane_error(lane, e),
+                    }
+                }
+                Err(e) => {
+                    self.quiescing.swap_remove(i);
+                    self.machine.handle_lane_error(lane, e);
+                }
+            }
+        }
+    }
+
+    /// Tell the machine whether `lane`'s port's link is up.
+    fn note_link(&mut self, lane: u8) {
+        let Some(port) = self.machine.lane_port(lane) else {
+            return;
+        };
+        if let Some(up) = self
+            .ports
+            .get(usize::from(port))
+            .and_then(|p| p.link_active())
+        {
+            self.machine.handle_port_event(port, up);
+        }
+    }
+
+    /// A failure of this end's own work on `lane` (not the peer's): the machine gives up.
+    fn local_error(&mut self, lane: u8, what: &'static str) {
+        self.machine
+            .handle_lane_error(lane, FailoverError::Local(DataError::InvalidArgument(what)));
+    }
+
+    /// Read whatever of the peer's reports the socket holds, without blocking.
+    fn read_reports(&mut self, socket: &TcpStream, now: Instant) {
+        let mut socket = socket;
+        loop {
+            match socket.read(&mut self.inbox[self.inbox_len..]) {
+                Ok(0) => return, // EOF: the watch reports the peer gone.
+                Ok(n) => {
+                    self.inbox_len += n;
+                    if self.inbox_len == REPORT_LEN {
+                        self.inbox_len = 0;
+                        let report = self.inbox;
+                        // The peer may start a failover this end has not seen yet: the machine
+                        // then picks a port by what the links say now (both ends of a cut cable
+                        // lose their link).
+                        for port in 0..self.ports.len() {
+                            if let Some(up) = self.ports[port].link_active() {
+                                self.machine.handle_port_event(port as u8, up);
+                            }
+                        }
+                        self.machine.handle_peer(&report, now);
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return, // WouldBlock: nothing more now; an error: the watch's.
+            }
+        }
+    }
+
+    /// Write what the outbox holds, as far as the socket takes it now.
+    fn write_reports(&mut self, socket: &TcpStream) {
+        let mut socket = socket;
+        while !self.outbox.is_empty() {
+            match socket.write(&self.outbox) {
+                Ok(0) => return,
+                Ok(n) => {
+                    self.outbox.drain(..n);
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// `lanes` of a connection both ends agreed to fail over (at connect): armed, with a driver.
+/// The handshake socket carries the reports from now on, without blocking.
+pub(crate) fn attach(
+    lanes: Lanes,
+    side: Side,
+    max_attempts: u32,
+    settings: QpSettings,
+    peer: &str,
+    socket: &TcpStream,
+) -> NetResult<Lanes> {
+    socket.set_nonblocking(true).map_err(|e| {
+        NetError::system(format!(
+            "port failover: the handshake socket with {peer} cannot be made non-blocking: {e}"
+        ))
+    })?;
+    let ports = Nics::ports(&lanes);
+    let count = lanes.count();
+    let role = match side {
+        Side::Sender => Role::Sender,
+        Side::Receiver => Role::Receiver,
+    };
+    let driver = FailoverDriver::new(
+        side,
+        ports,
+        count,
+        max_attempts,
+        role,
+        settings,
+        peer.to_owned(),
+    );
+    Ok(lanes.with_failover(driver))
+}
+
+/// An action as the INFO line names it (without the report's bytes).
+struct ActionName<'a>(&'a Action);
+
+impl std::fmt::Display for ActionName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Action::QuiesceLane { lane } => write!(f, "quiescing lane {lane}"),
+            Action::CreateQp { lane, port } => {
+                write!(f, "a new queue pair for lane {lane} on port index {port}")
+            }
+            Action::SendReport(r) => write!(f, "report for lane {} sent: {:?}", r.lane, r.body),
+            Action::Replay { lane, plan, .. } => write!(f, "replaying lane {lane}: {plan:?}"),
+            Action::Resume { lane } => write!(f, "lane {lane} resumes"),
+            Action::GiveUp { reason, .. } => write!(f, "giving up: {reason}"),
+        }
+    }
+}
