@@ -29,8 +29,9 @@
  *                      exceeded") within 2 x the retry time (4.096 us x 2^NCCL_IB_TIMEOUT x
  *                      (NCCL_IB_RETRY_CNT+1)) + 5 s of the kill (it sees the marker appear on the
  *                      shared directory); later calls fail too.
- *   port-failover      as port-cut, with NCCL_IB_RESILIENCY_PORT_FAILOVER=1: the stream goes on
- *                      byte-exact (FAULTS_MESSAGES, FAULTS_CUT_AT)
+ *   port-failover      as port-cut, with NCCL_IB_RESILIENCY_PORT_FAILOVER=1: 8 B - 4 MiB messages,
+ *                      4 in flight; the stream goes on byte-exact (FAULTS_MESSAGES, FAULTS_CUT_AT)
+ *   port-failover-both as port-failover, and port 2 cut too later: both sides fail in bound
  *   port-cut           the user-space verbs fabric only (RIVET_FABRIC_PORTS=2, FAULTS_FUSE=0,1,
  *                      RIVET_FABRIC_CTL): port 1 of the fused device cut in both processes after 20
  *                      verified messages; without port failover both sides fail within
@@ -1106,21 +1107,29 @@ static int scenario_port_cut(const char* lib) {
   return end_pair(&p, receiver);
 }
 
-/* Whether `p` holds fill_words(n, seed). */
-static int words_match(const unsigned char* p, size_t n, unsigned seed) {
-  const uint64_t* w = (const uint64_t*)p;
-  for (size_t j = 0; j < n / 8; j++)
-    if (w[j] != (((uint64_t)seed << 40) ^ (j * 0x9E3779B97F4A7C15ull))) return 0;
-  return 1;
+/* port-failover's message sizes, in turn: 8 B to 4 MiB. */
+static const size_t FAILOVER_SIZES[] = {8, 4 << 20, 4096, (1 << 20) + 3, 65536, 300000};
+#define FAILOVER_WINDOW 4
+#define FAILOVER_SLOT (4 << 20)
+
+/* port-cut's second cut (port-failover-both): port 2 of rfab0 too. */
+static void cut_port_2(int count) {
+  const char* ctl = getenv("RIVET_FABRIC_CTL");
+  FILE* f = fopen(ctl, "a");
+  if (!f || fputs("fail-port rfab0 2\n", f) < 0 || fclose(f) != 0) h_fail("writing %s", ctl);
+  else h_pass("port 2 of the fused device cut too, after %d verified messages", count);
 }
 
 /* port-failover, over the user-space verbs fabric only (as port-cut, with
- * NCCL_IB_RESILIENCY_PORT_FAILOVER=1 in both processes): the same cut of port 1 after
- * FAULTS_CUT_AT (default 20) verified messages, and the stream goes on over port 2: every one of
- * FAULTS_MESSAGES (default 100) 1 MiB messages must arrive byte-exact and in order (each carries
- * its own pattern; the receiver poisons its buffer before each receive), no call may fail, and
- * the longest transfer (the one the failover held up) is reported. */
-static int scenario_port_failover(const char* lib) {
+ * NCCL_IB_RESILIENCY_PORT_FAILOVER=1 in both processes): FAULTS_MESSAGES (default 100) messages
+ * of 8 B to 4 MiB, FAILOVER_WINDOW in flight (as NCCL keeps several steps posted), and after
+ * FAULTS_CUT_AT (default 20) verified ones the receiver cuts port 1 in both processes. The stream
+ * goes on over port 2: every message must arrive byte-exact (each carries its own pattern; the
+ * receiver poisons each buffer before posting it) and in order, with its size, and no call may
+ * fail; the longest wait for one completion (the failover's) is reported. With `both`, port 2 is
+ * cut too FAULTS_CUT_AT messages later: then both sides must fail with an error within
+ * 2 x the retry time + 5 s of the last completed message (failover exhausted, no port left). */
+static int scenario_port_failover(const char* lib, int both) {
   if (!getenv("RIVET_FABRIC_CTL") || !getenv("FAULTS_FUSE")) {
     h_fail("port-failover needs RIVET_FABRIC_CTL and FAULTS_FUSE");
     return 1;
@@ -1128,35 +1137,96 @@ static int scenario_port_failover(const char* lib) {
   const char* m = getenv("FAULTS_MESSAGES");
   const char* c = getenv("FAULTS_CUT_AT");
   int total = m ? atoi(m) : 100, cut_at = c ? atoi(c) : 20;
+  if (both && total < 2 * cut_at + 10) total = 2 * cut_at + 10;
   struct pair p;
   if (!make_pair(lib, 1, &p)) return 1;
   int receiver = strcmp(h_role, "receiver") == 0;
   if (!warm_up(&p, receiver, 3)) return 1;
-  double worst = 0, t_start = h_now();
-  int i = 0;
-  for (; i < total; i++) {
-    if (receiver) memset(p.buf, 0xEE, MSG);
-    else fill_words(p.buf, MSG, 1000 + i);
-    double t0 = h_now();
-    int done = 0;
-    nccl_result r = transfer_once(&p, receiver, 60, &done);
-    if (r != NCCL_OK || !done) {
-      h_fail("port failover: message %d of %d: %s (result %d): %s", i, total, done ? "done" : "not done", r,
-             h_last_warn);
-      break;
-    }
-    if (receiver && !words_match(p.buf, MSG, 1000 + i)) {
-      h_fail("port failover: message %d of %d arrived with the wrong bytes", i, total);
-      break;
-    }
-    if (h_now() - t0 > worst) worst = h_now() - t0;
-    if (receiver && i + 1 == cut_at) cut_port(i + 1);
+  unsigned char* slots = malloc((size_t)FAILOVER_WINDOW * FAILOVER_SLOT);
+  void* mh = NULL;
+  if (!slots || h_net->reg_mr(p.comm, slots, (size_t)FAILOVER_WINDOW * FAILOVER_SLOT, PTR_HOST, &mh) != NCCL_OK) {
+    h_fail("port failover: registering %d x 4 MiB", FAILOVER_WINDOW);
+    return 1;
   }
-  if (i == total)
-    h_pass("port failover: %d messages byte-exact and in order across the cut of port 1 after %d, no call "
-           "failed; longest transfer %.2f s, all %.2f s (NCCL_IB_TIMEOUT=%s, NCCL_IB_RETRY_CNT=%s)",
-           total, cut_at, worst, h_now() - t_start, getenv("NCCL_IB_TIMEOUT") ?: "20",
-           getenv("NCCL_IB_RETRY_CNT") ?: "7");
+  void* reqs[FAILOVER_WINDOW] = {0};
+  int posted = 0, completed = 0;
+  double worst = 0, t_start = h_now(), last = h_now();
+  double bound = 2 * rdma_retry_s() + 5;
+  nccl_result r = NCCL_OK;
+  while (r == NCCL_OK && completed < total) {
+    /* Post up to the window. */
+    while (r == NCCL_OK && posted < total && posted - completed < FAILOVER_WINDOW) {
+      int k = posted % FAILOVER_WINDOW;
+      unsigned char* buf = slots + (size_t)k * FAILOVER_SLOT;
+      size_t n = FAILOVER_SIZES[posted % (sizeof FAILOVER_SIZES / sizeof FAILOVER_SIZES[0])];
+      void* req = NULL;
+      if (receiver) {
+        memset(buf, 0xEE, n);
+        void* data[1] = {buf};
+        size_t sizes[1] = {FAILOVER_SLOT};
+        int tags[1] = {1};
+        void* mhs[1] = {mh};
+        r = h_net->irecv(p.comm, 1, data, sizes, tags, mhs, NULL, &req);
+      } else {
+        h_fill(buf, n, 2000 + posted);
+        r = h_net->isend(p.comm, buf, n, 1, mh, NULL, &req);
+      }
+      if (r != NCCL_OK || !req) break;
+      reqs[k] = req;
+      posted++;
+    }
+    if (r != NCCL_OK) break;
+    /* Test the oldest. */
+    int k = completed % FAILOVER_WINDOW, done = 0, size = -1;
+    if (!reqs[k]) continue;
+    r = h_net->test(reqs[k], &done, &size);
+    if (r != NCCL_OK) break;
+    if (!done) {
+      if (h_now() - last > (both ? bound + 15 : 60)) break;
+      continue;
+    }
+    reqs[k] = NULL;
+    size_t n = FAILOVER_SIZES[completed % (sizeof FAILOVER_SIZES / sizeof FAILOVER_SIZES[0])];
+    if (receiver && ((size_t)size != n || !h_verify(slots + (size_t)k * FAILOVER_SLOT, n, 2000 + completed))) {
+      h_fail("port failover: message %d of %d (%zu B) arrived %s", completed, total, n,
+             (size_t)size != n ? "with the wrong size" : "with the wrong bytes");
+      r = NCCL_INTERNAL_ERROR;
+      break;
+    }
+    if (h_now() - last > worst) worst = h_now() - last;
+    last = h_now();
+    completed++;
+    if (receiver && completed == cut_at) cut_port(completed);
+    if (receiver && both && completed == 2 * cut_at) cut_port_2(completed);
+  }
+  if (both) {
+    double elapsed = h_now() - last;
+    if (r != NCCL_OK && elapsed <= bound && completed >= 2 * cut_at)
+      h_pass("port failover, both ports cut: error %d %.2f s after the last completed message (%d of them, "
+             "byte-exact; bound %.1f s): %s",
+             r, elapsed, completed, bound, h_last_warn);
+    else if (r != NCCL_OK)
+      h_fail("port failover, both ports cut: error %d after %.2f s, %d messages completed (bound %.1f s)", r,
+             elapsed, completed, bound);
+    else
+      h_fail("port failover, both ports cut: no error %.2f s after the last completed message", elapsed);
+  } else if (completed == total)
+    h_pass("port failover: %d messages of 8 B to 4 MiB, %d in flight, byte-exact and in order across the cut of "
+           "port 1 after %d, no call failed; longest wait %.2f s, all %.2f s (NCCL_IB_TIMEOUT=%s, "
+           "NCCL_IB_RETRY_CNT=%s, NCCL_IB_QPS_PER_CONNECTION=%s)",
+           total, FAILOVER_WINDOW, cut_at, worst, h_now() - t_start, getenv("NCCL_IB_TIMEOUT") ?: "20",
+           getenv("NCCL_IB_RETRY_CNT") ?: "7", getenv("NCCL_IB_QPS_PER_CONNECTION") ?: "1");
+  else
+    h_fail("port failover: %d of %d messages, then %s (result %d): %s", completed, total,
+           r != NCCL_OK ? "an error" : "nothing for 60 s", r, h_last_warn);
+  if (both) {
+    /* Closed on the error, as NCCL does. */
+    if (receiver) h_net->close_recv(p.comm);
+    else h_net->close_send(p.comm);
+    return end_pair(&p, receiver);
+  }
+  h_net->dereg_mr(p.comm, mh);
+  free(slots);
   return end_pair(&p, receiver);
 }
 
@@ -1195,7 +1265,8 @@ int main(int argc, char** argv) {
   else if (!strcmp(s, "reload")) rc = scenario_reload(lib);
   else if (!strncmp(s, "cycles", 6)) rc = scenario_cycles(lib, s[6] == '=' ? atoi(s + 7) : 1000);
   else if (!strcmp(s, "port-cut")) rc = scenario_port_cut(lib);
-  else if (!strcmp(s, "port-failover")) rc = scenario_port_failover(lib);
+  else if (!strcmp(s, "port-failover")) rc = scenario_port_failover(lib, 0);
+  else if (!strcmp(s, "port-failover-both")) rc = scenario_port_failover(lib, 1);
   else {
     fprintf(stderr, "unknown scenario %s\n", s);
     return 2;

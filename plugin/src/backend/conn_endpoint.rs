@@ -7,6 +7,7 @@ use super::device::OpenPort;
 use super::endpoint::Role;
 use super::port_device::PortDevice;
 use crate::config::QpSettings;
+use rivet_core::data::multi::flow_label;
 use rivet_core::nic::Nic;
 use rivet_core::wire::EndpointInfo;
 use rivet_verbs_ffi::VerbsError;
@@ -27,6 +28,28 @@ pub(crate) trait ConnEndpoint: Nic + Debug + Send + Sized {
 
     /// Move the queue pair to RTR and RTS towards `remote`.
     fn connect(&self, remote: &EndpointInfo, settings: &QpSettings) -> Result<(), VerbsError>;
+
+    /// [`connect`](Self::connect) as one of `lanes` queue pairs of a connection towards the
+    /// peer's lane `remote`: with several, each gets its own GRH flow label (from the pair of QP
+    /// numbers), so RoCE ECMP spreads them over the paths; a one-lane connection keeps the
+    /// configured label.
+    fn connect_lane(
+        &self,
+        remote: &EndpointInfo,
+        settings: &QpSettings,
+        lanes: usize,
+    ) -> Result<(), String> {
+        let lane_settings = if lanes > 1 {
+            QpSettings {
+                flow_label: flow_label(self.qp_num(), remote.qpn),
+                ..*settings
+            }
+        } else {
+            *settings
+        };
+        self.connect(remote, &lane_settings)
+            .map_err(|e| e.to_string())
+    }
 
     /// The port this endpoint lives on.
     fn port(&self) -> &Arc<OpenPort<Self::Device>>;

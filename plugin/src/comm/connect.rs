@@ -12,7 +12,7 @@
 #![allow(unsafe_code)]
 
 use super::data::{self, DataComm, Side};
-use super::path::{Lanes, connect_lane};
+use super::path::Lanes;
 use crate::backend::DataEndpoint as Endpoint;
 use crate::backend::OpenPort;
 use crate::backend::conn_endpoint::ConnEndpoint;
@@ -211,7 +211,7 @@ fn bring_up(
         ));
     }
     for (endpoint, remote) in endpoints.iter().zip(remotes) {
-        connect_lane(endpoint, remote, settings, endpoints.len())?;
+        endpoint.connect_lane(remote, settings, endpoints.len())?;
     }
     Ok(())
 }
@@ -344,8 +344,7 @@ pub(crate) fn connect(
                 .ok_or_else(|| NetError::misuse("connect: fewer queue pairs than ports"))?;
             if failover {
                 multi.enable_failover();
-                lanes = super::failover::attach(
-                    lanes,
+                lanes = lanes.fail_over(
                     FailoverSide::Sender,
                     net::config()?.failover.max_attempts,
                     settings,

@@ -12,14 +12,12 @@
 //! requests with parts on it stay pending, so NCCL sees nothing but a pause. When the machine
 //! gives up, the connection fails with the first error, exactly as without failover.
 
-use super::path::{Lanes, Nics};
 use crate::backend::DataEndpoint as Endpoint;
 use crate::backend::OpenPort;
 use crate::backend::conn_endpoint::ConnEndpoint;
 use crate::backend::endpoint::Role;
 use crate::clock;
 use crate::config::QpSettings;
-use crate::error::{NetError, NetResult};
 use crate::log::{INIT_NET, info, warn};
 use rivet_core::data::DataError;
 use rivet_core::data::failover::report::REPORT_LEN;
@@ -290,9 +288,7 @@ impl FailoverDriver {
                 };
                 let connected = EndpointInfo::decode(peer_qp.as_bytes())
                     .map_err(|e| format!("the peer's queue pair info: {e}"))
-                    .and_then(|remote| {
-                        super::path::connect_lane(&nic.nic, &remote, &self.settings, lane_count)
-                    });
+                    .and_then(|remote| nic.nic.connect_lane(&remote, &self.settings, lane_count));
                 if let Err(e) = connected {
                     warn!("port failover: connecting lane {lane}'s new queue pair failed: {e}");
                     return self.local_error(lane, "connecting the new queue pair failed");
@@ -417,39 +413,6 @@ impl FailoverDriver {
             }
         }
     }
-}
-
-/// `lanes` of a connection both ends agreed to fail over (at connect): armed, with a driver.
-/// The handshake socket carries the reports from now on, without blocking.
-pub(crate) fn attach(
-    lanes: Lanes,
-    side: Side,
-    max_attempts: u32,
-    settings: QpSettings,
-    peer: &str,
-    socket: &TcpStream,
-) -> NetResult<Lanes> {
-    socket.set_nonblocking(true).map_err(|e| {
-        NetError::system(format!(
-            "port failover: the handshake socket with {peer} cannot be made non-blocking: {e}"
-        ))
-    })?;
-    let ports = Nics::ports(&lanes);
-    let count = lanes.count();
-    let role = match side {
-        Side::Sender => Role::Sender,
-        Side::Receiver => Role::Receiver,
-    };
-    let driver = FailoverDriver::new(
-        side,
-        ports,
-        count,
-        max_attempts,
-        role,
-        settings,
-        peer.to_owned(),
-    );
-    Ok(lanes.with_failover(driver))
 }
 
 /// An action as the INFO line names it (without the report's bytes).

@@ -14,7 +14,7 @@
 
 use super::data::{self, DataComm, Side};
 use super::flush::GpuFlush;
-use super::path::{Lanes, connect_lane};
+use super::path::Lanes;
 use crate::backend::DataEndpoint as Endpoint;
 use crate::backend::OpenPort;
 use crate::backend::conn_endpoint::ConnEndpoint;
@@ -255,7 +255,7 @@ fn bring_up(
     for (i, remote) in remotes.iter().enumerate() {
         let port = &ports[i % ports.len()];
         let endpoint = Endpoint::new(port, role).map_err(|e| e.to_string())?;
-        connect_lane(&endpoint, remote, settings, remotes.len())?;
+        endpoint.connect_lane(remote, settings, remotes.len())?;
         endpoints.push(endpoint);
     }
     Ok(endpoints)
@@ -444,8 +444,7 @@ pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
                     .ok_or_else(|| NetError::misuse("accept: fewer queue pairs than ports"))?;
                 if failover {
                     multi.enable_failover();
-                    lanes = super::failover::attach(
-                        lanes,
+                    lanes = lanes.fail_over(
                         FailoverSide::Receiver,
                         comm.config.failover.max_attempts,
                         comm.settings,

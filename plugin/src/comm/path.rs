@@ -9,15 +9,15 @@ use crate::backend::DataEndpoint as Endpoint;
 use super::failover::FailoverDriver;
 use crate::backend::OpenPort;
 use crate::backend::conn_endpoint;
+use crate::backend::endpoint::Role;
 use crate::config::QpSettings;
-use rivet_core::data::failover::{Guarded, Tripwire};
-use rivet_core::data::multi::flow_label;
+use crate::error::{NetError, NetResult};
+use rivet_core::data::failover::{Guarded, Role as FailoverSide, Tripwire};
 use rivet_core::data::multi::{MultiRecv, MultiSend};
 use rivet_core::data::{
     Connection, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn, SizesOut,
 };
 use rivet_core::nic::Nic;
-use rivet_core::wire::EndpointInfo;
 use std::fmt::Debug;
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -86,19 +86,40 @@ impl Lanes {
         })
     }
 
-    /// Fail over among the ports (negotiated at connect): the tripwires are armed and `driver`
-    /// runs after every data-path call.
-    pub(crate) fn with_failover(mut self, driver: FailoverDriver) -> Self {
+    /// Fail over among the ports (both ends agreed at connect): the tripwires are armed and a
+    /// [`FailoverDriver`] runs after every data-path call, its reports over the handshake
+    /// `socket` (from now on without blocking).
+    pub(crate) fn fail_over(
+        mut self,
+        side: FailoverSide,
+        max_attempts: u32,
+        settings: QpSettings,
+        peer: &str,
+        socket: &TcpStream,
+    ) -> NetResult<Self> {
+        socket.set_nonblocking(true).map_err(|e| {
+            NetError::system(format!(
+                "port failover: the handshake socket with {peer} cannot be made non-blocking: {e}"
+            ))
+        })?;
+        let role = match side {
+            FailoverSide::Sender => Role::Sender,
+            FailoverSide::Receiver => Role::Receiver,
+        };
+        let driver = FailoverDriver::new(
+            side,
+            self.ports(),
+            self.lanes.len(),
+            max_attempts,
+            role,
+            settings,
+            peer.to_owned(),
+        );
         for lane in &mut self.lanes {
             lane.trip = Tripwire::new(true);
         }
         self.failover = Some(Box::new(driver));
-        self
-    }
-
-    /// How many lanes.
-    pub(crate) fn count(&self) -> usize {
-        self.lanes.len()
+        Ok(self)
     }
 
     fn first(&self) -> &Endpoint {
@@ -129,27 +150,6 @@ impl Nics for Lanes {
             .map(|e| Arc::clone(e.nic.port()))
             .collect()
     }
-}
-
-/// Move one lane's queue pair to RTR and RTS towards the peer's lane `remote`. In a connection of
-/// several lanes each gets its own GRH flow label (from the pair of QP numbers), so RoCE ECMP
-/// spreads them over the paths; a one-lane connection keeps the configured label.
-pub(crate) fn connect_lane(
-    endpoint: &Endpoint,
-    remote: &EndpointInfo,
-    settings: &QpSettings,
-    lanes: usize,
-) -> Result<(), String> {
-    let lane_settings = if lanes > 1 {
-        QpSettings {
-            flow_label: flow_label(endpoint.qp_num(), remote.qpn),
-            ..*settings
-        }
-    } else {
-        *settings
-    };
-    conn_endpoint::ConnEndpoint::connect(endpoint, remote, &lane_settings)
-        .map_err(|e| e.to_string())
 }
 
 /// What both directions of a connection do, over their [`Nics`].
