@@ -139,6 +139,13 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  /* PINGPONG_FUSE=0,1: over a device fused from those (a multi-lane connection, as a fused
+   * device's always is; with NCCL_IB_RESILIENCY_PORT_FAILOVER=1 it fails over). */
+  const char* fuse = getenv("PINGPONG_FUSE");
+  if (fuse && (h_dev = h_fuse(h_net, fuse)) < 0) {
+    h_fail("fusing %s", fuse);
+    return 1;
+  }
   void *a_send, *b_recv, *b_send, *a_recv;
   if (!h_self_connect(ctx, &a_send, &b_recv, 30) || !h_self_connect(ctx, &b_send, &a_recv, 30)) {
     h_fail("connections not made within 30 s");

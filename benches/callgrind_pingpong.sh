@@ -17,6 +17,8 @@
 #                                                  that returns no event handle, non-NULL pHandles
 #   PROFILER=1                                     a profiler that returns event handles
 #   PROFILER=0                                     no callback, NULL pHandles (NCCL never does this)
+#   PINGPONG_FUSE=0,1                              over a device fused from those ports (multi-lane;
+#                                                  with FABRIC=1 set RIVET_FABRIC_PORTS=2)
 #   FABRIC=1                                       no VM: over the user-space verbs fabric (fabric/);
 #                                                  the plugin's count is the same, the provider's not
 set -euo pipefail

@@ -1196,8 +1196,16 @@ static int scenario_port_failover(const char* lib, int both) {
     if (h_now() - last > worst) worst = h_now() - last;
     last = h_now();
     completed++;
-    if (receiver && completed == cut_at) cut_port(completed);
-    if (receiver && both && completed == 2 * cut_at) cut_port_2(completed);
+    /* The fabric takes a control-file line within 50 ms: wait for it, so the cut lands while
+     * messages remain (a stream that ends first would never meet it). */
+    if (receiver && completed == cut_at) {
+      cut_port(completed);
+      usleep(120000);
+    }
+    if (receiver && both && completed == 2 * cut_at) {
+      cut_port_2(completed);
+      usleep(120000);
+    }
   }
   if (both) {
     double elapsed = h_now() - last;

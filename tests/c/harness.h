@@ -176,10 +176,10 @@ static inline int h_self_connect(void* ctx, void** send, void** recv, double lim
   char handle[NET_HANDLE_MAXSIZE];
   void* listen_comm = NULL;
   *send = *recv = NULL;
-  if (h_net->listen(ctx, 0, handle, &listen_comm) != NCCL_OK) return 0;
+  if (h_net->listen(ctx, h_dev, handle, &listen_comm) != NCCL_OK) return 0;
   double start = h_now();
   while ((!*send || !*recv) && h_now() - start < limit) {
-    if (!*send && h_net->connect(ctx, 0, handle, send, NULL) != NCCL_OK) break;
+    if (!*send && h_net->connect(ctx, h_dev, handle, send, NULL) != NCCL_OK) break;
     if (!*recv && h_net->accept(listen_comm, recv, NULL) != NCCL_OK) break;
   }
   h_net->close_listen(listen_comm);
