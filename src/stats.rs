@@ -50,12 +50,40 @@ fn read_counters(dir: &Path) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// `rivet info --stats`: the counters of every device discovery lists, or why there is none.
+/// `rivet info --stats`: the counters of every device discovery lists, or why there is none,
+/// then what the processes using Rivet published (port failover).
 pub(crate) fn report() -> String {
-    match list_devices(&Sysfs::system()) {
+    let mut s = match list_devices(&Sysfs::system()) {
         Ok(devices) => format(&read(&devices)),
         Err(why) => format!("no RDMA device: {why}\n"),
+    };
+    s += &format_published(&nccl_net_rivet::stats::read_published(None));
+    s
+}
+
+/// The port failover counts of processes using Rivet (published by the plugin: see
+/// `nccl_net_rivet::stats`).
+pub(crate) fn format_published(
+    published: &[(u32, nccl_net_rivet::stats::FailoverCounts)],
+) -> String {
+    if published.is_empty() {
+        return "port failover: no running process using Rivet has failed over \
+                (RIVET_STATS_DIR, default /dev/shm)\n"
+            .to_owned();
     }
+    let mut s = String::new();
+    for (pid, c) in published {
+        s += &format!(
+            "port failover, process {pid}: {} lane(s) failed over, {} receive(s) and {} work \
+             request(s) replayed, longest {} ms; gave up on {} connection(s)\n",
+            c.lanes_failed_over,
+            c.receives_replayed,
+            c.work_requests_replayed,
+            c.longest_ms,
+            c.gave_up
+        );
+    }
+    s
 }
 
 /// The counters of every port of `devices` (`ports/<p>/` in each device's sysfs directory).
@@ -109,6 +137,24 @@ pub(crate) fn format(ports: &[PortCounters]) -> String {
 mod tests {
     use super::*;
     use std::path::PathBuf;
+
+    #[test]
+    fn published_failover_counts_are_one_line_per_process() {
+        let counts = nccl_net_rivet::stats::FailoverCounts {
+            lanes_failed_over: 2,
+            receives_replayed: 5,
+            work_requests_replayed: 9,
+            longest_ms: 13,
+            gave_up: 0,
+        };
+        let text = format_published(&[(42, counts)]);
+        assert_eq!(
+            text,
+            "port failover, process 42: 2 lane(s) failed over, 5 receive(s) and 9 work request(s) \
+             replayed, longest 13 ms; gave up on 0 connection(s)\n"
+        );
+        assert!(format_published(&[]).starts_with("port failover: no running process"));
+    }
 
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("rivet-stats-{}-{name}", std::process::id()));

@@ -457,6 +457,7 @@ fn port_failover_run(scenario: &str, cut_at: u32, extra: &[(&str, &str)]) -> Str
         .env("FAULTS_FUSE", "0,1")
         .env("FAULTS_CUT_AT", cut_at.to_string())
         .env("NCCL_IB_RESILIENCY_PORT_FAILOVER", "1")
+        .env("RIVET_STATS_DIR", &dir)
         .env("NCCL_IB_TIMEOUT", "14")
         .env("NCCL_IB_RETRY_CNT", "2");
     for (k, v) in extra {
@@ -510,6 +511,11 @@ fn a_cut_port_of_a_fused_device_fails_over_and_the_stream_goes_on() {
         assert!(
             stderr.contains("port failover: lane"),
             "trial {trial}: the failover's WARN line (lane moved, replayed, time taken)"
+        );
+        assert_eq!(
+            stderr.matches("published for rivet info --stats").count(),
+            2,
+            "trial {trial}: both processes publish their failover counts"
         );
     }
 }

@@ -15,13 +15,13 @@
 //! `#![allow(unsafe_code)]` and say why at the top (`plugin/tests/unsafe_docs.rs` checks that,
 //! and that every `unsafe fn` has a `# Safety` section).
 //!
-//! Public for the `rivet` command: [`devices`], [`diag`] and [`version`] (a safe Rust API), [`sys`] and
+//! Public for the `rivet` command: [`devices`], [`diag`], [`stats`] and [`version`] (a safe Rust API), [`sys`] and
 //! [`abi`] (the C view, for what must go through the exported tables).
 //!
 //! | layer | modules | what |
 //! |---|---|---|
 //! | 0 | `sys` | C mirrors of NCCL's ABI: result codes, property structs, callbacks, function-table layouts |
-//! | 1 | `error`, `clock`, `random`, `log`, `version`, `profiler` | typed errors with their `ncclResult_t`, time, randomness, NCCL's logger, what this build is, NCCL profiler events (kept with their comm) |
+//! | 1 | `error`, `clock`, `random`, `log`, `version`, `profiler`, `stats` | typed errors with their `ncclResult_t`, time, randomness, NCCL's logger, what this build is, NCCL profiler events (kept with their comm), process-wide counters published for `rivet info --stats` |
 //! | 2 | `handle` | the one typed handle layer: every object NCCL holds as `void*` is looked up here |
 //! | 3 | `oob` | the out-of-band TCP socket of the handshake |
 //! | 4 | `config`, `diag` | settings from the environment; the CLI's view of them |
@@ -54,6 +54,7 @@ mod profiler;
 mod random;
 #[cfg(feature = "rma")]
 mod rma;
+pub mod stats;
 pub mod sys;
 pub mod version;
 

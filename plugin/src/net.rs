@@ -214,6 +214,7 @@ fn release() {
     if let Some(g) = global.as_mut() {
         g.users = g.users.saturating_sub(1);
         if g.users == 0 {
+            crate::stats::unpublish();
             *global = None;
             device::set_retry_settings(None);
         }

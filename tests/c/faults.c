@@ -1227,6 +1227,21 @@ static int scenario_port_failover(const char* lib, int both) {
   else
     h_fail("port failover: %d of %d messages, then %s (result %d): %s", completed, total,
            r != NCCL_OK ? "an error" : "nothing for 60 s", r, h_last_warn);
+  /* What the plugin published for `rivet info --stats` (RIVET_STATS_DIR), read before finalize
+   * removes it. */
+  const char* stats_dir = getenv("RIVET_STATS_DIR");
+  if (stats_dir && !both && completed == total) {
+    char path[512], text[512] = {0};
+    snprintf(path, sizeof path, "%s/rivet-stats.%d", stats_dir, (int)getpid());
+    FILE* f = fopen(path, "r");
+    size_t got = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f) fclose(f);
+    unsigned long lanes = 0;
+    const char* at = got ? strstr(text, "lanes_failed_over ") : NULL;
+    if (at) lanes = strtoul(at + strlen("lanes_failed_over "), NULL, 10);
+    if (lanes >= 1) h_pass("port failover: published for rivet info --stats: %lu lane(s) failed over", lanes);
+    else h_fail("port failover: nothing published in %s", path);
+  }
   if (both) {
     /* Closed on the error, as NCCL does. */
     if (receiver) h_net->close_recv(p.comm);

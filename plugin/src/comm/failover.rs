@@ -22,8 +22,8 @@ use crate::log::{INIT_NET, info, warn};
 use rivet_core::data::DataError;
 use rivet_core::data::failover::report::REPORT_LEN;
 use rivet_core::data::failover::{
-    Action, Failover, FailoverConfig, FailoverError, Guarded, Plan, QpInfo, Replayed, ReportBody,
-    Role as Side,
+    Action, Failover, FailoverConfig, FailoverError, FailoverStats, Guarded, Plan, QpInfo,
+    Replayed, ReportBody, Role as Side,
 };
 use rivet_core::data::multi::{MultiRecv, MultiSend};
 use rivet_core::nic::WcStatus;
@@ -117,6 +117,8 @@ pub(crate) struct FailoverDriver {
     lane0_moved: bool,
     /// A failover is under way (or a report half read or written): every call runs the machine.
     busy: bool,
+    /// The machine's statistics as last published (`crate::stats` takes the differences).
+    published: FailoverStats,
     /// Data-path calls since the socket was last read while nothing was under way.
     calls: u32,
 }
@@ -172,6 +174,7 @@ impl FailoverDriver {
             quiescing: Vec::new(),
             lane0_moved: false,
             busy: false,
+            published: FailoverStats::default(),
             calls: 0,
         }
     }
@@ -331,6 +334,13 @@ impl FailoverDriver {
             }
             Action::Resume { lane } => {
                 conn.resume_lane(lane);
+                let now_stats = self.machine.stats();
+                let before = std::mem::replace(&mut self.published, now_stats);
+                crate::stats::lane_failed_over(
+                    now_stats.receives_replayed - before.receives_replayed,
+                    now_stats.work_requests_replayed - before.work_requests_replayed,
+                    now_stats.max_time.as_nanos() / 1_000_000,
+                );
                 let from = self.from_port.get(usize::from(lane)).copied().unwrap_or(0);
                 let to = self.machine.lane_port(lane).unwrap_or(0);
                 let name = |p: u8| {
@@ -349,6 +359,7 @@ impl FailoverDriver {
                 );
             }
             Action::GiveUp { cause, reason } => {
+                crate::stats::gave_up();
                 warn!(
                     "port failover: the connection with {} fails: {reason} (cause: {cause})",
                     self.peer
