@@ -119,7 +119,7 @@ impl FailoverSettings {
     /// Whether a connection over `ports` ports asks for (or agrees to) failover: on, and a port
     /// to fail over to.
     pub(crate) fn wanted(&self, ports: usize) -> bool {
-        self.on && ports > 1
+        cfg!(feature = "failover") && self.on && ports > 1
     }
 }
 

@@ -8,6 +8,9 @@
 //! context is finalized; `rivet info --stats` ([`read_published`]) skips the files of processes
 //! that are gone. Nothing is published (and nothing fails) when the directory is not writable.
 
+// Without the `failover` feature nothing records (the reading side, for `rivet`, stays).
+#![cfg_attr(not(feature = "failover"), allow(dead_code))]
+
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

@@ -14,7 +14,7 @@ use super::pair::{qp_configs, recv_buf, send_buf};
 use super::suite::pattern;
 use super::{EndpointId, Fabric, SimNic};
 use crate::data::failover::{
-    Action, Failover, FailoverConfig, FailoverError, Guarded, QpInfo, Report, ReportBody, Role,
+    Action, Failover, FailoverConfig, FailoverError, Guarded, QpInfo, Report, Role,
 };
 use crate::data::multi::{MultiRecv, MultiSend};
 use crate::data::{
@@ -377,17 +377,7 @@ impl MultiFailoverPair {
         let number = self.reports;
         self.reports += 1;
         if let Some(t) = self.tamper.filter(|t| t.report == number) {
-            match &mut r.body {
-                ReportBody::Sender(s) => {
-                    s.ended = s.ended.wrapping_add(t.a);
-                    s.acked = s.acked.wrapping_add(t.b);
-                }
-                ReportBody::Receiver(s) => {
-                    s.oldest = s.oldest.wrapping_add(t.a);
-                    s.announced = s.announced.wrapping_add(t.b);
-                }
-                ReportBody::Refusal(_) => {}
-            }
+            t.apply(&mut r);
         }
         r
     }

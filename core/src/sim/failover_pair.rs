@@ -106,6 +106,23 @@ pub struct Tamper {
     pub b: u32,
 }
 
+impl Tamper {
+    /// Rewrite report `r`'s two numbers.
+    pub(super) fn apply(&self, r: &mut Report) {
+        match &mut r.body {
+            ReportBody::Sender(s) => {
+                s.ended = s.ended.wrapping_add(self.a);
+                s.acked = s.acked.wrapping_add(self.b);
+            }
+            ReportBody::Receiver(s) => {
+                s.oldest = s.oldest.wrapping_add(self.a);
+                s.announced = s.announced.wrapping_add(self.b);
+            }
+            ReportBody::Refusal(_) => {}
+        }
+    }
+}
+
 impl FailoverPair {
     /// `lanes` lanes (at least 1) with the given configurations of the two ends (their
     /// `lane_ports` must have `lanes` entries), queue pairs allowing `max_inline` inline bytes.
@@ -433,17 +450,7 @@ impl FailoverPair {
         let number = self.reports;
         self.reports += 1;
         if let Some(t) = self.tamper.filter(|t| t.report == number) {
-            match &mut r.body {
-                ReportBody::Sender(s) => {
-                    s.ended = s.ended.wrapping_add(t.a);
-                    s.acked = s.acked.wrapping_add(t.b);
-                }
-                ReportBody::Receiver(s) => {
-                    s.oldest = s.oldest.wrapping_add(t.a);
-                    s.announced = s.announced.wrapping_add(t.b);
-                }
-                ReportBody::Refusal(_) => {}
-            }
+            t.apply(&mut r);
         }
         r
     }

@@ -7,6 +7,7 @@ use super::device::OpenPort;
 use super::endpoint::Role;
 use super::port_device::PortDevice;
 use crate::config::QpSettings;
+use rivet_core::data::failover::Guarded;
 use rivet_core::data::multi::flow_label;
 use rivet_core::nic::Nic;
 use rivet_core::wire::EndpointInfo;
@@ -62,10 +63,54 @@ pub(crate) trait ConnEndpoint: Nic + Debug + Send + Sized {
 
     /// Port failover: move the queue pair to the error state, so nothing more lands through it
     /// and everything posted on it flushes.
+    #[cfg_attr(not(feature = "failover"), allow(dead_code))]
     fn fail_queue_pair(&self) -> Result<(), VerbsError>;
 
     /// Port failover: a new queue pair (at INIT) on `port`, another port of the same protection
     /// domain, in place of the failed one; the control regions and their keys stay.
+    #[cfg_attr(not(feature = "failover"), allow(dead_code))]
     fn move_to(&mut self, port: &Arc<OpenPort<Self::Device>>, role: Role)
     -> Result<(), VerbsError>;
+}
+
+/// An endpoint behind the core's failover tripwire is the endpoint (every call forwarded; a new
+/// one's tripwire unarmed).
+impl<E: ConnEndpoint> ConnEndpoint for Guarded<E> {
+    type Device = E::Device;
+
+    fn new(port: &Arc<OpenPort<Self::Device>>, role: Role) -> Result<Self, VerbsError> {
+        E::new(port, role).map(|e| Self::new(e, false))
+    }
+
+    fn local_info(&self, settings: &QpSettings) -> EndpointInfo {
+        self.nic.local_info(settings)
+    }
+
+    fn connect(&self, remote: &EndpointInfo, settings: &QpSettings) -> Result<(), VerbsError> {
+        self.nic.connect(remote, settings)
+    }
+
+    fn port(&self) -> &Arc<OpenPort<Self::Device>> {
+        self.nic.port()
+    }
+
+    fn qp_num(&self) -> u32 {
+        self.nic.qp_num()
+    }
+
+    fn cq_addr(&self) -> usize {
+        self.nic.cq_addr()
+    }
+
+    fn fail_queue_pair(&self) -> Result<(), VerbsError> {
+        self.nic.fail_queue_pair()
+    }
+
+    fn move_to(
+        &mut self,
+        port: &Arc<OpenPort<Self::Device>>,
+        role: Role,
+    ) -> Result<(), VerbsError> {
+        self.nic.move_to(port, role)
+    }
 }

@@ -221,6 +221,7 @@ impl<D: PortDevice> OpenPort<D> {
 
     /// Whether `other` shares this port's protection domain (two ports of one device): keys of
     /// one are valid on queue pairs of the other, so a queue pair may move between them.
+    #[cfg_attr(not(feature = "failover"), allow(dead_code))]
     pub(crate) fn same_domain(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.device.verbs().pd, &other.device.verbs().pd)
     }
@@ -228,6 +229,7 @@ impl<D: PortDevice> OpenPort<D> {
     /// Whether the port's link is up now (`ibv_query_port`: ACTIVE); `None` when the query
     /// fails. Port failover asks it of a lane whose work was flushed: a flush is the port's
     /// doing only while the port is down.
+    #[cfg_attr(not(feature = "failover"), allow(dead_code))]
     pub(crate) fn link_active(&self) -> Option<bool> {
         use rivet_verbs_ffi::sys::port_state;
         let attr = self

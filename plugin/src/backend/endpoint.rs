@@ -180,6 +180,7 @@ impl<D: PortDevice> Endpoint<D> {
 
     /// Port failover (issue #39): move the queue pair to the error state (nothing more lands
     /// through it; what is posted flushes).
+    #[cfg_attr(not(feature = "failover"), allow(dead_code))]
     pub(crate) fn fail_queue_pair(&self) -> Result<(), VerbsError> {
         self.qp.modify_to_error()
     }
@@ -190,6 +191,7 @@ impl<D: PortDevice> Endpoint<D> {
     /// and keys: `port` must be a port of this endpoint's protection domain (another port of the
     /// same device: [`OpenPort::same_domain`]), where every key both ends hold stays valid.
     /// `role` is the endpoint's, as at creation.
+    #[cfg_attr(not(feature = "failover"), allow(dead_code))]
     pub(crate) fn move_to(
         &mut self,
         port: &Arc<OpenPort<D>>,
@@ -861,6 +863,7 @@ pub(crate) mod any {
 
     /// The mlx5 direct path's queue pairs are not failed over (not built: the model has no
     /// second port); its connections fail as without failover.
+    #[cfg_attr(not(feature = "failover"), allow(dead_code))]
     const MLX5_NO_FAILOVER: VerbsError = VerbsError::InvalidArgument {
         what: "port failover on the mlx5 direct path",
     };

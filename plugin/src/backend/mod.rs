@@ -21,13 +21,20 @@ pub(crate) mod rma_lane;
 #[cfg(test)]
 pub(crate) mod sim;
 
-/// The endpoint every connection drives: [`endpoint::any::AnyEndpoint`] (mlx5 direct or libibverbs).
-#[cfg(not(test))]
+/// The endpoint every connection drives: [`endpoint::any::AnyEndpoint`] (mlx5 direct or
+/// libibverbs) behind the core's failover tripwire (`rivet_core::data::failover::Guarded`:
+/// unarmed, one branch per poll; armed on the lanes of a connection that fails over). One type
+/// for every connection, so the core's data path is compiled once for it (a second type for the
+/// lanes of fused connections doubled it: 130 KB of the library).
+#[cfg(all(not(test), feature = "failover"))]
+pub(crate) type DataEndpoint = rivet_core::data::failover::Guarded<endpoint::any::AnyEndpoint>;
+/// Without port failover (the minimal build) no tripwire is ever armed: the endpoint itself.
+#[cfg(all(not(test), not(feature = "failover")))]
 pub(crate) type DataEndpoint = endpoint::any::AnyEndpoint;
 /// The endpoint every connection drives: in the unit tests, the library's on a verbs port and
 /// the simulated one on the simulated port.
 #[cfg(test)]
-pub(crate) type DataEndpoint = sim::TestEndpoint;
+pub(crate) type DataEndpoint = rivet_core::data::failover::Guarded<sim::TestEndpoint>;
 
 /// An opened port, on the device [`DataEndpoint`] runs on.
 pub(crate) type OpenPort = device::OpenPort<<DataEndpoint as conn_endpoint::ConnEndpoint>::Device>;

@@ -27,6 +27,7 @@ use crate::net::{self, NetContext};
 use crate::oob::{pump, socket};
 use core::ffi::c_int;
 use rivet_core::data::SendConn;
+#[cfg(feature = "failover")]
 use rivet_core::data::failover::Role as FailoverSide;
 use rivet_core::data::multi::MultiSend;
 use rivet_core::handshake::{Connector, ConnectorEvent};
@@ -115,7 +116,7 @@ fn start(
     };
     let role = Role::of(false, eager_threshold > 0);
     let endpoints = (0..lanes.count())
-        .map(|i| Endpoint::new(&ports[i % ports.len()], role))
+        .map(|i| <Endpoint as ConnEndpoint>::new(&ports[i % ports.len()], role))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| {
             NetError::system(format!(
@@ -339,19 +340,27 @@ pub(crate) fn connect(
                 return data::insert(DataComm::Send(side)).map(Some);
             }
             let conns = remotes.iter().map(|r| SendConn::new(r.inbound)).collect();
-            let mut multi = MultiSend::with_width(conns, width, ar_threshold);
-            let mut lanes = Lanes::new(endpoints, devices)
+            let multi = MultiSend::with_width(conns, width, ar_threshold);
+            let lanes = Lanes::new(endpoints, devices)
                 .ok_or_else(|| NetError::misuse("connect: fewer queue pairs than ports"))?;
-            if failover {
+            #[cfg(feature = "failover")]
+            let (multi, lanes) = if failover {
+                let mut multi = multi;
                 multi.enable_failover();
-                lanes = lanes.fail_over(
+                let max_attempts = net::config()?.failover.max_attempts;
+                let lanes = lanes.fail_over(
                     FailoverSide::Sender,
-                    net::config()?.failover.max_attempts,
+                    max_attempts,
                     settings,
                     &peer,
                     &socket,
                 )?;
-            }
+                (multi, lanes)
+            } else {
+                (multi, lanes)
+            };
+            #[cfg(not(feature = "failover"))]
+            let _ = (failover, settings);
             data::insert(DataComm::SendMulti(Side::new(multi, lanes, socket, peer))).map(Some)
         }
         Err(e) => {

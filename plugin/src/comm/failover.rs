@@ -22,8 +22,8 @@ use crate::log::{INIT_NET, info, warn};
 use rivet_core::data::DataError;
 use rivet_core::data::failover::report::REPORT_LEN;
 use rivet_core::data::failover::{
-    Action, Failover, FailoverConfig, FailoverError, FailoverStats, Guarded, Plan, QpInfo,
-    Replayed, ReportBody, Role as Side,
+    Action, Failover, FailoverConfig, FailoverError, FailoverStats, Plan, QpInfo, Replayed,
+    ReportBody, Role as Side,
 };
 use rivet_core::data::multi::{MultiRecv, MultiSend};
 use rivet_core::nic::WcStatus;
@@ -41,14 +41,14 @@ pub(crate) trait FailoverLanes {
     /// Post on `lane` again (its failover ended).
     fn resume_lane(&mut self, lane: u8);
     /// Take what the lane's failed queue pair still reports; `Ok(true)` once nothing is left.
-    fn quiesce(&mut self, lane: u8, nic: &mut Guarded<Endpoint>) -> Result<bool, FailoverError>;
+    fn quiesce(&mut self, lane: u8, nic: &mut Endpoint) -> Result<bool, FailoverError>;
     /// The quiesced lane's state, for the report.
     fn snapshot(&self, lane: u8) -> Result<ReportBody, FailoverError>;
     /// Replay `plan` on the lane's new queue pair.
     fn replay(
         &mut self,
         lane: u8,
-        nic: &mut Guarded<Endpoint>,
+        nic: &mut Endpoint,
         plan: &Plan,
     ) -> Result<Replayed, FailoverError>;
     /// Fail the connection with `err` (every lane).
@@ -64,11 +64,7 @@ macro_rules! failover_lanes {
             fn resume_lane(&mut self, lane: u8) {
                 <$conn>::resume_lane(self, lane)
             }
-            fn quiesce(
-                &mut self,
-                lane: u8,
-                nic: &mut Guarded<Endpoint>,
-            ) -> Result<bool, FailoverError> {
+            fn quiesce(&mut self, lane: u8, nic: &mut Endpoint) -> Result<bool, FailoverError> {
                 <$conn>::failover_quiesce(self, lane, nic)
             }
             fn snapshot(&self, lane: u8) -> Result<ReportBody, FailoverError> {
@@ -77,7 +73,7 @@ macro_rules! failover_lanes {
             fn replay(
                 &mut self,
                 lane: u8,
-                nic: &mut Guarded<Endpoint>,
+                nic: &mut Endpoint,
                 plan: &Plan,
             ) -> Result<Replayed, FailoverError> {
                 <$conn>::failover_replay(self, lane, nic, plan)
@@ -190,7 +186,7 @@ impl FailoverDriver {
     pub(crate) fn drive<C: FailoverLanes>(
         &mut self,
         conn: &mut C,
-        lanes: &mut [Guarded<Endpoint>],
+        lanes: &mut [Endpoint],
         socket: &TcpStream,
     ) {
         // The common case, nothing under way: an increment and two branches. A lane's failure
@@ -207,7 +203,7 @@ impl FailoverDriver {
     fn drive_now<C: FailoverLanes>(
         &mut self,
         conn: &mut C,
-        lanes: &mut [Guarded<Endpoint>],
+        lanes: &mut [Endpoint],
         socket: &TcpStream,
     ) {
         let now = clock::now();
@@ -246,7 +242,7 @@ impl FailoverDriver {
         &mut self,
         action: Action,
         conn: &mut C,
-        lanes: &mut [Guarded<Endpoint>],
+        lanes: &mut [Endpoint],
         now: Instant,
     ) {
         let lane_count = lanes.len();
@@ -265,7 +261,7 @@ impl FailoverDriver {
                 };
                 // Already in error after a retry exhaustion; a peer-started failover finds it
                 // healthy. Either way nothing more lands through it from here on.
-                if let Err(e) = nic.nic.fail_queue_pair() {
+                if let Err(e) = nic.fail_queue_pair() {
                     warn!(
                         "port failover: moving lane {lane}'s queue pair to the error state failed: {e}"
                     );
@@ -278,11 +274,10 @@ impl FailoverDriver {
                     self.ports.get(usize::from(port)),
                 ) {
                     (Some(nic), Some(port)) => nic
-                        .nic
                         .move_to(port, self.role)
                         .map(|()| {
                             nic.trip = rivet_core::data::failover::Tripwire::new(true);
-                            nic.nic.local_info(&self.settings)
+                            nic.local_info(&self.settings)
                         })
                         .map_err(|e| e.to_string()),
                     _ => Err(format!("no lane {lane} or port {port}")),
@@ -324,7 +319,7 @@ impl FailoverDriver {
                 };
                 let connected = EndpointInfo::decode(peer_qp.as_bytes())
                     .map_err(|e| format!("the peer's queue pair info: {e}"))
-                    .and_then(|remote| nic.nic.connect_lane(&remote, &self.settings, lane_count));
+                    .and_then(|remote| nic.connect_lane(&remote, &self.settings, lane_count));
                 if let Err(e) = connected {
                     warn!("port failover: connecting lane {lane}'s new queue pair failed: {e}");
                     return self.local_error(lane, "connecting the new queue pair failed");
@@ -370,7 +365,7 @@ impl FailoverDriver {
     }
 
     /// Run the quiesce of every lane being quiesced; hand the machine those that finished.
-    fn quiesce_pending<C: FailoverLanes>(&mut self, conn: &mut C, lanes: &mut [Guarded<Endpoint>]) {
+    fn quiesce_pending<C: FailoverLanes>(&mut self, conn: &mut C, lanes: &mut [Endpoint]) {
         let mut i = 0;
         while i < self.quiescing.len() {
             let lane = self.quiescing[i];

@@ -31,6 +31,7 @@ use crate::net::{self, NetContext};
 use crate::oob::{iface, pump, socket};
 use core::ffi::c_int;
 use rivet_core::data::RecvConn;
+#[cfg(feature = "failover")]
 use rivet_core::data::failover::Role as FailoverSide;
 use rivet_core::data::multi::MultiRecv;
 use rivet_core::handshake::{Acceptor, AcceptorEvent};
@@ -254,7 +255,7 @@ fn bring_up(
     let role = Role::of(true, eager && remotes.len() == 1);
     for (i, remote) in remotes.iter().enumerate() {
         let port = &ports[i % ports.len()];
-        let endpoint = Endpoint::new(port, role).map_err(|e| e.to_string())?;
+        let endpoint = <Endpoint as ConnEndpoint>::new(port, role).map_err(|e| e.to_string())?;
         endpoint.connect_lane(remote, settings, remotes.len())?;
         endpoints.push(endpoint);
     }
@@ -438,20 +439,27 @@ pub(crate) fn accept(listen: Ptr) -> NetResult<Option<Ptr>> {
                     return data::insert(DataComm::Recv(comm.with_flush(side)?)).map(Some);
                 }
                 let conns = remotes.iter().map(|r| RecvConn::new(r.inbound)).collect();
-                let mut multi = MultiRecv::with_width(conns, width);
+                let multi = MultiRecv::with_width(conns, width);
                 let devices = done.ports.len().min(endpoints.len());
-                let mut lanes = Lanes::new(endpoints, devices)
+                let lanes = Lanes::new(endpoints, devices)
                     .ok_or_else(|| NetError::misuse("accept: fewer queue pairs than ports"))?;
-                if failover {
+                #[cfg(feature = "failover")]
+                let (multi, lanes) = if failover {
+                    let mut multi = multi;
                     multi.enable_failover();
-                    lanes = lanes.fail_over(
+                    let lanes = lanes.fail_over(
                         FailoverSide::Receiver,
                         comm.config.failover.max_attempts,
                         comm.settings,
                         &peer,
                         &done.socket,
                     )?;
-                }
+                    (multi, lanes)
+                } else {
+                    (multi, lanes)
+                };
+                #[cfg(not(feature = "failover"))]
+                let _ = failover;
                 let side = Side::new(multi, lanes, done.socket, peer);
                 return data::insert(DataComm::RecvMulti(comm.with_flush(side)?)).map(Some);
             }

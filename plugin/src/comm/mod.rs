@@ -18,6 +18,7 @@
 
 mod connect;
 mod data;
+#[cfg(feature = "failover")]
 mod failover;
 mod flush;
 mod listen;

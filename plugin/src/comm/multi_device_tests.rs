@@ -51,8 +51,10 @@ impl Rig {
         let (mut sends, mut recvs) = (Vec::new(), Vec::new());
         let (mut send_nics, mut recv_nics) = (Vec::new(), Vec::new());
         for _ in 0..policy.qps() {
-            let s = DataEndpoint::new(&port, Role::Sender).expect("sender endpoint");
-            let r = DataEndpoint::new(&port, Role::Receiver).expect("receiver endpoint");
+            let s =
+                <DataEndpoint as ConnEndpoint>::new(&port, Role::Sender).expect("sender endpoint");
+            let r = <DataEndpoint as ConnEndpoint>::new(&port, Role::Receiver)
+                .expect("receiver endpoint");
             let (s_info, r_info) = (s.local_info(&settings), r.local_info(&settings));
             // Each queue pair its own flow label (UDP source port on RoCE v2), both directions.
             let label = |local: u32, remote: u32| QpSettings {

@@ -6,13 +6,18 @@
 
 use crate::backend::DataEndpoint as Endpoint;
 // Only the module: `ConnEndpoint`'s methods share names with `Nics`'s, which this file calls.
+#[cfg(feature = "failover")]
 use super::failover::FailoverDriver;
 use crate::backend::OpenPort;
 use crate::backend::conn_endpoint;
+#[cfg(feature = "failover")]
 use crate::backend::endpoint::Role;
+#[cfg(feature = "failover")]
 use crate::config::QpSettings;
+#[cfg(feature = "failover")]
 use crate::error::{NetError, NetResult};
-use rivet_core::data::failover::{Guarded, Role as FailoverSide, Tripwire};
+#[cfg(feature = "failover")]
+use rivet_core::data::failover::{Role as FailoverSide, Tripwire};
 use rivet_core::data::multi::{MultiRecv, MultiSend};
 use rivet_core::data::{
     Connection, DataError, RecvBuf, RecvConn, RequestId, SendBuf, SendConn, SizesOut,
@@ -64,8 +69,9 @@ impl Nics for Endpoint {
 /// every completion reaches the core as it comes.
 #[derive(Debug)]
 pub(crate) struct Lanes {
-    lanes: Vec<Guarded<Endpoint>>,
+    lanes: Vec<Endpoint>,
     devices: usize,
+    #[cfg(feature = "failover")]
     failover: Option<Box<FailoverDriver>>,
 }
 
@@ -74,18 +80,14 @@ impl Lanes {
     /// that does not hold.
     pub(crate) fn new(endpoints: Vec<Endpoint>, devices: usize) -> Option<Self> {
         ((1..=8).contains(&devices) && devices <= endpoints.len()).then(|| Self {
-            lanes: endpoints
-                .into_iter()
-                .map(|nic| Guarded {
-                    nic,
-                    trip: Tripwire::new(false),
-                })
-                .collect(),
+            lanes: endpoints,
             devices,
+            #[cfg(feature = "failover")]
             failover: None,
         })
     }
 
+    #[cfg(feature = "failover")]
     /// Fail over among the ports (both ends agreed at connect): the tripwires are armed and a
     /// [`FailoverDriver`] runs after every data-path call, its reports over the handshake
     /// `socket` (from now on without blocking).
@@ -124,7 +126,7 @@ impl Lanes {
 
     fn first(&self) -> &Endpoint {
         // Never empty (checked in `new`).
-        &self.lanes[0].nic
+        &self.lanes[0]
     }
 }
 
@@ -147,7 +149,7 @@ impl Nics for Lanes {
     fn ports(&self) -> Vec<Arc<OpenPort>> {
         self.lanes[..self.devices]
             .iter()
-            .map(|e| Arc::clone(e.nic.port()))
+            .map(|e| Arc::clone(e.port()))
             .collect()
     }
 }
@@ -297,6 +299,7 @@ macro_rules! multi_path {
             fn outstanding(&self) -> usize {
                 <$conn>::outstanding(self)
             }
+            #[cfg(feature = "failover")]
             fn progress_failover(&mut self, lanes: &mut Lanes, socket: &TcpStream) -> bool {
                 let Lanes {
                     lanes, failover, ..
