@@ -18,7 +18,11 @@
 //! with `WR_FLUSH_ERR`); a bad rkey or out-of-bounds remote write fails the requester with
 //! `REM_ACCESS_ERR` and puts the responder queue pair into error too; a bad lkey fails with
 //! `LOC_PROT_ERR`; [`Fabric::vanish`] makes an endpoint disappear (requests towards it fail with
-//! `RETRY_EXC_ERR`, nothing more is delivered to or from it).
+//! `RETRY_EXC_ERR`, nothing more is delivered to or from it); [`Fabric::cut_port`] kills one
+//! queue pair's port for good (every work request between it and its peer fails with
+//! `RETRY_EXC_ERR`), [`Fabric::cut_port_acks_lost`] also loses the acknowledgements of its writes
+//! whose completions were not polled, and [`Fabric::reconnect`] replaces a queue-pair pair with a
+//! fresh one sharing its control regions (port failover, [`crate::data::failover`]).
 //!
 //! Links: [`Fabric::link_down`] takes an endpoint's port down (a `PORT_ERR` event on it, see
 //! [`Fabric::take_event`]) and [`Fabric::link_up`] brings it back (`PORT_ACTIVE`). While either
