@@ -1076,13 +1076,17 @@ static int scenario_link_cut(const char* lib, const char* peer, int listen_port)
   return 0;
 }
 
-/* port-cut's cut: port 1 of rfab0 failed through the control file both processes watch. */
-static void cut_port(int count) {
+/* Fail `port` ("<device> <port>", e.g. "rfab0 1") through the fabric's control file
+ * ($RIVET_FABRIC_CTL): every process whose environment names the file obeys it. */
+static void fail_port(const char* port, int count) {
   const char* ctl = getenv("RIVET_FABRIC_CTL");
   FILE* f = fopen(ctl, "a");
-  if (!f || fputs("fail-port rfab0 1\n", f) < 0 || fclose(f) != 0) h_fail("writing %s", ctl);
-  else h_pass("port 1 of the fused device cut mid-stream, after %d verified messages", count);
+  if (!f || fprintf(f, "fail-port %s\n", port) < 0 || fclose(f) != 0) h_fail("writing %s", ctl);
+  else h_pass("port %s of the fused device cut mid-stream, after %d verified messages", port, count);
 }
+
+/* port-cut's cut (and port-failover's first): port 1 of rfab0. */
+static void cut_port(int count) { fail_port("rfab0 1", count); }
 
 /* port-cut, over the user-space verbs fabric only (RIVET_FABRIC_PORTS=2, FAULTS_FUSE=0,1, and
  * RIVET_FABRIC_CTL naming one control file both processes watch): both connect over the device
@@ -1112,13 +1116,8 @@ static const size_t FAILOVER_SIZES[] = {8, 4 << 20, 4096, (1 << 20) + 3, 65536, 
 #define FAILOVER_WINDOW 4
 #define FAILOVER_SLOT (4 << 20)
 
-/* port-cut's second cut (port-failover-both): port 2 of rfab0 too. */
-static void cut_port_2(int count) {
-  const char* ctl = getenv("RIVET_FABRIC_CTL");
-  FILE* f = fopen(ctl, "a");
-  if (!f || fputs("fail-port rfab0 2\n", f) < 0 || fclose(f) != 0) h_fail("writing %s", ctl);
-  else h_pass("port 2 of the fused device cut too, after %d verified messages", count);
-}
+/* port-failover-both's second cut: port 2 of rfab0 too. */
+static void cut_port_2(int count) { fail_port("rfab0 2", count); }
 
 /* port-failover, over the user-space verbs fabric only (as port-cut, with
  * NCCL_IB_RESILIENCY_PORT_FAILOVER=1 in both processes): FAULTS_MESSAGES (default 100) messages
