@@ -345,6 +345,12 @@ pub trait Nic {
     /// after checking it lies in its registration, and `len` is at most that buffer's capacity.
     /// The core never names GPU memory here.
     fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64);
+
+    /// Copy `bytes` into the inbound control region at `offset` (out of range: nothing). Only
+    /// port failover calls it, on a lane whose queue pair is in the error state, so the peer's
+    /// NIC no longer writes there: it invalidates clear-to-send entries that may carry the
+    /// peer's memory keys of before the failover.
+    fn write_inbound(&mut self, offset: usize, bytes: &[u8]);
 }
 
 /// A borrowed NIC is a NIC: a wrapper that owns its NIC (the failover
@@ -398,6 +404,10 @@ impl<N: Nic + ?Sized> Nic for &mut N {
     #[inline(always)]
     fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
         (**self).deliver_inbound(offset, len, dst);
+    }
+
+    fn write_inbound(&mut self, offset: usize, bytes: &[u8]) {
+        (**self).write_inbound(offset, bytes);
     }
 }
 

@@ -712,6 +712,19 @@ impl Nic for SimNic {
         dst.copy_from_slice(bytes);
     }
 
+    fn write_inbound(&mut self, offset: usize, bytes: &[u8]) {
+        let mut inner = self.inner.borrow_mut();
+        let inbound = inner.qps[self.qp].inbound;
+        let ep = inner.qps[self.qp].endpoint;
+        if offset + bytes.len() > inbound.len as usize {
+            return;
+        }
+        let dst = inner.endpoints[ep]
+            .slice_mut(inbound.addr + offset as u64, bytes.len())
+            .expect("sim: inbound region not allocated");
+        dst.copy_from_slice(bytes);
+    }
+
     fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
         let mut inner = self.inner.borrow_mut();
         let inbound = inner.qps[self.qp].inbound;

@@ -60,7 +60,7 @@ use super::codec::{CtsEntry, stamp_for};
 use super::{DataError, MAX_RECVS, MAX_REQUESTS, RecvBuf, RequestId, SLOTS, SendBuf};
 use crate::nic::{Completion, Nic, NicError, SendWr, WcStatus};
 use crate::time::{Duration, Instant};
-pub use report::{QpInfo, Refusal, Report, ReportBody, ReportError};
+pub use report::{KEYS_PER_REPORT, KeyChunk, QpInfo, Refusal, Report, ReportBody, ReportError};
 
 /// Lanes (queue pairs) of one connection at most ([`super::multi::MAX_QPS`]).
 pub const MAX_LANES: usize = super::multi::MAX_QPS;
@@ -225,6 +225,123 @@ pub struct SenderPlan {
     /// Receives whose data writes and slot end are posted again, in order (then the partly
     /// matched head receive's data writes).
     pub replay: SeqRange,
+    /// The receiver moved the lane to another device: its buffers' keys in the clear-to-send
+    /// entries this end consumed are replaced by these (every one must be there). `None`: the
+    /// keys stay.
+    pub peer_keys: Option<KeyMap>,
+}
+
+/// Memory keys pairs (a buffer's key on the lane's old device, its key on the new one), at most
+/// [`MAX_KEY_PAIRS`]: what a receiver that moved a lane to another device tells the sender.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct KeyMap {
+    pairs: [(u32, u32); MAX_KEY_PAIRS],
+    len: u8,
+}
+
+/// Key pairs a rekeyed receiver may send for one lane: four key reports. More registrations
+/// behind one lane's outstanding receives than this and the failover gives up.
+pub const MAX_KEY_PAIRS: usize = 4 * KEYS_PER_REPORT;
+
+impl KeyMap {
+    /// No pairs.
+    pub const EMPTY: Self = Self {
+        pairs: [(0, 0); MAX_KEY_PAIRS],
+        len: 0,
+    };
+
+    /// Add `old` → `new` (a pair already there is kept once); false when full.
+    pub fn insert(&mut self, old: u32, new: u32) -> bool {
+        if self.get(old).is_some() {
+            return true;
+        }
+        let Some(slot) = self.pairs.get_mut(usize::from(self.len)) else {
+            return false;
+        };
+        *slot = (old, new);
+        self.len += 1;
+        true
+    }
+
+    /// The new key of `old`.
+    pub fn get(&self, old: u32) -> Option<u32> {
+        self.pairs().iter().find(|(o, _)| *o == old).map(|(_, n)| *n)
+    }
+
+    /// The pairs.
+    pub fn pairs(&self) -> &[(u32, u32)] {
+        &self.pairs[..usize::from(self.len)]
+    }
+
+    /// How many pairs.
+    pub fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl fmt::Debug for KeyMap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.pairs().iter().copied()).finish()
+    }
+}
+
+/// What changes when a lane moves to another device (another protection domain), handed to a
+/// lane's `failover_replay`.
+#[derive(Clone, Copy)]
+pub struct Rekey<'a> {
+    /// The peer's inbound region as its new queue pair serves it (its key changes when the peer
+    /// moved to another device; the same as before otherwise).
+    pub peer_region: crate::nic::RemoteRegion,
+    /// This end moved to another device: its memory keys of the old device to those of the new
+    /// one (`None`: a key without a registration there, which fails the replay). `None`: the
+    /// keys stay.
+    pub local: Option<&'a dyn Fn(u32) -> Option<u32>>,
+}
+
+impl fmt::Debug for Rekey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rekey")
+            .field("peer_region", &self.peer_region)
+            .field("local", &self.local.is_some())
+            .finish()
+    }
+}
+
+impl Rekey<'_> {
+    /// Keys unchanged, the peer's region `peer_region`.
+    pub fn same(peer_region: crate::nic::RemoteRegion) -> Self {
+        Self {
+            peer_region,
+            local: None,
+        }
+    }
+
+    /// This end's key `key` on the lane's new device.
+    pub(super) fn local_key(&self, key: u32) -> Result<u32, FailoverError> {
+        match self.local {
+            None => Ok(key),
+            Some(map) => map(key).ok_or(FailoverError::Local(DataError::InvalidArgument(
+                "a buffer of the lane is not registered on the device it moves to",
+            ))),
+        }
+    }
+}
+
+impl SenderPlan {
+    /// The receiver's key `key` of a consumed entry, on the lane's new device.
+    pub(super) fn peer_key(&self, key: u32) -> Result<u32, FailoverError> {
+        match &self.peer_keys {
+            None => Ok(key),
+            Some(map) => map.get(key).ok_or(FailoverError::Local(DataError::InvalidArgument(
+                "the receiver did not say a consumed entry's key on its new device",
+            ))),
+        }
+    }
 }
 
 /// What the receiver does on the new queue pair.
@@ -279,6 +396,7 @@ pub fn plan_sender(
             start: peer.oldest,
             end: own.ended,
         },
+        peer_keys: None,
     })
 }
 
@@ -630,6 +748,10 @@ impl<N: Nic> Nic for Guarded<N> {
     fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
         self.nic.deliver_inbound(offset, len, dst);
     }
+
+    fn write_inbound(&mut self, offset: usize, bytes: &[u8]) {
+        self.nic.write_inbound(offset, bytes);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -770,6 +892,11 @@ struct Failing {
     attempt: u8,
     /// What the connection fails with if this failover gives up.
     cause: DataError,
+    /// The lane moves to a port of another device (its memory keys change).
+    rekeyed: bool,
+    /// Key pairs the peer (a rekeyed receiver) sent so far, and how many key reports of it came.
+    peer_keys: KeyMap,
+    peer_key_reports: u8,
 }
 
 /// One end's failover decision machine for one connection.
@@ -830,6 +957,13 @@ impl Failover {
     /// The port lane `lane` uses now.
     pub fn lane_port(&self, lane: u8) -> Option<u8> {
         self.config.lane_ports.get(usize::from(lane)).copied()
+    }
+
+    /// Whether `lane`'s failover under way moves it to a port of another device (its memory
+    /// keys and control regions must be registered there anew, and a receiver tells the sender
+    /// its new keys: [`handle_qp_created`](Self::handle_qp_created)).
+    pub fn moves_device(&self, lane: u8) -> bool {
+        matches!(self.lanes.get(usize::from(lane)), Some(Some(f)) if f.rekeyed)
     }
 
     /// Whether `lane` is failing over (the driver must not post on it).
@@ -920,6 +1054,7 @@ impl Failover {
             (_, ReportBody::Refusal(why)) => {
                 return self.give_up(DataError::PeerLost, FailoverError::PeerRefused(why));
             }
+            (Role::Sender, ReportBody::Keys(chunk)) => return self.handle_keys(lane, chunk),
             (Role::Sender, ReportBody::Receiver(_)) | (Role::Receiver, ReportBody::Sender(_)) => {
                 true
             }
@@ -959,6 +1094,31 @@ impl Failover {
         }
     }
 
+    /// A rekeyed receiver's key report for `lane`.
+    fn handle_keys(&mut self, lane: u8, chunk: KeyChunk) {
+        let inconsistent = |why| FailoverError::Inconsistent { lane, why };
+        let Some(Some(failing)) = self.lanes.get_mut(usize::from(lane)) else {
+            return self.give_up(
+                DataError::PeerLost,
+                inconsistent("keys for a lane that is not failing over"),
+            );
+        };
+        let expected = failing.peer.map_or(0, |p| p.keys);
+        if failing.peer_key_reports >= expected {
+            return self.give_up(
+                DataError::PeerLost,
+                inconsistent("more key reports than its report said"),
+            );
+        }
+        failing.peer_key_reports += 1;
+        for &(old, new) in chunk.pairs() {
+            if !failing.peer_keys.insert(old, new) {
+                return self.give_up(DataError::PeerLost, inconsistent("too many keys"));
+            }
+        }
+        self.decide(lane);
+    }
+
     /// The lane's old queue pair is quiesced: `body` is its state (from the lane's
     /// `failover_snapshot`).
     pub fn handle_quiesced(&mut self, lane: u8, body: ReportBody) {
@@ -977,8 +1137,11 @@ impl Failover {
         self.actions.push_back(Action::CreateQp { lane, port });
     }
 
-    /// The lane's new queue pair exists: `info` is what the peer needs to connect to it.
-    pub fn handle_qp_created(&mut self, lane: u8, info: QpInfo) {
+    /// The lane's new queue pair exists: `info` is what the peer needs to connect to it. A
+    /// receiver whose lane moves to another device ([`moves_device`](Self::moves_device)) passes
+    /// `keys`: for every key of the receives the sender may have consumed (those from the
+    /// oldest on), its key on the new device; the sender needs them to replay. Otherwise empty.
+    pub fn handle_qp_created(&mut self, lane: u8, info: QpInfo, keys: &KeyMap) {
         if self.gave_up.is_some() {
             return;
         }
@@ -989,13 +1152,37 @@ impl Failover {
             return;
         };
         failing.stage = Stage::Exchanging;
+        let send_keys = failing.rekeyed && self.role == Role::Receiver;
+        let chunks = if send_keys {
+            keys.pairs().chunks(KEYS_PER_REPORT).collect()
+        } else {
+            Vec::new()
+        };
         let report = Report {
             lane,
             attempt: failing.attempt,
             body,
             qp_info: info,
+            port: Some(failing.port),
+            rekeyed: failing.rekeyed,
+            keys: chunks.len() as u8,
         };
+        let attempt = failing.attempt;
         self.actions.push_back(Action::SendReport(report));
+        for chunk in chunks {
+            let Some(chunk) = KeyChunk::new(chunk) else {
+                continue;
+            };
+            self.actions.push_back(Action::SendReport(Report {
+                lane,
+                attempt,
+                body: ReportBody::Keys(chunk),
+                qp_info: QpInfo::EMPTY,
+                port: None,
+                rekeyed: false,
+                keys: 0,
+            }));
+        }
         self.decide(lane);
     }
 
@@ -1080,9 +1267,15 @@ impl Failover {
                 },
             );
         }
-        let usable = |p: usize| !self.port_failed[p] && !self.port_down[p];
-        // The peer's port may be the one that failed: then this end's own port still serves.
-        let port = if usable(usize::from(old_port)) {
+        let usable = |p: usize| p < self.port_failed.len() && !self.port_failed[p] && !self.port_down[p];
+        // The peer moved first: follow it to its port where this end can (a link cut on one
+        // end only leaves the other end's port up, and the two new queue pairs must share a
+        // rail). Otherwise the peer's port may be the one that failed: then this end's own
+        // port still serves.
+        let peer_port = peer.and_then(|r| r.port).filter(|&p| usable(usize::from(p)));
+        let port = if let Some(p) = peer_port {
+            Some(p)
+        } else if usable(usize::from(old_port)) {
             Some(old_port)
         } else {
             (0..self.port_devices_len())
@@ -1093,6 +1286,8 @@ impl Failover {
             return self.give_up(cause, FailoverError::NoSurvivingPort);
         };
         let attempt = self.attempts.clamp(1, 255) as u8;
+        let devices = &self.config.port_devices;
+        let rekeyed = devices.get(usize::from(old_port)) != devices.get(usize::from(port));
         self.lanes[usize::from(lane)] = Some(Failing {
             stage: Stage::Quiescing,
             port,
@@ -1102,6 +1297,9 @@ impl Failover {
             peer,
             attempt,
             cause,
+            rekeyed,
+            peer_keys: KeyMap::EMPTY,
+            peer_key_reports: 0,
         });
         self.actions.push_back(Action::QuiesceLane { lane });
     }
@@ -1119,9 +1317,14 @@ impl Failover {
         else {
             return;
         };
+        if failing.peer_key_reports < peer.keys {
+            // A rekeyed receiver's keys are still on their way.
+            return;
+        }
+        let peer_keys = peer.rekeyed.then_some(failing.peer_keys);
         let plan = match (own, peer.body) {
             (ReportBody::Sender(own), ReportBody::Receiver(peer)) => {
-                plan_sender(lane, own, peer).map(Plan::Sender)
+                plan_sender(lane, own, peer).map(|plan| Plan::Sender(SenderPlan { peer_keys, ..plan }))
             }
             (ReportBody::Receiver(own), ReportBody::Sender(peer)) => {
                 plan_receiver(lane, own, peer).map(Plan::Receiver)
@@ -1173,6 +1376,9 @@ fn refusal(lane: u8, why: Refusal) -> Report {
         attempt: 0,
         body: ReportBody::Refusal(why),
         qp_info: QpInfo::EMPTY,
+        port: None,
+        rekeyed: false,
+        keys: 0,
     }
 }
 

@@ -166,6 +166,12 @@ impl Nic for MockNic {
         let bytes = self.inbound[offset..offset + len].to_vec();
         self.delivered.push((dst, bytes));
     }
+
+    fn write_inbound(&mut self, offset: usize, bytes: &[u8]) {
+        if let Some(dst) = self.inbound.get_mut(offset..offset + bytes.len()) {
+            dst.copy_from_slice(bytes);
+        }
+    }
 }
 
 #[cfg(test)]

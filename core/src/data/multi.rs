@@ -476,6 +476,10 @@ pub struct MultiSend {
     journals: Option<Vec<SendJournal>>,
     /// Lanes being failed over: nothing is posted on them and their NICs are not polled.
     blocked: QpMask,
+    /// Per lane, which of a fused NIC's members (ports) it is on: the index of its memory key
+    /// among the keys `isend_keyed`/`irecv_keyed` are given. Lane `i` starts on member `i`
+    /// (modulo the members); port failover may move it.
+    members: Vec<u8>,
 }
 
 impl MultiSend {
@@ -507,6 +511,7 @@ impl MultiSend {
             parts: Parts::new(Side::Send, qps),
             journals: None,
             blocked: 0,
+            members: (0..qps).map(|i| i as u8).collect(),
         }
     }
 
@@ -526,8 +531,8 @@ impl MultiSend {
     }
 
     /// [`isend`](Self::isend) on queue pairs of several devices (a fused NIC): queue pair `i`
-    /// belongs to device `i % lkeys.len()` and reads `buf` with that device's key `lkeys[d]`
-    /// (`buf.lkey` is not used).
+    /// belongs to device `d = i % lkeys.len()` (until port failover moves it) and reads `buf`
+    /// with that device's key `lkeys[d]` (`buf.lkey` is not used).
     pub fn isend_keyed<N: Nic>(
         &mut self,
         nics: &mut [N],
@@ -572,7 +577,7 @@ impl MultiSend {
             let piece = SendBuf {
                 addr: buf.addr + offset,
                 len,
-                lkey: lkeys[qp % lkeys.len()],
+                lkey: lkeys[usize::from(self.members[qp]) % lkeys.len()],
             };
             let outcome = self.conns[qp].isend_at(&mut nics[qp], piece, tag, offset);
             if let Some(journals) = &mut self.journals
@@ -650,6 +655,10 @@ pub struct MultiRecv {
     journals: Option<Vec<RecvJournal>>,
     /// Lanes being failed over: nothing is posted on them and their NICs are not polled.
     blocked: QpMask,
+    /// Per lane, which of a fused NIC's members (ports) it is on: the index of its memory key
+    /// among the keys `isend_keyed`/`irecv_keyed` are given. Lane `i` starts on member `i`
+    /// (modulo the members); port failover may move it.
+    members: Vec<u8>,
 }
 
 /// The arguments of a split receive, kept while it is half posted.
@@ -683,6 +692,7 @@ impl MultiRecv {
             capacity: vec![[0; MAX_RECVS]; MAX_REQUESTS],
             journals: None,
             blocked: 0,
+            members: (0..qps).map(|i| i as u8).collect(),
         }
     }
 
@@ -702,7 +712,8 @@ impl MultiRecv {
     }
 
     /// [`irecv`](Self::irecv) on queue pairs of several devices (a fused NIC): queue pair `i`
-    /// belongs to device `d = i % rkeys.len()` and offers buffer `b` with that device's key
+    /// belongs to device `d = i % rkeys.len()` (until port failover moves it) and offers buffer
+    /// `b` with that device's key
     /// `rkeys[d][b]`; with no `rkeys`, every queue pair offers the buffers' own keys.
     pub fn irecv_keyed<N: Nic>(
         &mut self,
@@ -762,7 +773,8 @@ impl MultiRecv {
                 }
                 devices => {
                     let mut keyed = args.bufs;
-                    for (buf, key) in keyed.iter_mut().zip(rkeys[qp % devices]) {
+                    let member = usize::from(self.members[qp]) % devices;
+                    for (buf, key) in keyed.iter_mut().zip(rkeys[member]) {
                         buf.rkey = key;
                     }
                     let outcome = self.conns[qp].irecv(&mut nics[qp], &keyed[..n], tags);

@@ -1197,11 +1197,16 @@ impl RecvConn {
     /// receives' buffers from `journal`: one receive work request for each the flush took, then
     /// the clear-to-send entries the sender had not consumed, written again (the same bytes).
     /// Deferred entries stay deferred. The send queue starts over.
+    ///
+    /// `rekey` gives the sender's FIFO as its new queue pair serves it and, when this end moved
+    /// to another device, its keys there: the entries written again and those still deferred
+    /// (staged) then carry the new keys.
     pub fn failover_replay(
         &mut self,
         nic: &mut impl Nic,
         plan: &super::failover::ReceiverPlan,
         journal: &super::failover::RecvJournal,
+        rekey: &super::failover::Rekey<'_>,
     ) -> Result<super::failover::Replayed, super::failover::FailoverError> {
         use super::failover::{FailoverError, Replayed};
         let local = FailoverError::Local;
@@ -1212,6 +1217,22 @@ impl RecvConn {
             return Err(local(DataError::InvalidArgument(
                 "the replay plan is not this lane's",
             )));
+        }
+        let region = rekey.peer_region;
+        if (region.len as usize) < SEND_INBOUND_LEN
+            || region.addr.checked_add(u64::from(region.len)).is_none()
+        {
+            return Err(local(DataError::PeerRegion {
+                len: region.len,
+                need: SEND_INBOUND_LEN,
+            }));
+        }
+        self.peer_fifo = region;
+        if rekey.local.is_some() {
+            // Deferred entries are staged with the old keys: stage them again.
+            for seq in (0..self.deferred).map(|i| own.announced.wrapping_add(i)) {
+                self.stage_journaled(nic, seq, journal, rekey)?;
+            }
         }
         self.sq = SendQueue::default();
         let mut done = Replayed::default();
@@ -1224,29 +1245,7 @@ impl RecvConn {
         }
         for seq in plan.rewrite.iter() {
             let slot = usize::from(seq as u8);
-            let n = match *self.requests.state(slot) {
-                RecvState::PostedOne { seq: s, .. } if s == seq => 1,
-                RecvState::Posted { seq: s, n } if s == seq => n,
-                _ => {
-                    return Err(local(
-                        ProtocolError::UnexpectedCompletion { wr: WrKind::Cts }.into(),
-                    ));
-                }
-            };
-            let entries = journal
-                .entries(seq, n)
-                .ok_or(local(DataError::InvalidArgument(
-                    "the receive journal does not match the lane's receives",
-                )))?;
-            let mut bytes = [0u8; CTS_SLOT_LEN];
-            for (out, entry) in bytes
-                .chunks_exact_mut(CTS_ENTRY_LEN)
-                .zip(&entries[..usize::from(n)])
-            {
-                out.copy_from_slice(&entry.encode());
-            }
-            let len = usize::from(n) * CTS_ENTRY_LEN;
-            nic.write_staging(slot * CTS_SLOT_LEN, &bytes[..len]);
+            self.stage_journaled(nic, seq, journal, rekey)?;
             if !self.sq.has_room(1, self.recvs_posted) {
                 return Err(local(DataError::InvalidArgument(
                     "the replay does not fit the send queue",
@@ -1258,6 +1257,81 @@ impl RecvConn {
             done.receives += 1;
         }
         Ok(done)
+    }
+
+    /// Stage receive `seq`'s clear-to-send entries again, from `journal`, under this end's keys
+    /// on the lane's device (`rekey`).
+    fn stage_journaled(
+        &self,
+        nic: &mut impl Nic,
+        seq: u32,
+        journal: &super::failover::RecvJournal,
+        rekey: &super::failover::Rekey<'_>,
+    ) -> Result<(), super::failover::FailoverError> {
+        use super::failover::FailoverError;
+        let local = FailoverError::Local;
+        let n = self.posted_group(seq).map_err(local)?;
+        let mut entries = journal
+            .entries(seq, n)
+            .ok_or(local(DataError::InvalidArgument(
+                "the receive journal does not match the lane's receives",
+            )))?;
+        let mut bytes = [0u8; CTS_SLOT_LEN];
+        for (out, entry) in bytes
+            .chunks_exact_mut(CTS_ENTRY_LEN)
+            .zip(&mut entries[..usize::from(n)])
+        {
+            entry.rkey = rekey.local_key(entry.rkey)?;
+            out.copy_from_slice(&entry.encode());
+        }
+        let len = usize::from(n) * CTS_ENTRY_LEN;
+        nic.write_staging(usize::from(seq as u8) * CTS_SLOT_LEN, &bytes[..len]);
+        Ok(())
+    }
+
+    /// The buffers of posted receive `seq` (its slot must hold it).
+    fn posted_group(&self, seq: u32) -> Result<u8, DataError> {
+        match *self.requests.state(usize::from(seq as u8)) {
+            RecvState::PostedOne { seq: s, .. } if s == seq => Ok(1),
+            RecvState::Posted { seq: s, n } if s == seq => Ok(n),
+            _ => Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Cts }.into()),
+        }
+    }
+
+    /// For port failover to another device: each distinct key of the receives the sender may
+    /// have consumed entries of (from the oldest on, as noted in `journal`), with its key on the
+    /// new device by `new_key`, into `keys`. Fails when one has none there or `keys` is full.
+    pub fn failover_peer_keys(
+        &self,
+        journal: &super::failover::RecvJournal,
+        new_key: &dyn Fn(u32) -> Option<u32>,
+        keys: &mut super::failover::KeyMap,
+    ) -> Result<(), super::failover::FailoverError> {
+        use super::failover::FailoverError;
+        let own = self.failover_snapshot();
+        let span = own.announced.wrapping_sub(own.oldest);
+        for seq in (0..span).map(|i| own.oldest.wrapping_add(i)) {
+            let n = self.posted_group(seq).map_err(FailoverError::Local)?;
+            let entries = journal
+                .entries(seq, n)
+                .ok_or(FailoverError::Local(DataError::InvalidArgument(
+                    "the receive journal does not match the lane's receives",
+                )))?;
+            for entry in entries.iter().take(usize::from(n)) {
+                let new = new_key(entry.rkey).ok_or(FailoverError::Local(
+                    DataError::InvalidArgument(
+                        "a buffer of the lane is not registered on the device it moves to",
+                    ),
+                ))?;
+                if !keys.insert(entry.rkey, new) {
+                    return Err(FailoverError::Local(DataError::InvalidArgument(
+                        "the lane's receives use more registrations than a failover to another \
+                         device carries",
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -1515,7 +1515,36 @@ impl SendConn {
         if nic.trip.success_after {
             return Err(FailoverError::SuccessAfterFailure);
         }
+        if nic.trip.send_marker {
+            self.invalidate_unread_entries(&mut nic.nic);
+        }
         Ok(nic.trip.send_marker)
+    }
+
+    /// Make every clear-to-send slot this end has not read yet look unwritten (its stamps those
+    /// of the slot's previous lap). The receiver writes those entries again after the failover
+    /// (its replay rewrites every entry from the first receive this end had not ended), and
+    /// when it moved to another device, with new keys: an entry that landed before the failure
+    /// carries keys that no longer work, and the same stamp. Nothing lands any more: the old
+    /// queue pair is in error, the new one not yet connected. The slots whose entries this end
+    /// read (the receives it ended and not yet known complete, and the head receive being
+    /// matched) are kept: the replay reads them.
+    fn invalidate_unread_entries(&self, nic: &mut impl Nic) {
+        let ending = self.ends.iter().filter(|e| **e != EndState::Idle).count() as u32;
+        let acked = self.seq.wrapping_sub(ending);
+        let first = if self.head.state == HeadState::Matching {
+            self.seq.wrapping_add(1)
+        } else {
+            self.seq
+        };
+        let end = acked.wrapping_add(SLOTS as u32);
+        for seq in (0..end.wrapping_sub(first)).map(|i| first.wrapping_add(i)) {
+            let stale = stamp_for(seq.wrapping_sub(SLOTS as u32)).to_le_bytes();
+            let base = usize::from(seq as u8) * CTS_SLOT_LEN;
+            for i in 0..MAX_RECVS {
+                nic.write_inbound(base + (i + 1) * CTS_ENTRY_LEN - 4, &stale);
+            }
+        }
     }
 
     /// The quiesced lane's state, for the report.
@@ -1543,11 +1572,17 @@ impl SendConn {
     /// sends' buffers from `journal`: receives whose slot end landed are completed here, then
     /// every receive from the receiver's oldest on gets its data writes and slot end again, in
     /// order, then the partly matched head receive its data writes. The send queue starts over.
+    ///
+    /// `rekey` gives the receiver's records region as its new queue pair serves it and, when
+    /// this end moved to another device, its own keys there; the plan the receiver's new keys of
+    /// the entries consumed when it moved. Replayed writes and the head receive's entries (read
+    /// before the failure) take the new keys.
     pub fn failover_replay(
         &mut self,
         nic: &mut impl Nic,
         plan: &super::failover::SenderPlan,
         journal: &super::failover::SendJournal,
+        rekey: &super::failover::Rekey<'_>,
     ) -> Result<super::failover::Replayed, super::failover::FailoverError> {
         use super::failover::{FailoverError, Replayed};
         self.health.check().map_err(FailoverError::Local)?;
@@ -1559,6 +1594,22 @@ impl SendConn {
             return Err(FailoverError::Local(DataError::InvalidArgument(
                 "the replay plan is not this lane's",
             )));
+        }
+        let region = rekey.peer_region;
+        if (region.len as usize) < RECV_INBOUND_LEN
+            || region.addr.checked_add(u64::from(region.len)).is_none()
+        {
+            return Err(FailoverError::Local(DataError::PeerRegion {
+                len: region.len,
+                need: RECV_INBOUND_LEN,
+            }));
+        }
+        self.peer_records = region;
+        if self.head.state == HeadState::Matching {
+            let n = usize::from(self.head.m.n);
+            for entry in self.head.m.entries.iter_mut().take(n) {
+                entry.rkey = plan.peer_key(entry.rkey)?;
+            }
         }
         self.sq = SendQueue::default();
         let mut done = Replayed::default();
@@ -1578,7 +1629,8 @@ impl SendConn {
                     .into(),
                 ));
             };
-            done.work_requests += self.replay_slot(nic, seq, reqs, count, true, journal)?;
+            done.work_requests +=
+                self.replay_slot(nic, seq, (reqs, count), true, journal, plan, rekey)?;
             done.receives += 1;
         }
         if self.head.state == HeadState::Matching && self.head.m.matched != 0 {
@@ -1587,23 +1639,25 @@ impl SendConn {
                     "a half-matched receive with a refused send is not replayed",
                 )));
             }
-            let (reqs, count) = (self.head.m.reqs, self.head.m.count);
-            done.work_requests += self.replay_slot(nic, self.seq, reqs, count, false, journal)?;
+            let sends = (self.head.m.reqs, self.head.m.count);
+            done.work_requests +=
+                self.replay_slot(nic, self.seq, sends, false, journal, plan, rekey)?;
         }
         Ok(done)
     }
 
-    /// Post receive `seq`'s sends `reqs[..count]` again (their match order, so matching by tag
-    /// finds the same buffers): the data writes, and when `ended` the slot end. Returns the work
-    /// requests posted.
+    /// Post receive `seq`'s sends `reqs[..count]` (`sends`) again (their match order, so
+    /// matching by tag finds the same buffers): the data writes, and when `ended` the slot end,
+    /// under the keys of the lane's new devices. Returns the work requests posted.
     fn replay_slot(
         &mut self,
         nic: &mut impl Nic,
         seq: u32,
-        reqs: [u8; MAX_RECVS],
-        count: u8,
+        (reqs, count): ([u8; MAX_RECVS], u8),
         ended: bool,
         journal: &super::failover::SendJournal,
+        plan: &super::failover::SenderPlan,
+        rekey: &super::failover::Rekey<'_>,
     ) -> Result<u32, super::failover::FailoverError> {
         use super::failover::FailoverError;
         let local = FailoverError::Local;
@@ -1630,6 +1684,9 @@ impl SendConn {
             entries[usize::from(i)] = read_entry(nic, base, slot, i)
                 .map_err(local)?
                 .ok_or_else(corrupt)?;
+        }
+        for entry in entries.iter_mut().take(usize::from(n)) {
+            entry.rkey = plan.peer_key(entry.rkey)?;
         }
         if ended && count != n {
             // A refused send is not listed: its receive fails anyway, but its record is gone.
@@ -1668,7 +1725,7 @@ impl SendConn {
             let data = Payload::Local(Sge {
                 addr: sent.buf.addr,
                 len,
-                lkey: sent.buf.lkey,
+                lkey: rekey.local_key(sent.buf.lkey)?,
             });
             if n == 1 {
                 single = Some((data, addr, entry.rkey, len));

@@ -515,6 +515,11 @@ impl<D: PortDevice> Nic for Endpoint<D> {
     fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
         self.inbound.deliver(offset, len, dst);
     }
+
+    fn write_inbound(&mut self, offset: usize, bytes: &[u8]) {
+        // Only on a queue pair in the error state (port failover): the NIC writes there no more.
+        let _ = self.inbound.write(offset, bytes);
+    }
 }
 
 pub(crate) mod region {
@@ -679,7 +684,9 @@ pub(crate) mod region {
             };
             debug_assert!(end <= self.len());
             // SAFETY: the destination range is inside the allocation; `&mut self` excludes other CPU
-            // writers, and the NIC only reads staging memory after a later post.
+            // writers. The NIC reads staging memory only after a later post, and writes inbound
+            // memory only through a queue pair that works: an inbound region is written here only
+            // once its queue pair is in the error state (port failover).
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     bytes.as_ptr(),
@@ -962,6 +969,13 @@ pub(crate) mod any {
             match self {
                 Self::Verbs(e) => e.deliver_inbound(offset, len, dst),
                 Self::Mlx5(e) => e.deliver_inbound(offset, len, dst),
+            }
+        }
+
+        fn write_inbound(&mut self, offset: usize, bytes: &[u8]) {
+            match self {
+                Self::Verbs(e) => e.write_inbound(offset, bytes),
+                Self::Mlx5(e) => e.write_inbound(offset, bytes),
             }
         }
     }

@@ -5,15 +5,16 @@
 //! |---|---|---|
 //! | 0 | 4 | magic `RVFO` |
 //! | 4 | 1 | version ([`REPORT_VERSION`]) |
-//! | 5 | 1 | kind: 1 sender, 2 receiver, 3 refusal |
+//! | 5 | 1 | kind: 1 sender, 2 receiver, 3 refusal, 4 keys |
 //! | 6 | 1 | lane (queue pair index within the connection, below [`MAX_LANES`]) |
 //! | 7 | 1 | attempt (the sender of the report's count of failovers begun, 1-based; 0 in a refusal) |
-//! | 8 | 4 | sender: `ended`; receiver: `oldest`; refusal: the [`Refusal`] code |
-//! | 12 | 4 | sender: `acked`; receiver: `announced`; refusal: 0 |
-//! | 16 | 1 | flags: bit 0 eager on (every other bit zero) |
-//! | 17 | 1 | bytes of `qp_info` used (at most [`QP_INFO_LEN`]) |
-//! | 18 | 2 | zero |
-//! | 20 | 80 | `qp_info`: the new queue pair's connection info, opaque to the core (the plugin fills and reads it); unused bytes zero |
+//! | 8 | 4 | sender: `ended`; receiver: `oldest`; refusal: the [`Refusal`] code; keys: pairs carried (1 to [`KEYS_PER_REPORT`]) |
+//! | 12 | 4 | sender: `acked`; receiver: `announced`; refusal, keys: 0 |
+//! | 16 | 1 | flags: bit 0 eager on, bit 1 rekeyed (the writer's lane moves to another device: its memory keys change); every other bit zero |
+//! | 17 | 1 | bytes of `qp_info` used (at most [`QP_INFO_LEN`]; keys: 8 per pair) |
+//! | 18 | 1 | sender, receiver: the port index the writer's lane moves to, plus one (0: not said); refusal, keys: 0 |
+//! | 19 | 1 | receiver: key reports that follow this one (rekeyed only); otherwise 0 |
+//! | 20 | 80 | `qp_info`: the new queue pair's connection info, opaque to the core (the plugin fills and reads it); keys: the pairs, old key then new key; unused bytes zero |
 //! | 100 | 4 | check: FNV-1a of bytes 0..100 |
 //!
 //! Every field is validated on decode; what the numbers mean against the reader's own state is
@@ -29,12 +30,16 @@ pub const REPORT_VERSION: u8 = 1;
 pub const REPORT_LEN: usize = 20 + QP_INFO_LEN + 4;
 /// Bytes of opaque queue-pair connection info a report carries at most.
 pub const QP_INFO_LEN: usize = 80;
+/// Memory-key pairs (old, new) one key report carries at most.
+pub const KEYS_PER_REPORT: usize = QP_INFO_LEN / 8;
 
 const MAGIC: [u8; 4] = *b"RVFO";
 const KIND_SENDER: u8 = 1;
 const KIND_RECEIVER: u8 = 2;
 const KIND_REFUSAL: u8 = 3;
+const KIND_KEYS: u8 = 4;
 const FLAG_EAGER: u8 = 1;
+const FLAG_REKEYED: u8 = 2;
 const CHECKED_LEN: usize = REPORT_LEN - 4;
 
 /// The new queue pair's connection info (number, GID, …), as the plugin encodes it: the core
@@ -111,6 +116,38 @@ pub enum ReportBody {
     Receiver(ReceiverSnapshot),
     /// The end will not fail over: the connection fails.
     Refusal(Refusal),
+    /// Some of a rekeyed receiver's memory keys, old and new: after its report, the receiver
+    /// sends as many of these as it said, so the sender can rewrite the keys of clear-to-send
+    /// entries it had consumed before the failure.
+    Keys(KeyChunk),
+}
+
+/// Up to [`KEYS_PER_REPORT`] memory-key pairs (the key a receive buffer had on the lane's old
+/// device, the one it has on the new device).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyChunk {
+    pairs: [(u32, u32); KEYS_PER_REPORT],
+    len: u8,
+}
+
+impl KeyChunk {
+    /// `pairs` as a chunk; `None` when empty or longer than [`KEYS_PER_REPORT`].
+    pub fn new(pairs: &[(u32, u32)]) -> Option<Self> {
+        if pairs.is_empty() || pairs.len() > KEYS_PER_REPORT {
+            return None;
+        }
+        let mut chunk = Self {
+            pairs: [(0, 0); KEYS_PER_REPORT],
+            len: pairs.len() as u8,
+        };
+        chunk.pairs[..pairs.len()].copy_from_slice(pairs);
+        Some(chunk)
+    }
+
+    /// The pairs.
+    pub fn pairs(&self) -> &[(u32, u32)] {
+        &self.pairs[..usize::from(self.len)]
+    }
 }
 
 /// One failover report.
@@ -122,8 +159,14 @@ pub struct Report {
     pub attempt: u8,
     /// The state or the refusal.
     pub body: ReportBody,
-    /// The writer's new queue pair (empty in a refusal).
+    /// The writer's new queue pair (empty in a refusal and in keys).
     pub qp_info: QpInfo,
+    /// Sender, receiver: the port index the writer's lane moves to (`None`: not said).
+    pub port: Option<u8>,
+    /// Sender, receiver: the writer's lane moves to another device, so its memory keys change.
+    pub rekeyed: bool,
+    /// Receiver: how many key reports follow this one (only when rekeyed).
+    pub keys: u8,
 }
 
 /// A report that does not decode.
@@ -184,13 +227,25 @@ impl Report {
             ReportBody::Sender(s) => (KIND_SENDER, s.ended, s.acked, s.eager),
             ReportBody::Receiver(r) => (KIND_RECEIVER, r.oldest, r.announced, r.eager),
             ReportBody::Refusal(why) => (KIND_REFUSAL, why.code(), 0, false),
+            ReportBody::Keys(chunk) => (KIND_KEYS, u32::from(chunk.len), 0, false),
         };
         out[5] = kind;
         out[8..12].copy_from_slice(&a.to_le_bytes());
         out[12..16].copy_from_slice(&b.to_le_bytes());
-        out[16] = if eager { FLAG_EAGER } else { 0 };
-        out[17] = self.qp_info.len;
-        out[20..20 + QP_INFO_LEN].copy_from_slice(&self.qp_info.bytes);
+        out[16] = if eager { FLAG_EAGER } else { 0 } | if self.rekeyed { FLAG_REKEYED } else { 0 };
+        out[18] = self.port.map_or(0, |p| p.saturating_add(1));
+        out[19] = self.keys;
+        if let ReportBody::Keys(chunk) = self.body {
+            out[17] = chunk.len * 8;
+            for (i, (old, new)) in chunk.pairs().iter().enumerate() {
+                let at = 20 + i * 8;
+                out[at..at + 4].copy_from_slice(&old.to_le_bytes());
+                out[at + 4..at + 8].copy_from_slice(&new.to_le_bytes());
+            }
+        } else {
+            out[17] = self.qp_info.len;
+            out[20..20 + QP_INFO_LEN].copy_from_slice(&self.qp_info.bytes);
+        }
         let sum = check(&out[..CHECKED_LEN]);
         out[CHECKED_LEN..].copy_from_slice(&sum.to_le_bytes());
         out
@@ -225,9 +280,12 @@ impl Report {
         let b = u32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
         let flags = bytes[16];
         let info_len = bytes[17];
-        if flags & !FLAG_EAGER != 0 || bytes[18] != 0 || bytes[19] != 0 {
+        if flags & !(FLAG_EAGER | FLAG_REKEYED) != 0 {
             return Err(ReportError::Reserved);
         }
+        let rekeyed = flags & FLAG_REKEYED != 0;
+        let port = bytes[18].checked_sub(1);
+        let keys = bytes[19];
         if usize::from(info_len) > QP_INFO_LEN {
             return Err(ReportError::InfoLength(info_len));
         }
@@ -254,19 +312,46 @@ impl Report {
                 }
                 ReportBody::Refusal(why)
             }
+            KIND_KEYS => {
+                if b != 0 || eager || u32::from(info_len) != a.saturating_mul(8) {
+                    return Err(ReportError::Reserved);
+                }
+                let mut pairs = [(0u32, 0u32); KEYS_PER_REPORT];
+                let n = (a as usize).min(KEYS_PER_REPORT);
+                for (i, pair) in pairs.iter_mut().take(n).enumerate() {
+                    let word = |at: usize| {
+                        u32::from_le_bytes([info[at], info[at + 1], info[at + 2], info[at + 3]])
+                    };
+                    *pair = (word(i * 8), word(i * 8 + 4));
+                }
+                ReportBody::Keys(KeyChunk::new(&pairs[..n]).ok_or(ReportError::Field)?)
+            }
             kind => return Err(ReportError::Kind(kind)),
         };
+        // Only a state report says a port or that it was rekeyed; only a rekeyed receiver's
+        // says that keys follow.
+        let state = matches!(body, ReportBody::Sender(_) | ReportBody::Receiver(_));
+        if (!state && (rekeyed || port.is_some() || keys != 0))
+            || (keys != 0 && !(rekeyed && matches!(body, ReportBody::Receiver(_))))
+        {
+            return Err(ReportError::Reserved);
+        }
         if matches!(body, ReportBody::Refusal(_)) != (attempt == 0) {
             return Err(ReportError::Field);
         }
         let mut qp_info = QpInfo::EMPTY;
-        qp_info.len = info_len;
-        qp_info.bytes.copy_from_slice(info);
+        if state {
+            qp_info.len = info_len;
+            qp_info.bytes.copy_from_slice(info);
+        }
         Ok(Self {
             lane,
             attempt,
             body,
             qp_info,
+            port,
+            rekeyed,
+            keys,
         })
     }
 }
@@ -285,6 +370,9 @@ mod tests {
                 eager: false,
             }),
             qp_info: QpInfo::new(&[1, 2, 3, 4, 5]).unwrap(),
+            port: None,
+            rekeyed: false,
+            keys: 0,
         }
     }
 
@@ -299,18 +387,85 @@ mod tests {
                 eager: true,
             }),
             qp_info: QpInfo::new(&[9; QP_INFO_LEN]).unwrap(),
+            port: None,
+            rekeyed: false,
+            keys: 0,
         };
         let refusal = Report {
             lane: 127,
             attempt: 0,
             body: ReportBody::Refusal(Refusal::Disabled),
             qp_info: QpInfo::EMPTY,
+            port: None,
+            rekeyed: false,
+            keys: 0,
         };
         for r in [sample(), sender, refusal] {
             assert_eq!(Report::decode(&r.encode()), Ok(r));
         }
         assert_eq!(sample().qp_info.as_bytes(), &[1, 2, 3, 4, 5]);
         assert_eq!(QpInfo::new(&[0; QP_INFO_LEN + 1]), None);
+    }
+
+    #[test]
+    fn ports_rekeying_and_keys_roundtrip() {
+        let moved = Report {
+            port: Some(3),
+            rekeyed: true,
+            keys: 2,
+            ..sample()
+        };
+        assert_eq!(Report::decode(&moved.encode()), Ok(moved));
+        let pairs: Vec<(u32, u32)> = (0..KEYS_PER_REPORT as u32).map(|i| (i, !i)).collect();
+        for n in [1, KEYS_PER_REPORT] {
+            let keys = Report {
+                lane: 5,
+                attempt: 2,
+                body: ReportBody::Keys(KeyChunk::new(&pairs[..n]).unwrap()),
+                qp_info: QpInfo::EMPTY,
+                port: None,
+                rekeyed: false,
+                keys: 0,
+            };
+            let decoded = Report::decode(&keys.encode()).unwrap();
+            assert_eq!(decoded, keys);
+            let ReportBody::Keys(chunk) = decoded.body else {
+                panic!("keys decode as keys");
+            };
+            assert_eq!(chunk.pairs(), &pairs[..n]);
+        }
+        assert_eq!(KeyChunk::new(&[]), None);
+        assert_eq!(KeyChunk::new(&[(1, 2); KEYS_PER_REPORT + 1]), None);
+        // A sender's report that says keys follow, a keys report with a port, flag or a count
+        // that disagrees with its length: refused.
+        let reencode = |mut b: [u8; REPORT_LEN]| {
+            let sum = check(&b[..CHECKED_LEN]);
+            b[CHECKED_LEN..].copy_from_slice(&sum.to_le_bytes());
+            Report::decode(&b)
+        };
+        let mut sender = Report {
+            body: ReportBody::Sender(SenderSnapshot::default()),
+            rekeyed: true,
+            ..sample()
+        }
+        .encode();
+        sender[19] = 1;
+        assert_eq!(reencode(sender), Err(ReportError::Reserved));
+        let keys = Report {
+            lane: 0,
+            attempt: 1,
+            body: ReportBody::Keys(KeyChunk::new(&pairs[..2]).unwrap()),
+            qp_info: QpInfo::EMPTY,
+            port: None,
+            rekeyed: false,
+            keys: 0,
+        }
+        .encode();
+        for (at, v) in [(18, 1), (16, 2), (8, 3), (8, 0), (17, 8)] {
+            let mut b = keys;
+            b[at] = v;
+            assert!(reencode(b).is_err(), "byte {at} = {v}");
+        }
     }
 
     #[test]
@@ -330,7 +485,9 @@ mod tests {
         assert_eq!(with(5, 9), Err(ReportError::Kind(9)));
         assert_eq!(with(6, MAX_LANES as u8), Err(ReportError::Lane(128)));
         assert_eq!(with(7, 0), Err(ReportError::Field));
-        assert_eq!(with(16, 2), Err(ReportError::Reserved));
+        assert_eq!(with(16, 4), Err(ReportError::Reserved));
+        // Keys follow only a rekeyed receiver's report.
+        assert_eq!(with(19, 1), Err(ReportError::Reserved));
         assert_eq!(
             with(17, QP_INFO_LEN as u8 + 1),
             Err(ReportError::InfoLength(QP_INFO_LEN as u8 + 1))
@@ -350,13 +507,15 @@ mod tests {
             Err(ReportError::Reserved),
             "info past its length"
         );
-        assert_eq!(with(19, 1), Err(ReportError::Reserved));
         // A refusal carries no state, no info and attempt 0.
         let refusal = Report {
             lane: 0,
             attempt: 0,
             body: ReportBody::Refusal(Refusal::GaveUp),
             qp_info: QpInfo::EMPTY,
+            port: None,
+            rekeyed: false,
+            keys: 0,
         }
         .encode();
         let mut bad_code = refusal;

@@ -38,6 +38,9 @@ fn receiver_report(lane: u8, oldest: u32, announced: u32) -> [u8; report::REPORT
             eager: false,
         }),
         qp_info: QpInfo::new(&[0xab; 4]).unwrap(),
+        port: None,
+        rekeyed: false,
+        keys: 0,
     }
     .encode()
 }
@@ -80,6 +83,9 @@ fn a_sender_fails_a_lane_over_end_to_end() {
             attempt: 1,
             body: ReportBody::Sender(own),
             qp_info: info,
+            port: None,
+            rekeyed: false,
+            keys: 0,
         })]
     );
     m.handle_peer(&receiver_report(0, 6, 12), at(2));
@@ -130,6 +136,9 @@ fn the_peer_starts_it_and_a_working_port_stays() {
             eager: false,
         }),
         qp_info: QpInfo::EMPTY,
+        port: None,
+        rekeyed: false,
+        keys: 0,
     };
     m.handle_peer(&report.encode(), at(0));
     assert_eq!(actions(&mut m), [Action::QuiesceLane { lane: 1 }]);
@@ -165,6 +174,9 @@ fn a_peer_started_failover_leaves_a_port_this_end_saw_go_down() {
         attempt: 1,
         body: ReportBody::Sender(SenderSnapshot::default()),
         qp_info: QpInfo::EMPTY,
+        port: None,
+        rekeyed: false,
+        keys: 0,
     };
     m.handle_peer(&report.encode(), at(0));
     m.handle_quiesced(1, ReportBody::Receiver(ReceiverSnapshot::default()));
@@ -330,6 +342,9 @@ fn bad_reports_give_up_as_protocol_errors() {
         attempt: 1,
         body: ReportBody::Sender(SenderSnapshot::default()),
         qp_info: QpInfo::EMPTY,
+        port: None,
+        rekeyed: false,
+        keys: 0,
     };
     m.handle_peer(&same.encode(), at(0));
     assert!(matches!(
@@ -379,6 +394,9 @@ fn bad_reports_give_up_as_protocol_errors() {
         attempt: 0,
         body: ReportBody::Refusal(Refusal::Disabled),
         qp_info: QpInfo::EMPTY,
+        port: None,
+        rekeyed: false,
+        keys: 0,
     };
     m.handle_peer(&refusal.encode(), at(0));
     assert_eq!(
@@ -530,6 +548,7 @@ impl Nic for Scripted {
     fn read_inbound(&self, _: usize, _: &mut [u8]) {}
     fn write_staging(&mut self, _: usize, _: &[u8]) {}
     fn deliver_inbound(&mut self, _: usize, _: usize, _: u64) {}
+    fn write_inbound(&mut self, _: usize, _: &[u8]) {}
 }
 
 #[test]

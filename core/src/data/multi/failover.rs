@@ -7,7 +7,7 @@
 use super::{MultiRecv, MultiSend, QpMask};
 use crate::data::DataError;
 use crate::data::failover::{
-    FailoverError, Guarded, Plan, RecvJournal, Replayed, ReportBody, SendJournal,
+    FailoverError, Guarded, KeyMap, Plan, RecvJournal, Rekey, Replayed, ReportBody, SendJournal,
 };
 use crate::nic::Nic;
 
@@ -88,14 +88,19 @@ impl MultiSend {
     }
 
     /// Replay `plan` (a sender's) on `lane`'s new queue pair `nic`, its sends from the lane's
-    /// journal. The lane's requests then complete through [`test`](Self::test) as usual.
+    /// journal, under `rekey`. The lane's requests then complete through [`test`](Self::test)
+    /// as usual; its later sends read their buffers with the keys of fused member `member`
+    /// (the port it moved to).
     pub fn failover_replay<N: Nic>(
         &mut self,
         lane: u8,
         nic: &mut N,
         plan: &Plan,
+        rekey: &Rekey<'_>,
+        member: u8,
     ) -> Result<Replayed, FailoverError> {
         let index = lane_index(lane, self.conns.len())?;
+        self.members[index] = member;
         let Some(journals) = &self.journals else {
             return Err(FailoverError::Disabled);
         };
@@ -104,7 +109,7 @@ impl MultiSend {
                 "a receiver's replay plan on the sending end",
             )));
         };
-        self.conns[index].failover_replay(nic, plan, &journals[index])
+        self.conns[index].failover_replay(nic, plan, &journals[index], rekey)
     }
 }
 
@@ -158,14 +163,18 @@ impl MultiRecv {
     }
 
     /// Replay `plan` (a receiver's) on `lane`'s new queue pair `nic`, its receives from the
-    /// lane's journal.
+    /// lane's journal, under `rekey`; its later receives offer their buffers with the keys of
+    /// fused member `member` (the port it moved to).
     pub fn failover_replay<N: Nic>(
         &mut self,
         lane: u8,
         nic: &mut N,
         plan: &Plan,
+        rekey: &Rekey<'_>,
+        member: u8,
     ) -> Result<Replayed, FailoverError> {
         let index = lane_index(lane, self.conns.len())?;
+        self.members[index] = member;
         let Some(journals) = &self.journals else {
             return Err(FailoverError::Disabled);
         };
@@ -174,6 +183,23 @@ impl MultiRecv {
                 "a sender's replay plan on the receiving end",
             )));
         };
-        self.conns[index].failover_replay(nic, plan, &journals[index])
+        self.conns[index].failover_replay(nic, plan, &journals[index], rekey)
+    }
+
+    /// The quiesced `lane` moves to another device: the keys of its receives the sender may
+    /// have consumed entries of, old and new (`new_key`), for the sender
+    /// ([`RecvConn::failover_peer_keys`](crate::data::RecvConn::failover_peer_keys)).
+    pub fn failover_peer_keys(
+        &self,
+        lane: u8,
+        new_key: &dyn Fn(u32) -> Option<u32>,
+    ) -> Result<KeyMap, FailoverError> {
+        let index = lane_index(lane, self.conns.len())?;
+        let Some(journals) = &self.journals else {
+            return Err(FailoverError::Disabled);
+        };
+        let mut keys = KeyMap::EMPTY;
+        self.conns[index].failover_peer_keys(&journals[index], new_key, &mut keys)?;
+        Ok(keys)
     }
 }

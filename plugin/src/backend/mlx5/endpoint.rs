@@ -77,6 +77,10 @@ impl ControlRegions for HostRegions {
         self.inbound.deliver(offset, len, dst);
     }
 
+    fn write_inbound(&mut self, offset: usize, bytes: &[u8]) -> bool {
+        self.inbound.write(offset, bytes)
+    }
+
     fn staging(&self) -> (u64, u32, usize) {
         (self.staging.addr(), self.staging.lkey(), self.staging.len())
     }
@@ -244,6 +248,10 @@ impl<A: Attachment> Nic for Mlx5Endpoint<A> {
 
     fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
         self.nic.deliver_inbound(offset, len, dst);
+    }
+
+    fn write_inbound(&mut self, offset: usize, bytes: &[u8]) {
+        self.nic.write_inbound(offset, bytes);
     }
 }
 

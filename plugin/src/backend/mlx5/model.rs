@@ -65,6 +65,16 @@ impl ControlRegions for ModelRegions {
         )
     }
 
+    fn write_inbound(&mut self, offset: usize, bytes: &[u8]) -> bool {
+        match offset.checked_add(bytes.len()) {
+            Some(end) if end as u64 <= self.inbound.len => {
+                self.model.write(self.inbound.addr + offset as u64, bytes);
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
         let mut bytes = vec![0u8; len];
         self.read_inbound(offset, &mut bytes);

@@ -27,6 +27,9 @@ pub(crate) trait ControlRegions {
     /// Copy `len` inbound bytes at `offset` into the host receive buffer at `dst`
     /// ([`Nic::deliver_inbound`]).
     fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64);
+    /// Copy `bytes` into the inbound region at `offset` ([`Nic::write_inbound`]); false when out
+    /// of range.
+    fn write_inbound(&mut self, offset: usize, bytes: &[u8]) -> bool;
 }
 
 /// A connection's direct queue pair and control regions.
@@ -173,5 +176,9 @@ impl<D: DoorbellRegister, R: ControlRegions> Nic for DirectNic<D, R> {
 
     fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
         self.regions.deliver_inbound(offset, len, dst);
+    }
+
+    fn write_inbound(&mut self, offset: usize, bytes: &[u8]) {
+        let _ = self.regions.write_inbound(offset, bytes);
     }
 }

@@ -140,4 +140,11 @@ impl Nic for TestEndpoint {
             Self::Simulated(e) => e.write_staging(offset, bytes),
         }
     }
+
+    fn write_inbound(&mut self, offset: usize, bytes: &[u8]) {
+        match self {
+            Self::Device(e) => e.write_inbound(offset, bytes),
+            Self::Simulated(e) => e.write_inbound(offset, bytes),
+        }
+    }
 }

@@ -241,6 +241,13 @@ impl Nic for SimEndpoint {
         });
     }
 
+    fn write_inbound(&mut self, offset: usize, bytes: &[u8]) {
+        let _ = self.with_nic(|_, nic| {
+            nic.write_inbound(offset, bytes);
+            Ok(())
+        });
+    }
+
     fn deliver_inbound(&mut self, offset: usize, len: usize, dst: u64) {
         let _ = self.with_nic(|w, nic| {
             let mut bytes = vec![0u8; len];
