@@ -342,6 +342,20 @@ impl<T> Registry<T> {
         }
     }
 
+    /// Call `f` with every live object, holding the writer's lock (so none is removed meanwhile,
+    /// and inserts and removes of other threads wait). Off the data path: port failover to
+    /// another device looks up the registrations of a connection's buffers with it.
+    #[cfg_attr(not(feature = "failover"), allow(dead_code))]
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&T)) {
+        let cursor = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        for slot in &self.slots[..cursor.len] {
+            let address = slot.load(Ordering::Acquire) & ADDRESS_BITS;
+            if address != 0 {
+                f(self.object(address as usize));
+            }
+        }
+    }
+
     /// Take the object out; the handle (and any copy of it) becomes stale.
     ///
     /// # Safety

@@ -66,8 +66,9 @@ pub(crate) trait ConnEndpoint: Nic + Debug + Send + Sized {
     #[cfg_attr(not(feature = "failover"), allow(dead_code))]
     fn fail_queue_pair(&self) -> Result<(), VerbsError>;
 
-    /// Port failover: a new queue pair (at INIT) on `port`, another port of the same protection
-    /// domain, in place of the failed one; the control regions and their keys stay.
+    /// Port failover: a new queue pair (at INIT) on `port` in place of the failed one; the
+    /// control regions stay (registered in `port`'s protection domain anew when it is another
+    /// device's: new keys, carried by `local_info`).
     #[cfg_attr(not(feature = "failover"), allow(dead_code))]
     fn move_to(&mut self, port: &Arc<OpenPort<Self::Device>>, role: Role)
     -> Result<(), VerbsError>;

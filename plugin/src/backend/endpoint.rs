@@ -187,23 +187,26 @@ impl<D: PortDevice> Endpoint<D> {
 
     /// Port failover (issue #39): a new queue pair and completion queue on `port` (the queue
     /// pair at INIT, to be connected like a new one), in place of this endpoint's failed ones,
-    /// which are destroyed. The control regions stay, with their contents (the lane's state)
-    /// and keys: `port` must be a port of this endpoint's protection domain (another port of the
-    /// same device: [`OpenPort::same_domain`]), where every key both ends hold stays valid.
-    /// `role` is the endpoint's, as at creation.
+    /// which are destroyed. The control regions stay, with their contents (the lane's state).
+    /// On another port of the same device ([`OpenPort::same_domain`]) their keys stay too; on a
+    /// port of another device they are registered in its protection domain anew (new keys, which
+    /// [`local_info`](Self::local_info) then carries to the peer). `role` is the endpoint's, as
+    /// at creation.
     #[cfg_attr(not(feature = "failover"), allow(dead_code))]
     pub(crate) fn move_to(
         &mut self,
         port: &Arc<OpenPort<D>>,
         role: Role,
     ) -> Result<(), VerbsError> {
-        if !Arc::ptr_eq(self.qp.pd(), &port.device.verbs().pd) {
-            return Err(VerbsError::InvalidArgument {
-                what: "failover to a port of another device (another protection domain)",
-            });
-        }
         let (_, _, recv_depth) = role.regions();
         let (qp, cq) = Self::queue_pair(port, recv_depth)?;
+        let pd = &port.device.verbs().pd;
+        if !Arc::ptr_eq(self.qp.pd(), pd) {
+            // The old queue pair is in error; its regions' registrations go before it does.
+            self.inbound
+                .register_in(pd, access::LOCAL_WRITE | access::REMOTE_WRITE)?;
+            self.staging.register_in(pd, access::LOCAL_WRITE)?;
+        }
         // The old queue pair goes before its completion queue (as in `Drop`'s field order).
         self.max_inline = qp.caps().max_inline_data as usize;
         self.qp = qp;
@@ -579,6 +582,24 @@ pub(crate) mod region {
             // SAFETY: the memory is valid for `size` bytes and lives until `Drop`, after the MR is gone.
             region.mr = Some(unsafe { MemoryRegion::register(pd, ptr.as_ptr(), size, access) }?);
             Ok(region)
+        }
+
+        /// Register the same memory (contents kept) in `pd` instead, with `access`: port
+        /// failover to a port of another device. The old registration is dropped once the new
+        /// one exists (on failure the region keeps the old one).
+        #[cfg_attr(not(feature = "failover"), allow(dead_code))]
+        pub(crate) fn register_in(
+            &mut self,
+            pd: &Arc<ProtectionDomain>,
+            access: u32,
+        ) -> Result<(), VerbsError> {
+            // SAFETY: the memory is valid for its layout's size and lives until `Drop`, after the
+            // MR is gone (as in `new`).
+            let mr = unsafe {
+                MemoryRegion::register(pd, self.ptr.as_ptr(), self.layout.size(), access)
+            }?;
+            self.mr = Some(mr);
+            Ok(())
         }
 
         fn mr(&self) -> &MemoryRegion {

@@ -118,6 +118,9 @@ const EOF_GRACE: Duration = Duration::from_millis(200);
 struct Watch {
     /// The handshake socket, kept open for the life of the comm.
     socket: TcpStream,
+    /// The port whose asynchronous events it reads: lane 0's (it follows lane 0 when port
+    /// failover moves it to another device).
+    port: Arc<OpenPort>,
     /// This connection's registration for the port's asynchronous events.
     events: WatchId,
     calls: u32,
@@ -126,11 +129,12 @@ struct Watch {
 }
 
 impl Watch {
-    fn new(socket: TcpStream, events: WatchId) -> Self {
+    fn new(socket: TcpStream, port: Arc<OpenPort>, events: WatchId) -> Self {
         // Keepalive failing to switch on leaves process death (EOF) detection intact.
         let _ = socket::keepalive(&socket);
         Self {
             socket,
+            port,
             events,
             calls: 0,
             next_check: Instant::from_nanos(0),
@@ -138,11 +142,13 @@ impl Watch {
         }
     }
 
-    /// Port failover replaced lane 0's queue pair: watch the new one's events instead.
+    /// Port failover replaced lane 0's queue pair: watch the new one's events instead (on its
+    /// port, which may be another device's).
     #[cold]
-    fn follow(&mut self, port: &OpenPort, endpoint: &impl Nics) {
-        port.unwatch(self.events);
-        self.events = port.watch(endpoint.qp_num(), endpoint.cq_addr());
+    fn follow(&mut self, endpoint: &impl Nics) {
+        self.port.unwatch(self.events);
+        self.port = Arc::clone(endpoint.port());
+        self.events = self.port.watch(endpoint.qp_num(), endpoint.cq_addr());
     }
 
     /// Whether the peer's end of the handshake socket is closed now (no rate limit, no grace:
@@ -152,7 +158,7 @@ impl Watch {
     }
 
     /// A fatal error to inject into the connection, if the peer or the port is gone.
-    fn check(&mut self, port: &OpenPort) -> Option<DataError> {
+    fn check(&mut self) -> Option<DataError> {
         self.calls = self.calls.wrapping_add(1);
         if self.calls % CHECK_EVERY_CALLS != 0 {
             return None;
@@ -162,7 +168,7 @@ impl Watch {
             return None;
         }
         self.next_check = now + CHECK_INTERVAL;
-        if let Some(err) = port.fatal_event_for(self.events) {
+        if let Some(err) = self.port.fatal_event_for(self.events) {
             return Some(err);
         }
         match socket::liveness(&self.socket) {
@@ -184,7 +190,8 @@ impl<Conn: Path> Side<Conn> {
     pub(crate) fn new(conn: Conn, endpoint: Conn::Nics, socket: TcpStream, peer: String) -> Self {
         let port = Arc::clone(endpoint.port());
         let ports = endpoint.ports();
-        let watch = Watch::new(socket, port.watch(endpoint.qp_num(), endpoint.cq_addr()));
+        let events = port.watch(endpoint.qp_num(), endpoint.cq_addr());
+        let watch = Watch::new(socket, Arc::clone(&port), events);
         let max_inline = endpoint.max_inline();
         Self {
             state: Exclusive::new(State {
@@ -275,8 +282,8 @@ fn busy_error(call: &str, busy: Busy) -> NetError {
 impl<Conn: Path> Drop for Side<Conn> {
     fn drop(&mut self) {
         // Before the endpoint (QP and CQ) is destroyed: a later connection may get its numbers.
-        let events = self.state.get_mut().watch.events;
-        self.port.unwatch(events);
+        let watch = &self.state.get_mut().watch;
+        watch.port.unwatch(watch.events);
     }
 }
 
@@ -331,7 +338,7 @@ impl<Conn: Path> Side<Conn> {
                 idle_until = now + CLOSE_IDLE;
             }
             if socket::liveness(&watch.socket) == Liveness::Gone
-                || self.port.fatal_event_for(watch.events).is_some()
+                || watch.port.fatal_event_for(watch.events).is_some()
             {
                 break Drained::PeerGone;
             }
@@ -375,10 +382,10 @@ impl<Conn: Path> Side<Conn> {
         } = &mut *state;
         let tested = conn.test(endpoint, req, sizes);
         if conn.progress_failover(endpoint, &watch.socket) {
-            watch.follow(&self.port, endpoint);
+            watch.follow(endpoint);
         }
         match tested {
-            Ok(false) => match watch.check(&self.port) {
+            Ok(false) => match watch.check() {
                 None => {
                     state.leave();
                     Ok(false)
@@ -650,7 +657,7 @@ impl<Conn: Path> Guard<'_, State<Conn>> {
             ..
         } = &mut *self;
         if conn.progress_failover(endpoint, &watch.socket) {
-            watch.follow(&side.port, endpoint);
+            watch.follow(endpoint);
         }
         let answer = match posted {
             Ok(Some(req)) => {
@@ -664,7 +671,7 @@ impl<Conn: Path> Guard<'_, State<Conn>> {
                 }
                 Ok(request)
             }
-            Ok(None) => match self.watch.check(&side.port) {
+            Ok(None) => match self.watch.check() {
                 None => Ok(core::ptr::null_mut()),
                 Some(err) => {
                     self.conn.handle_fatal(err);

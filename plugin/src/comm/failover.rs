@@ -22,8 +22,8 @@ use crate::log::{INIT_NET, info, warn};
 use rivet_core::data::DataError;
 use rivet_core::data::failover::report::REPORT_LEN;
 use rivet_core::data::failover::{
-    Action, Failover, FailoverConfig, FailoverError, FailoverStats, Plan, QpInfo, Replayed,
-    ReportBody, Role as Side,
+    Action, Failover, FailoverConfig, FailoverError, FailoverStats, KeyMap, Plan, QpInfo, Rekey,
+    Replayed, ReportBody, Role as Side,
 };
 use rivet_core::data::multi::{MultiRecv, MultiSend};
 use rivet_core::nic::WcStatus;
@@ -44,19 +44,29 @@ pub(crate) trait FailoverLanes {
     fn quiesce(&mut self, lane: u8, nic: &mut Endpoint) -> Result<bool, FailoverError>;
     /// The quiesced lane's state, for the report.
     fn snapshot(&self, lane: u8) -> Result<ReportBody, FailoverError>;
-    /// Replay `plan` on the lane's new queue pair.
+    /// Replay `plan` on the lane's new queue pair, on fused member (port) `member`, under
+    /// `rekey`.
     fn replay(
         &mut self,
         lane: u8,
         nic: &mut Endpoint,
         plan: &Plan,
+        rekey: &Rekey<'_>,
+        member: u8,
     ) -> Result<Replayed, FailoverError>;
+    /// A receiver's lane moving to another device: the keys (old → `new_key`) of the receives
+    /// the sender may have read entries of. A sender has none to tell.
+    fn peer_keys(
+        &self,
+        lane: u8,
+        new_key: &dyn Fn(u32) -> Option<u32>,
+    ) -> Result<KeyMap, FailoverError>;
     /// Fail the connection with `err` (every lane).
     fn fail(&mut self, err: DataError);
 }
 
 macro_rules! failover_lanes {
-    ($conn:ty) => {
+    ($conn:ty, $peer_keys:expr) => {
         impl FailoverLanes for $conn {
             fn block_lane(&mut self, lane: u8) {
                 <$conn>::block_lane(self, lane)
@@ -75,8 +85,17 @@ macro_rules! failover_lanes {
                 lane: u8,
                 nic: &mut Endpoint,
                 plan: &Plan,
+                rekey: &Rekey<'_>,
+                member: u8,
             ) -> Result<Replayed, FailoverError> {
-                <$conn>::failover_replay(self, lane, nic, plan)
+                <$conn>::failover_replay(self, lane, nic, plan, rekey, member)
+            }
+            fn peer_keys(
+                &self,
+                lane: u8,
+                new_key: &dyn Fn(u32) -> Option<u32>,
+            ) -> Result<KeyMap, FailoverError> {
+                $peer_keys(self, lane, new_key)
             }
             fn fail(&mut self, err: DataError) {
                 <$conn>::handle_fatal(self, err)
@@ -85,8 +104,10 @@ macro_rules! failover_lanes {
     };
 }
 
-failover_lanes!(MultiSend);
-failover_lanes!(MultiRecv);
+// A sender tells no keys; a receiver those of its receives ([`MultiRecv::failover_peer_keys`]).
+failover_lanes!(MultiSend, |_: &MultiSend, _, _| Ok(KeyMap::EMPTY));
+failover_lanes!(MultiRecv, |conn: &MultiRecv, lane, new_key| conn
+    .failover_peer_keys(lane, new_key));
 
 /// One connection's failover: the machine and what the plugin keeps to act on it.
 #[derive(Debug)]
@@ -107,8 +128,10 @@ pub(crate) struct FailoverDriver {
     outbox: Vec<u8>,
     /// Lanes being quiesced (their quiesce runs again on every call until it is done).
     quiescing: Vec<u8>,
-    /// Per lane, the port it was on when its failover began (for the WARN line).
+    /// Per lane, the port it was on when its failover began (for the WARN line), and the one
+    /// its new queue pair was created on.
     from_port: Vec<u8>,
+    to_port: Vec<u8>,
     /// Lane 0's queue pair was replaced since the caller last asked (its event watch follows).
     lane0_moved: bool,
     /// A failover is under way (or a report half read or written): every call runs the machine.
@@ -159,7 +182,8 @@ impl FailoverDriver {
         };
         Self {
             machine: Failover::new(side, config),
-            from_port: (0..lanes).map(|i| (i % ports.len()) as u8).collect(),
+            from_port: vec![0; lanes],
+            to_port: vec![0; lanes],
             ports,
             role,
             settings,
@@ -269,6 +293,9 @@ impl FailoverDriver {
                 self.quiescing.push(lane);
             }
             Action::CreateQp { lane, port } => {
+                if let Some(to) = self.to_port.get_mut(usize::from(lane)) {
+                    *to = port;
+                }
                 let created = match (
                     lanes.get_mut(usize::from(lane)),
                     self.ports.get(usize::from(port)),
@@ -291,7 +318,17 @@ impl FailoverDriver {
                                 if lane == 0 {
                                     self.lane0_moved = true;
                                 }
-                                self.machine.handle_qp_created(lane, info);
+                                let keys = match self.peer_keys(conn, lane) {
+                                    Ok(keys) => keys,
+                                    Err(e) => {
+                                        warn!(
+                                            "port failover: lane {lane}'s receive buffers cannot be \
+                                             named on the device it moves to: {e}"
+                                        );
+                                        return self.machine.handle_lane_error(lane, e);
+                                    }
+                                };
+                                self.machine.handle_qp_created(lane, info, &keys);
                             }
                             None => {
                                 self.local_error(lane, "the endpoint info does not fit a report")
@@ -319,12 +356,31 @@ impl FailoverDriver {
                 };
                 let connected = EndpointInfo::decode(peer_qp.as_bytes())
                     .map_err(|e| format!("the peer's queue pair info: {e}"))
-                    .and_then(|remote| nic.connect_lane(&remote, &self.settings, lane_count));
-                if let Err(e) = connected {
-                    warn!("port failover: connecting lane {lane}'s new queue pair failed: {e}");
-                    return self.local_error(lane, "connecting the new queue pair failed");
-                }
-                let replayed = conn.replay(lane, nic, &plan);
+                    .and_then(|remote| {
+                        nic.connect_lane(&remote, &self.settings, lane_count)
+                            .map(|()| remote.inbound)
+                    });
+                let peer_region = match connected {
+                    Ok(region) => region,
+                    Err(e) => {
+                        warn!("port failover: connecting lane {lane}'s new queue pair failed: {e}");
+                        return self.local_error(lane, "connecting the new queue pair failed");
+                    }
+                };
+                let member = self.to_port.get(usize::from(lane)).copied().unwrap_or(0);
+                // Moved to another device: this end's keys there, for the work it replays.
+                let own_keys = self
+                    .machine
+                    .moves_device(lane)
+                    .then(|| self.key_map(lane, self.is_receiver()));
+                let new_key = |key: u32| own_keys.as_ref().and_then(|m| m.get(&key).copied());
+                let rekey = Rekey {
+                    peer_region,
+                    local: own_keys
+                        .is_some()
+                        .then_some(&new_key as &dyn Fn(u32) -> Option<u32>),
+                };
+                let replayed = conn.replay(lane, nic, &plan, &rekey, member);
                 self.machine.handle_replayed(lane, replayed, now);
             }
             Action::Resume { lane } => {
@@ -388,6 +444,38 @@ impl FailoverDriver {
                 }
             }
         }
+    }
+
+    /// Whether this end receives.
+    fn is_receiver(&self) -> bool {
+        matches!(self.role, Role::Receiver | Role::EagerReceiver)
+    }
+
+    /// `lane`'s registered buffers' keys (`remote`: remote keys) on the port it leaves → on the
+    /// port its new queue pair is on.
+    fn key_map(&self, lane: u8, remote: bool) -> std::collections::HashMap<u32, u32> {
+        let from = self
+            .machine
+            .lane_port(lane)
+            .and_then(|p| self.ports.get(usize::from(p)));
+        let to = self
+            .to_port
+            .get(usize::from(lane))
+            .and_then(|p| self.ports.get(usize::from(*p)));
+        match (from, to) {
+            (Some(from), Some(to)) => crate::comm::mr::key_map(from, to, remote),
+            _ => std::collections::HashMap::new(),
+        }
+    }
+
+    /// What a receiver moving `lane` to another device tells the sender of its keys (nothing
+    /// otherwise).
+    fn peer_keys<C: FailoverLanes>(&self, conn: &C, lane: u8) -> Result<KeyMap, FailoverError> {
+        if !self.is_receiver() || !self.machine.moves_device(lane) {
+            return Ok(KeyMap::EMPTY);
+        }
+        let map = self.key_map(lane, true);
+        conn.peer_keys(lane, &|key| map.get(&key).copied())
     }
 
     /// Tell the machine whether `lane`'s port's link is up.

@@ -79,6 +79,36 @@ impl Drop for UserMr {
 
 static MRS: Registry<UserMr> = registry!(0x3e3e, "live memory registrations");
 
+/// Port failover to another device: for every live registration made on both `from` and `to`
+/// (a fused device's members), its key on `from` → its key on `to` (remote keys when `remote`,
+/// local otherwise). A lane that moved from `from` to `to` rewrites the keys of its outstanding
+/// work with it.
+#[cfg(feature = "failover")]
+pub(crate) fn key_map(
+    from: &Arc<OpenPort>,
+    to: &Arc<OpenPort>,
+    remote: bool,
+) -> std::collections::HashMap<u32, u32> {
+    let mut map = std::collections::HashMap::new();
+    MRS.for_each(|mr| {
+        let members = std::iter::once((&mr.port, mr.share.as_ref()))
+            .chain(mr.others.iter().map(|(port, share)| (port, share.as_ref())));
+        let (mut old, mut new) = (None, None);
+        for (port, share) in members {
+            let key = share.map(|s| if remote { s.rkey } else { s.lkey });
+            if Arc::ptr_eq(port, from) {
+                old = key;
+            } else if Arc::ptr_eq(port, to) {
+                new = key;
+            }
+        }
+        if let (Some(old), Some(new)) = (old, new) {
+            map.insert(old, new);
+        }
+    });
+    map
+}
+
 /// Look up a memory handle passed to isend/irecv.
 #[inline]
 pub(crate) fn lookup(call: &str, mh: Ptr) -> NetResult<&'static UserMr> {
