@@ -30,17 +30,28 @@
  *                      (NCCL_IB_RETRY_CNT+1)) + 5 s of the kill (it sees the marker appear on the
  *                      shared directory); later calls fail too.
  *   port-failover      as port-cut, with NCCL_IB_RESILIENCY_PORT_FAILOVER=1: 8 B - 4 MiB messages,
- *                      4 in flight; the stream goes on byte-exact (FAULTS_MESSAGES, FAULTS_CUT_AT)
- *   port-failover-both as port-failover, and port 2 cut too later: both sides fail in bound
+ *                      4 in flight; the stream goes on byte-exact, the longest wait printed
+ *                      (FAULTS_MESSAGES, FAULTS_CUT_AT). Also across devices: RIVET_FABRIC_DEVICES=2
+ *                      (rfab0 and rfab1, one port each), FAULTS_FUSE=0,1, FAULTS_CUT_PORT="rfab0 1"
+ *   port-failover-both as port-failover, and port 2 of rfab0 cut too later: both sides fail in bound
  *   port-cut           the user-space verbs fabric only (RIVET_FABRIC_PORTS=2, FAULTS_FUSE=0,1,
  *                      RIVET_FABRIC_CTL): port 1 of the fused device cut in both processes after 20
  *                      verified messages; without port failover both sides fail within
- *                      2 x the retry time + 5 s
+ *                      2 x the retry time + 5 s. The fabric's port cut (port-cut, port-failover):
+ *                      FAULTS_CUT_PORT="<device> <port>" (default "rfab0 1"); FAULTS_CUT_SIDES=receiver
+ *                      cuts it in the receiver's process only (default: both obey the control file)
  *   link-cut (--listen-port P | --peer A.B.C.D:P)
  *                      the receiver takes its link NIC ($FAULTS_CUT_IF) down after 20 verified 1 MiB
  *                      messages: it fails at once (rxe flushes its queue pair); the sender, waiting for
  *                      a clear-to-send with nothing in flight, must fail within 2 x the retry time +
  *                      30 s (the handshake socket's TCP keepalive).
+ *   link-failover (--listen-port P | --peer A.B.C.D:P)
+ *                      across two VMs on a fused device (FAULTS_FUSE) with
+ *                      NCCL_IB_RESILIENCY_PORT_FAILOVER=1 at both ends: port-failover's stream, and
+ *                      the receiver takes $FAULTS_CUT_IF down after FAULTS_CUT_AT verified messages;
+ *                      the stream goes on to the end byte-exact, no call failing, the longest wait for
+ *                      one completion printed as the recovery time. The link stays down (the caller
+ *                      brings it back).
  * Each prints PASS/FAIL lines with the time the error took; exit status 0 only if all passed. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -126,6 +137,11 @@ static int make_pair(const char* lib, int parent_receives, struct pair* p) {
   h_role = receiver ? "receiver" : "sender";
   p->to_peer = is_parent ? down[1] : up[1];
   p->from_peer = is_parent ? up[0] : down[0];
+  /* FAULTS_CUT_SIDES=receiver: only the receiver obeys the fabric's control file, so a port it
+   * cuts fails in its process alone and the sender meets the cut from its end of the link (as
+   * when one host's link goes down). Set before the plugin loads the fabric, which reads it then. */
+  const char* sides = getenv("FAULTS_CUT_SIDES");
+  if (!receiver && sides && !strcmp(sides, "receiver")) unsetenv("RIVET_FABRIC_CTL");
   if (!init_on_env_device(lib, p)) return 0;
   return connect_pair(p, receiver, handle_pipe[1], handle_pipe[0]);
 }
@@ -1077,22 +1093,35 @@ static int scenario_link_cut(const char* lib, const char* peer, int listen_port)
 }
 
 /* Fail `port` ("<device> <port>", e.g. "rfab0 1") through the fabric's control file
- * ($RIVET_FABRIC_CTL): every process whose environment names the file obeys it. */
+ * ($RIVET_FABRIC_CTL): every process whose environment names the file obeys it. The fabric takes
+ * a control-file line within 50 ms: wait for it, so the cut lands while messages remain (a
+ * stream that ends first would never meet it). */
 static void fail_port(const char* port, int count) {
   const char* ctl = getenv("RIVET_FABRIC_CTL");
   FILE* f = fopen(ctl, "a");
   if (!f || fprintf(f, "fail-port %s\n", port) < 0 || fclose(f) != 0) h_fail("writing %s", ctl);
   else h_pass("port %s of the fused device cut mid-stream, after %d verified messages", port, count);
+  usleep(120000);
 }
 
-/* port-cut's cut (and port-failover's first): port 1 of rfab0. */
-static void cut_port(int count) { fail_port("rfab0 1", count); }
+/* The fabric port that port-cut and port-failover cut: $FAULTS_CUT_PORT ("<device> <port>"),
+ * by default port 1 of rfab0, the first member of a device fused from rfab0's two ports
+ * (RIVET_FABRIC_PORTS=2) or from rfab0 and rfab1 (RIVET_FABRIC_DEVICES=2). */
+static const char* cut_port_name(void) {
+  const char* port = getenv("FAULTS_CUT_PORT");
+  return port && *port ? port : "rfab0 1";
+}
+
+static void cut_port(int count) { fail_port(cut_port_name(), count); }
+
+/* port-failover-both's second cut: port 2 of rfab0 too. */
+static void cut_port_2(int count) { fail_port("rfab0 2", count); }
 
 /* port-cut, over the user-space verbs fabric only (RIVET_FABRIC_PORTS=2, FAULTS_FUSE=0,1, and
  * RIVET_FABRIC_CTL naming one control file both processes watch): both connect over the device
  * fused from their two ports, and after 20 verified 1 MiB messages the receiver appends
- * "fail-port rfab0 1" to the control file, so port 1 fails in both processes, as a cable cut
- * between them. Port failover is not built (issue #39): the connection must fail on both sides
+ * "fail-port rfab0 1" (FAULTS_CUT_PORT) to the control file, so port 1 fails in both processes,
+ * as a cable cut between them. Without port failover the connection must fail on both sides
  * within 2 x the retry time + 5 s of the last completed transfer, and later calls fail at once. */
 static int scenario_port_cut(const char* lib) {
   if (!getenv("RIVET_FABRIC_CTL") || !getenv("FAULTS_FUSE")) {
@@ -1111,41 +1140,33 @@ static int scenario_port_cut(const char* lib) {
   return end_pair(&p, receiver);
 }
 
-/* port-failover's message sizes, in turn: 8 B to 4 MiB. */
+/* The failover stream's message sizes, in turn: 8 B to 4 MiB. */
 static const size_t FAILOVER_SIZES[] = {8, 4 << 20, 4096, (1 << 20) + 3, 65536, 300000};
 #define FAILOVER_WINDOW 4
 #define FAILOVER_SLOT (4 << 20)
 
-/* port-failover-both's second cut: port 2 of rfab0 too. */
-static void cut_port_2(int count) { fail_port("rfab0 2", count); }
-
-/* port-failover, over the user-space verbs fabric only (as port-cut, with
- * NCCL_IB_RESILIENCY_PORT_FAILOVER=1 in both processes): FAULTS_MESSAGES (default 100) messages
- * of 8 B to 4 MiB, FAILOVER_WINDOW in flight (as NCCL keeps several steps posted), and after
- * FAULTS_CUT_AT (default 20) verified ones the receiver cuts port 1 in both processes. The stream
- * goes on over port 2: every message must arrive byte-exact (each carries its own pattern; the
- * receiver poisons each buffer before posting it) and in order, with its size, and no call may
- * fail; the longest wait for one completion (the failover's) is reported. With `both`, port 2 is
- * cut too FAULTS_CUT_AT messages later: then both sides must fail with an error within
- * 2 x the retry time + 5 s of the last completed message (failover exhausted, no port left). */
-static int scenario_port_failover(const char* lib, int both) {
-  if (!getenv("RIVET_FABRIC_CTL") || !getenv("FAULTS_FUSE")) {
-    h_fail("port-failover needs RIVET_FABRIC_CTL and FAULTS_FUSE");
-    return 1;
-  }
+/* The stream of port-failover and link-failover, on a connected pair after its warm-up:
+ * FAULTS_MESSAGES (default 100) messages of 8 B to 4 MiB, FAILOVER_WINDOW in flight (as NCCL
+ * keeps several steps posted), and after FAULTS_CUT_AT (default 20) verified ones the receiver
+ * calls `cut` (named `cut_what` in the lines). The stream must go on: every message must arrive
+ * byte-exact (each carries its own pattern; the receiver poisons each buffer before posting it)
+ * and in order, with its size, and no call may fail; the longest wait for one completion (the
+ * recovery) is reported. With `cut_again`, the receiver calls it FAULTS_CUT_AT messages later,
+ * leaving no port: then both sides must fail with an error within 2 x the retry time + 5 s of the
+ * last completed message. `what` names the scenario in the lines. 1 if the stream ended as it
+ * must. */
+static int failover_stream(struct pair* p, int receiver, const char* what, const char* cut_what, void (*cut)(int count),
+                           void (*cut_again)(int count)) {
+  int both = cut_again != NULL;
   const char* m = getenv("FAULTS_MESSAGES");
   const char* c = getenv("FAULTS_CUT_AT");
   int total = m ? atoi(m) : 100, cut_at = c ? atoi(c) : 20;
   if (both && total < 2 * cut_at + 10) total = 2 * cut_at + 10;
-  struct pair p;
-  if (!make_pair(lib, 1, &p)) return 1;
-  int receiver = strcmp(h_role, "receiver") == 0;
-  if (!warm_up(&p, receiver, 3)) return 1;
   unsigned char* slots = malloc((size_t)FAILOVER_WINDOW * FAILOVER_SLOT);
   void* mh = NULL;
-  if (!slots || h_net->reg_mr(p.comm, slots, (size_t)FAILOVER_WINDOW * FAILOVER_SLOT, PTR_HOST, &mh) != NCCL_OK) {
-    h_fail("port failover: registering %d x 4 MiB", FAILOVER_WINDOW);
-    return 1;
+  if (!slots || h_net->reg_mr(p->comm, slots, (size_t)FAILOVER_WINDOW * FAILOVER_SLOT, PTR_HOST, &mh) != NCCL_OK) {
+    h_fail("%s: registering %d x 4 MiB", what, FAILOVER_WINDOW);
+    return 0;
   }
   void* reqs[FAILOVER_WINDOW] = {0};
   int posted = 0, completed = 0;
@@ -1165,10 +1186,10 @@ static int scenario_port_failover(const char* lib, int both) {
         size_t sizes[1] = {FAILOVER_SLOT};
         int tags[1] = {1};
         void* mhs[1] = {mh};
-        r = h_net->irecv(p.comm, 1, data, sizes, tags, mhs, NULL, &req);
+        r = h_net->irecv(p->comm, 1, data, sizes, tags, mhs, NULL, &req);
       } else {
         h_fill(buf, n, 2000 + posted);
-        r = h_net->isend(p.comm, buf, n, 1, mh, NULL, &req);
+        r = h_net->isend(p->comm, buf, n, 1, mh, NULL, &req);
       }
       if (r != NCCL_OK || !req) break;
       reqs[k] = req;
@@ -1187,7 +1208,7 @@ static int scenario_port_failover(const char* lib, int both) {
     reqs[k] = NULL;
     size_t n = FAILOVER_SIZES[completed % (sizeof FAILOVER_SIZES / sizeof FAILOVER_SIZES[0])];
     if (receiver && ((size_t)size != n || !h_verify(slots + (size_t)k * FAILOVER_SLOT, n, 2000 + completed))) {
-      h_fail("port failover: message %d of %d (%zu B) arrived %s", completed, total, n,
+      h_fail("%s: message %d of %d (%zu B) arrived %s", what, completed, total, n,
              (size_t)size != n ? "with the wrong size" : "with the wrong bytes");
       r = NCCL_INTERNAL_ERROR;
       break;
@@ -1195,41 +1216,36 @@ static int scenario_port_failover(const char* lib, int both) {
     if (h_now() - last > worst) worst = h_now() - last;
     last = h_now();
     completed++;
-    /* The fabric takes a control-file line within 50 ms: wait for it, so the cut lands while
-     * messages remain (a stream that ends first would never meet it). */
-    if (receiver && completed == cut_at) {
-      cut_port(completed);
-      usleep(120000);
-    }
-    if (receiver && both && completed == 2 * cut_at) {
-      cut_port_2(completed);
-      usleep(120000);
-    }
+    if (receiver && completed == cut_at) cut(completed);
+    if (receiver && both && completed == 2 * cut_at) cut_again(completed);
   }
+  int ok = 0;
   if (both) {
     double elapsed = h_now() - last;
-    if (r != NCCL_OK && elapsed <= bound && completed >= 2 * cut_at)
-      h_pass("port failover, both ports cut: error %d %.2f s after the last completed message (%d of them, "
+    ok = r != NCCL_OK && elapsed <= bound && completed >= 2 * cut_at;
+    if (ok)
+      h_pass("%s, both ports cut: error %d %.2f s after the last completed message (%d of them, "
              "byte-exact; bound %.1f s): %s",
-             r, elapsed, completed, bound, h_last_warn);
+             what, r, elapsed, completed, bound, h_last_warn);
     else if (r != NCCL_OK)
-      h_fail("port failover, both ports cut: error %d after %.2f s, %d messages completed (bound %.1f s)", r,
-             elapsed, completed, bound);
+      h_fail("%s, both ports cut: error %d after %.2f s, %d messages completed (bound %.1f s)", what, r, elapsed,
+             completed, bound);
     else
-      h_fail("port failover, both ports cut: no error %.2f s after the last completed message", elapsed);
-  } else if (completed == total)
-    h_pass("port failover: %d messages of 8 B to 4 MiB, %d in flight, byte-exact and in order across the cut of "
-           "port 1 after %d, no call failed; longest wait %.2f s, all %.2f s (NCCL_IB_TIMEOUT=%s, "
-           "NCCL_IB_RETRY_CNT=%s, NCCL_IB_QPS_PER_CONNECTION=%s)",
-           total, FAILOVER_WINDOW, cut_at, worst, h_now() - t_start, getenv("NCCL_IB_TIMEOUT") ?: "20",
-           getenv("NCCL_IB_RETRY_CNT") ?: "7", getenv("NCCL_IB_QPS_PER_CONNECTION") ?: "1");
+      h_fail("%s, both ports cut: no error %.2f s after the last completed message", what, elapsed);
+  } else if ((ok = completed == total))
+    h_pass("%s: %d messages of 8 B to 4 MiB, %d in flight, byte-exact and in order across the cut of %s after %d, "
+           "no call failed; recovery: longest wait %.2f s, all %.2f s (NCCL_IB_TIMEOUT=%s, NCCL_IB_RETRY_CNT=%s, "
+           "NCCL_IB_QPS_PER_CONNECTION=%s)",
+           what, total, FAILOVER_WINDOW, cut_what, cut_at, worst, h_now() - t_start,
+           getenv("NCCL_IB_TIMEOUT") ?: "20", getenv("NCCL_IB_RETRY_CNT") ?: "7",
+           getenv("NCCL_IB_QPS_PER_CONNECTION") ?: "1");
   else
-    h_fail("port failover: %d of %d messages, then %s (result %d): %s", completed, total,
+    h_fail("%s: %d of %d messages, then %s (result %d): %s", what, completed, total,
            r != NCCL_OK ? "an error" : "nothing for 60 s", r, h_last_warn);
   /* What the plugin published for `rivet info --stats` (RIVET_STATS_DIR), read before finalize
    * removes it. */
   const char* stats_dir = getenv("RIVET_STATS_DIR");
-  if (stats_dir && !both && completed == total) {
+  if (stats_dir && !both && ok) {
     char path[512], text[512] = {0};
     snprintf(path, sizeof path, "%s/rivet-stats.%d", stats_dir, (int)getpid());
     FILE* f = fopen(path, "r");
@@ -1238,29 +1254,85 @@ static int scenario_port_failover(const char* lib, int both) {
     unsigned long lanes = 0;
     const char* at = got ? strstr(text, "lanes_failed_over ") : NULL;
     if (at) lanes = strtoul(at + strlen("lanes_failed_over "), NULL, 10);
-    if (lanes >= 1) h_pass("port failover: published for rivet info --stats: %lu lane(s) failed over", lanes);
-    else h_fail("port failover: nothing published in %s", path);
+    if (lanes >= 1) h_pass("%s: published for rivet info --stats: %lu lane(s) failed over", what, lanes);
+    else h_fail("%s: nothing published in %s", what, path);
   }
+  /* With both ports cut the connection failed: its memory stays registered until it is closed. */
+  if (!both) {
+    h_net->dereg_mr(p->comm, mh);
+    free(slots);
+  }
+  return ok;
+}
+
+/* port-failover, over the user-space verbs fabric only (as port-cut, with
+ * NCCL_IB_RESILIENCY_PORT_FAILOVER=1 in both processes): the failover stream (failover_stream),
+ * the receiver cutting FAULTS_CUT_PORT (default "rfab0 1") through the control file; the stream
+ * goes on over the fused device's other member. With `both`, port 2 of rfab0 is cut too
+ * FAULTS_CUT_AT messages later: both sides must fail in bound (failover exhausted, no port left). */
+static int scenario_port_failover(const char* lib, int both) {
+  if (!getenv("RIVET_FABRIC_CTL") || !getenv("FAULTS_FUSE")) {
+    h_fail("port-failover needs RIVET_FABRIC_CTL and FAULTS_FUSE");
+    return 1;
+  }
+  struct pair p;
+  if (!make_pair(lib, 1, &p)) return 1;
+  int receiver = strcmp(h_role, "receiver") == 0;
+  if (!warm_up(&p, receiver, 3)) return 1;
+  char cut_what[96];
+  snprintf(cut_what, sizeof cut_what, "port %s", cut_port_name());
+  failover_stream(&p, receiver, "port failover", cut_what, cut_port, both ? cut_port_2 : NULL);
   if (both) {
     /* Closed on the error, as NCCL does. */
     if (receiver) h_net->close_recv(p.comm);
     else h_net->close_send(p.comm);
-    return end_pair(&p, receiver);
   }
-  h_net->dereg_mr(p.comm, mh);
-  free(slots);
   return end_pair(&p, receiver);
 }
 
+/* link-failover across two VMs (see the usage text): link-cut's cut under port-failover's stream,
+ * on a fused device (FAULTS_FUSE) with NCCL_IB_RESILIENCY_PORT_FAILOVER=1 at both ends: the
+ * receiver takes $FAULTS_CUT_IF down after FAULTS_CUT_AT verified messages, and the stream must
+ * go on over the other member's link to the end, byte-exact, no call failing; the longest wait
+ * for one completion is the recovery time. The link stays down: the rig brings it back. */
+static int scenario_link_failover(const char* lib, const char* peer, int listen_port) {
+  if (!getenv("FAULTS_FUSE")) {
+    h_fail("link-failover needs FAULTS_FUSE (a fused device)");
+    return 1;
+  }
+  /* The end's handshake below writes to a peer that may have gone after a failure. */
+  signal(SIGPIPE, SIG_IGN);
+  struct pair p;
+  if (!make_cross_pair(lib, peer, listen_port, &p)) return 1;
+  int receiver = listen_port != 0;
+  if (!warm_up(&p, receiver, 3)) return 1;
+  const char* nic = getenv("FAULTS_CUT_IF");
+  char cut_what[96];
+  if (receiver) snprintf(cut_what, sizeof cut_what, "link %s", nic ? nic : "eth1");
+  else snprintf(cut_what, sizeof cut_what, "the receiver's link");
+  if (failover_stream(&p, receiver, "link failover", cut_what, cut_link, NULL)) {
+    /* The receiver closes only once the sender saw its last send complete. */
+    if (receiver) wait_peer(p.from_peer);
+    else signal_peer(p.to_peer);
+  }
+  if (receiver) h_net->close_recv(p.comm);
+  else h_net->close_send(p.comm);
+  if (h_net->finalize(p.ctx) != NCCL_OK) h_fail("finalize");
+  return 0;
+}
+
 int main(int argc, char** argv) {
-  if (argc == 5 && (!strcmp(argv[2], "host-death") || !strcmp(argv[2], "link-cut"))) {
+  if (argc == 5 && (!strcmp(argv[2], "host-death") || !strcmp(argv[2], "link-cut") ||
+                    !strcmp(argv[2], "link-failover"))) {
     alarm(600);
-    int cut = !strcmp(argv[2], "link-cut");
     int rc;
     int listen = !strcmp(argv[3], "--listen-port");
+    const char* peer = listen ? NULL : argv[4];
+    int port = listen ? atoi(argv[4]) : 0;
     if (!listen && strcmp(argv[3], "--peer")) rc = 2;
-    else if (cut) rc = scenario_link_cut(argv[1], listen ? NULL : argv[4], listen ? atoi(argv[4]) : 0);
-    else rc = scenario_host_death(argv[1], listen ? NULL : argv[4], listen ? atoi(argv[4]) : 0);
+    else if (!strcmp(argv[2], "link-cut")) rc = scenario_link_cut(argv[1], peer, port);
+    else if (!strcmp(argv[2], "link-failover")) rc = scenario_link_failover(argv[1], peer, port);
+    else rc = scenario_host_death(argv[1], peer, port);
     if (rc == 2) fprintf(stderr, "usage: %s LIB %s --listen-port P | --peer A.B.C.D:P\n", argv[0], argv[2]);
     return rc || h_failures ? (rc == 2 ? 2 : 1) : 0;
   }
