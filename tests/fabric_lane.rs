@@ -22,6 +22,7 @@ mod common;
 use common::plugin_library;
 use std::path::PathBuf;
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 /// The folder holding the fabric's `libibverbs.so.1` (set by `scripts/fabric-lane.sh`).
@@ -441,11 +442,19 @@ fn a_cut_port_of_a_fused_device_fails_the_connection_in_bound() {
     );
 }
 
-/// One run of a faults port-failover scenario over a fused two-port device, port failover on in
-/// both processes, port 1 cut after `cut_at` messages; `extra` more environment. Its stderr.
+/// One run of a faults port-failover scenario, port failover on in both processes, the fused
+/// device's first member's port cut after `cut_at` messages: by default a device fused from the
+/// two ports of `rfab0`, port 1 cut; `extra` more environment after that (another fabric, e.g.
+/// `RIVET_FABRIC_DEVICES=2`, another port to cut, `FAULTS_CUT_PORT`, or a cut in the receiver's
+/// process only, `FAULTS_CUT_SIDES=receiver`). Its stderr.
 fn port_failover_run(scenario: &str, cut_at: u32, extra: &[(&str, &str)]) -> String {
-    let dir =
-        std::env::temp_dir().join(format!("rivet-{scenario}-{}-{cut_at}", std::process::id()));
+    // Each run its own fabric, also when tests run in parallel (one process: one pid).
+    static RUNS: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "rivet-{scenario}-{}-{cut_at}-{}",
+        std::process::id(),
+        RUNS.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::create_dir_all(&dir).expect("a directory for the port-failover fabric");
     let ctl = dir.join("ctl");
     std::fs::write(&ctl, "").expect("the control file");
@@ -463,16 +472,67 @@ fn port_failover_run(scenario: &str, cut_at: u32, extra: &[(&str, &str)]) -> Str
     for (k, v) in extra {
         command.env(k, v);
     }
+    let settings: Vec<String> = extra.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let (out, _, stderr) = run(
-        &format!("faults {scenario} (cut after {cut_at})"),
+        &format!(
+            "faults {scenario} (cut after {cut_at}{}{})",
+            if settings.is_empty() { "" } else { "; " },
+            settings.join(" ")
+        ),
         &mut command,
     );
     let _ = std::fs::remove_dir_all(&dir);
     assert!(
         out.status.success() && !stderr.contains("FAIL ["),
-        "{scenario}, cut after {cut_at} messages: a check failed"
+        "{scenario}, cut after {cut_at} messages ({settings:?}): a check failed"
     );
     stderr
+}
+
+/// The cut points of a failover test's trials, one each: `RIVET_FAILOVER_TRIALS` of them (3 by
+/// default: 100 by hand), each at random in 1..=80 (a xorshift seeded by the process id and
+/// `salt`).
+fn failover_cut_points(salt: u64) -> Vec<u32> {
+    let trials: u32 = std::env::var("RIVET_FAILOVER_TRIALS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(3);
+    let mut seed = (u64::from(std::process::id()) ^ salt) | 1;
+    (0..trials)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            1 + (seed % 80) as u32
+        })
+        .collect()
+}
+
+/// What every trial of a port-failover test must show in `stderr`: both sides saw every message
+/// across the cut, the failover's WARN line (lane moved, replayed, time taken), and both
+/// processes published their failover counts. Returns the longest wait either side reported.
+fn check_failed_over(stderr: &str, trial: usize, cut_at: u32) -> f64 {
+    assert_eq!(
+        stderr
+            .matches("byte-exact and in order across the cut")
+            .count(),
+        2,
+        "trial {trial} (cut after {cut_at}): both sides must see every message"
+    );
+    assert!(
+        stderr.contains("port failover: lane"),
+        "trial {trial}: the failover's WARN line (lane moved, replayed, time taken)"
+    );
+    assert_eq!(
+        stderr.matches("published for rivet info --stats").count(),
+        2,
+        "trial {trial}: both processes publish their failover counts"
+    );
+    stderr
+        .split("recovery: longest wait ")
+        .skip(1)
+        .filter_map(|rest| rest.split(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, f64::max)
 }
 
 #[test]
@@ -482,16 +542,7 @@ fn a_cut_port_of_a_fused_device_fails_over_and_the_stream_goes_on() {
     // (8 B to 4 MiB, 4 in flight) still arrives byte-exact, in order, without an error. The cut
     // point is random per trial (RIVET_FAILOVER_TRIALS, 3 by default: 100 by hand), and the
     // connection has one queue pair per port, then two (NCCL_IB_QPS_PER_CONNECTION=2, split).
-    let trials: u32 = std::env::var("RIVET_FAILOVER_TRIALS")
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(3);
-    let mut seed = u64::from(std::process::id()) | 1;
-    for trial in 0..trials {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let cut_at = 1 + (seed % 80) as u32;
+    for (trial, cut_at) in failover_cut_points(0).into_iter().enumerate() {
         let extra: &[(&str, &str)] = if trial % 2 == 1 {
             &[
                 ("NCCL_IB_QPS_PER_CONNECTION", "2"),
@@ -501,23 +552,42 @@ fn a_cut_port_of_a_fused_device_fails_over_and_the_stream_goes_on() {
             &[]
         };
         let stderr = port_failover_run("port-failover", cut_at, extra);
-        assert_eq!(
-            stderr
-                .matches("byte-exact and in order across the cut")
-                .count(),
-            2,
-            "trial {trial} (cut after {cut_at}): both sides must see every message"
-        );
+        check_failed_over(&stderr, trial, cut_at);
+    }
+}
+
+#[test]
+#[ignore = "needs the fabric (scripts/fabric-lane.sh)"]
+fn a_cut_device_of_a_fused_pair_fails_over_and_the_stream_goes_on() {
+    // Two devices of one port each (RIVET_FABRIC_DEVICES=2: rfab0 and rfab1, NCCL devices 0 and
+    // 1, two protection domains) fused into one; rfab0's port cut at a random point of the
+    // stream, port failover on in both processes: the cut device's lanes move to rfab1 and every
+    // message still arrives byte-exact, in order, without an error. Every other trial cuts the
+    // port in the receiver's process only (FAULTS_CUT_SIDES=receiver: the sender's port stays up
+    // and it meets the cut from its end of the link, as a cut link looks in the VM rig); every
+    // other pair of trials has two queue pairs per port (split).
+    let mut longest = 0.0_f64;
+    for (trial, cut_at) in failover_cut_points(0x5eed_d0d0).into_iter().enumerate() {
+        let mut extra = vec![
+            ("RIVET_FABRIC_PORTS", "1"),
+            ("RIVET_FABRIC_DEVICES", "2"),
+            ("FAULTS_CUT_PORT", "rfab0 1"),
+        ];
+        if trial % 2 == 1 {
+            extra.push(("FAULTS_CUT_SIDES", "receiver"));
+        }
+        if trial / 2 % 2 == 1 {
+            extra.push(("NCCL_IB_QPS_PER_CONNECTION", "2"));
+            extra.push(("NCCL_IB_SPLIT_DATA_ON_QPS", "1"));
+        }
+        let stderr = port_failover_run("port-failover", cut_at, &extra);
+        longest = longest.max(check_failed_over(&stderr, trial, cut_at));
         assert!(
-            stderr.contains("port failover: lane"),
-            "trial {trial}: the failover's WARN line (lane moved, replayed, time taken)"
-        );
-        assert_eq!(
-            stderr.matches("published for rivet info --stats").count(),
-            2,
-            "trial {trial}: both processes publish their failover counts"
+            stderr.contains("from rfab0 port 1 to rfab1 port 1"),
+            "trial {trial}: no lane moved from rfab0 to rfab1"
         );
     }
+    eprintln!("fabric lane: failover across devices: longest wait {longest:.2} s");
 }
 
 #[test]
