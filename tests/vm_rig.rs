@@ -5,8 +5,12 @@
 //! `tests/c/transfer.c` across hosts (B receives, A sends; also over four split queue pairs per
 //! connection on link 2; the handle over a TCP control connection
 //! on the link), every byte verified, and the link NIC's counters must show the traffic went that
-//! way. Then the link-cut fault on link 2 (B takes `eth2` down mid-stream: both ends must fail
-//! within the silent-peer bound, later calls too). Then the host-death fault: B grants 8 receives
+//! way. Then a link of the fused device (rxe1 and rxe2 through `makeVDevice`) cut mid-stream (B
+//! takes `eth2` down): without port failover both ends fail within the bound (`fused-cut`); with
+//! it (`NCCL_IB_RESILIENCY_PORT_FAILOVER=1`, `faults link-failover`) the stream goes on over the
+//! other link to the end, byte-exact, its recovery time printed (`fused-failover`). Then the
+//! link-cut fault on link 2 (B takes `eth2` down mid-stream: both ends must fail within the
+//! silent-peer bound, later calls too). Then the host-death fault: B grants 8 receives
 //! of 64 MiB on link 1 and the host SIGKILLs B's whole VM while A writes them; A's queue pair must
 //! fail by RDMA retry exhaustion within 2 x the retry time + 5 s of the kill
 //! (`tests/c/faults.c host-death`, `NCCL_IB_TIMEOUT=14`, `NCCL_IB_RETRY_CNT=2`), and later calls fail
@@ -100,6 +104,19 @@ if [ "$RIVET_VM_INDEX" = 1 ]; then
   ip link set eth2 up
 else
   step fused-cut env $fused {faults} {lib} link-cut --peer ${{peers[0]}}:18613
+fi
+sleep 5
+# Port failover across the fused device's links (issue #39): as fused-cut, with
+# NCCL_IB_RESILIENCY_PORT_FAILOVER=1 at both ends (NCCL_IB_RETRY_CNT=2: Soft-RoCE retries for ever
+# at 7, see host-death). B takes eth2 down after 20 verified messages of a stream of 100 (8 B -
+# 4 MiB, 4 in flight); the stream must go on over link 1 to the end, byte-exact, no call failing.
+# The longest wait for one completion is the recovery time. Then eth2 comes back.
+failover="$fused NCCL_IB_RESILIENCY_PORT_FAILOVER=1 NCCL_IB_RETRY_CNT=2"
+if [ "$RIVET_VM_INDEX" = 1 ]; then
+  step fused-failover env $failover FAULTS_CUT_IF=eth2 {faults} {lib} link-failover --listen-port 18614
+  ip link set eth2 up
+else
+  step fused-failover env $failover {faults} {lib} link-failover --peer ${{peers[0]}}:18614
 fi
 sleep 5
 # Link cut on link 2: B takes its eth2 down mid-stream; both ends must fail within the bound.
@@ -218,6 +235,35 @@ fn pair2_across_hosts() {
             "{vm}: cutting one link of the fused device did not fail the connection within the bound"
         );
     }
+    for vm in ["A", "B"] {
+        assert_eq!(
+            step(vm, "fused-failover"),
+            0,
+            "{vm}: with port failover on, the stream over the fused device did not go on after one \
+             link was cut"
+        );
+    }
+    for (vm, role) in [("A", "sender"), ("B", "receiver")] {
+        let line = stderr
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!("[{vm}] PASS [{role}] link failover: "))
+                    && l.contains("byte-exact and in order across the cut")
+            })
+            .unwrap_or_else(|| panic!("{vm}: no PASS line of the link failover"));
+        let recovery = line
+            .split("recovery: ")
+            .nth(1)
+            .and_then(|r| r.split(',').next())
+            .unwrap_or("?");
+        eprintln!("vm rig: {vm}: link failover across the fused device, recovery: {recovery}");
+    }
+    assert!(
+        stderr.lines().any(|l| l.starts_with("[B] ")
+            && l.contains("port failover: lane")
+            && l.contains("moved from rxe2 port 1 to rxe1 port 1")),
+        "B: no lane of the fused device moved from rxe2 (its link cut) to rxe1"
+    );
     assert!(
         stderr.contains("PASS [receiver] fused devices 0,1 into device 2")
             && stderr.contains("PASS [sender] fused devices 0,1 into device 2"),
