@@ -122,6 +122,9 @@ pub enum FailoverError {
     /// This end's lane failed while failing over (a post refused, a completion that breaks the
     /// protocol, a state that cannot be replayed).
     Local(DataError),
+    /// The driver could not do what the machine asked (create or connect the new queue pair,
+    /// register on the new device): the connection fails with the lane's first error.
+    Driver(&'static str),
 }
 
 impl fmt::Display for FailoverError {
@@ -160,6 +163,7 @@ impl fmt::Display for FailoverError {
                 f.write_str("a completion succeeded after its queue pair failed")
             }
             Self::Local(err) => write!(f, "the lane failed while failing over: {err}"),
+            Self::Driver(what) => write!(f, "{what}"),
         }
     }
 }

@@ -400,12 +400,14 @@ impl FailoverDriver {
                         |p| format!("{} port {}", p.info.name, p.info.port),
                     )
                 };
+                let moved = if from == to {
+                    format!("stays on {} with a new queue pair (the peer's port failed)", name(to))
+                } else {
+                    format!("moved from {} to {}", name(from), name(to))
+                };
                 warn!(
-                    "port failover: lane {lane} of the connection with {} moved from {} to {} \
-                     ({})",
+                    "port failover: lane {lane} of the connection with {} {moved} ({})",
                     self.peer,
-                    name(from),
-                    name(to),
                     self.machine.stats()
                 );
             }
@@ -492,10 +494,11 @@ impl FailoverDriver {
         }
     }
 
-    /// A failure of this end's own work on `lane` (not the peer's): the machine gives up.
+    /// This end could not do its part of `lane`'s failover: the machine gives up, and the
+    /// connection fails with the lane's first error (a network failure, as without failover).
     fn local_error(&mut self, lane: u8, what: &'static str) {
         self.machine
-            .handle_lane_error(lane, FailoverError::Local(DataError::InvalidArgument(what)));
+            .handle_lane_error(lane, FailoverError::Driver(what));
     }
 
     /// Read whatever of the peer's reports the socket holds, without blocking.

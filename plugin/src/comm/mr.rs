@@ -79,9 +79,9 @@ impl Drop for UserMr {
 
 static MRS: Registry<UserMr> = registry!(0x3e3e, "live memory registrations");
 
-/// Port failover to another device: for every live registration made on both `from` and `to`
-/// (a fused device's members), its key on `from` → its key on `to` (remote keys when `remote`,
-/// local otherwise). A lane that moved from `from` to `to` rewrites the keys of its outstanding
+/// Port failover to another device: for every live registration made in both `from`'s and
+/// `to`'s protection domains (a fused device's members), its key in `from`'s → its key in
+/// `to`'s (remote keys when `remote`, local otherwise). A lane that moved from `from` to `to` rewrites the keys of its outstanding
 /// work with it.
 #[cfg(feature = "failover")]
 pub(crate) fn key_map(
@@ -96,10 +96,12 @@ pub(crate) fn key_map(
         let (mut old, mut new) = (None, None);
         for (port, share) in members {
             let key = share.map(|s| if remote { s.rkey } else { s.lkey });
-            if Arc::ptr_eq(port, from) {
-                old = key;
-            } else if Arc::ptr_eq(port, to) {
-                new = key;
+            // Keys belong to protection domains: a registration made through another port of
+            // the same device is as good.
+            if port.same_domain(from) {
+                old = old.or(key);
+            } else if port.same_domain(to) {
+                new = new.or(key);
             }
         }
         if let (Some(old), Some(new)) = (old, new) {
