@@ -5,6 +5,14 @@
 //! creates a connected pair of reliable-connected queue pairs, each with its own completion queue,
 //! inbound control region and staging region; each end is a [`SimNic`] implementing [`Nic`].
 //!
+//! Devices: an endpoint may have several devices (protection domains, numbered from 0; a fused
+//! NIC's members). A registration ([`Fabric::register_on`]) and a queue pair
+//! ([`Fabric::connect_on`]) belong to one; a key works only for queue pairs of its
+//! registration's device (a local key on the requester's, a remote key on the responder's),
+//! otherwise `LOC_PROT_ERR` / `REM_ACCESS_ERR` as for a bad key. [`Fabric::register`] and
+//! [`Fabric::connect`] use device 0; [`Fabric::key_on`] maps a key to the same memory's key on
+//! another device.
+//!
 //! Execution is step-driven: posting only queues a work request; [`Fabric::step`] executes the
 //! oldest queued one (of any queue pair) and [`Fabric::run_until_idle`] runs them all, so tests can
 //! interleave calls and delivery as they like.
@@ -22,7 +30,9 @@
 //! queue pair's port for good (every work request between it and its peer fails with
 //! `RETRY_EXC_ERR`), [`Fabric::cut_port_acks_lost`] also loses the acknowledgements of its writes
 //! whose completions were not polled, and [`Fabric::reconnect`] replaces a queue-pair pair with a
-//! fresh one sharing its control regions (port failover, [`crate::data::failover`]).
+//! fresh one sharing its control regions (port failover, [`crate::data::failover`]);
+//! [`Fabric::reconnect_on`] (or [`Fabric::successor`] per end, then [`Fabric::join`]) puts a
+//! side on another device, its control regions registered there anew.
 //!
 //! Links: [`Fabric::link_down`] takes an endpoint's port down (a `PORT_ERR` event on it, see
 //! [`Fabric::take_event`]) and [`Fabric::link_up`] brings it back (`PORT_ACTIVE`). While either
@@ -91,6 +101,9 @@ pub struct MemoryRegion {
     pub lkey: u32,
     /// Remote key.
     pub rkey: u32,
+    /// The device (protection domain) of the endpoint it is registered on: its keys work only
+    /// for queue pairs of that device.
+    pub device: u8,
 }
 
 /// Geometry of one end of a connected queue-pair pair.
@@ -164,9 +177,16 @@ enum QpState {
     Error,
 }
 
+/// [`Qp::peer`] of a queue pair not connected yet ([`Fabric::successor`]).
+const NO_PEER: usize = usize::MAX;
+
 #[derive(Debug)]
 struct Qp {
     endpoint: usize,
+    /// The device (protection domain) it belongs to: the keys of its work requests (local keys
+    /// here, remote keys at its peer's) must be of registrations on its device.
+    device: u8,
+    /// The connected queue pair ([`NO_PEER`]: not connected yet).
     peer: usize,
     state: QpState,
     config: QpConfig,
@@ -237,9 +257,34 @@ impl Fabric {
         self.inner.borrow_mut().alloc(ep.0, len)
     }
 
-    /// Register `addr..addr+len` (inside one allocation) of `ep`.
+    /// Register `addr..addr+len` (inside one allocation) of `ep` on its device 0.
     pub fn register(&self, ep: EndpointId, addr: u64, len: u64) -> MemoryRegion {
-        self.inner.borrow_mut().register(ep.0, addr, len)
+        self.register_on(ep, addr, len, 0)
+    }
+
+    /// Register `addr..addr+len` (inside one allocation) of `ep` on its device `device` (a
+    /// protection domain of its own: the keys work only for that device's queue pairs). The
+    /// same memory may be registered on several devices, each with its own keys.
+    pub fn register_on(&self, ep: EndpointId, addr: u64, len: u64, device: u8) -> MemoryRegion {
+        self.inner.borrow_mut().register(ep.0, addr, len, device)
+    }
+
+    /// The key of `ep`'s registration on `device` of exactly the memory that `key` (a local or
+    /// a remote key of `ep`, of any device) names, of the same kind; `None` when that memory is
+    /// not registered there (or `key` names nothing). What a driver that moves a queue pair to
+    /// another device maps its keys with.
+    pub fn key_on(&self, ep: EndpointId, key: u32, device: u8) -> Option<u32> {
+        let inner = self.inner.borrow();
+        let mrs = &inner.endpoints[ep.0].mrs;
+        let (mr, remote) = mrs.iter().find_map(|mr| {
+            (mr.lkey == key)
+                .then_some((mr, false))
+                .or((mr.rkey == key).then_some((mr, true)))
+        })?;
+        let there = mrs
+            .iter()
+            .find(|m| m.device == device && m.addr == mr.addr && m.len == mr.len)?;
+        Some(if remote { there.rkey } else { there.lkey })
     }
 
     /// Allocate and register `len` bytes.
@@ -275,8 +320,8 @@ impl Fabric {
             .to_vec()
     }
 
-    /// Connect a queue pair on `a` with one on `b`. Each gets its own completion queue and
-    /// control regions (allocated and registered in its endpoint).
+    /// Connect a queue pair on `a` with one on `b`, both on device 0. Each gets its own
+    /// completion queue and control regions (allocated and registered in its endpoint).
     pub fn connect(
         &self,
         a: EndpointId,
@@ -284,17 +329,32 @@ impl Fabric {
         b: EndpointId,
         b_config: QpConfig,
     ) -> (SimNic, SimNic) {
+        self.connect_on((a, 0), a_config, (b, 0), b_config)
+    }
+
+    /// [`connect`](Self::connect) a queue pair of `a`'s device `a.1` with one of `b`'s device
+    /// `b.1` (their control regions registered on their devices).
+    pub fn connect_on(
+        &self,
+        (a, a_device): (EndpointId, u8),
+        a_config: QpConfig,
+        (b, b_device): (EndpointId, u8),
+        b_config: QpConfig,
+    ) -> (SimNic, SimNic) {
         assert!(a_config.max_inline <= SIM_MAX_INLINE && b_config.max_inline <= SIM_MAX_INLINE);
         let mut inner = self.inner.borrow_mut();
         let qa = inner.qps.len();
         let qb = qa + 1;
-        for (ep, peer, config) in [(a.0, qb, a_config), (b.0, qa, b_config)] {
+        for (ep, device, peer, config) in
+            [(a.0, a_device, qb, a_config), (b.0, b_device, qa, b_config)]
+        {
             let inbound_addr = inner.alloc(ep, config.inbound_len);
-            let inbound = inner.register(ep, inbound_addr, config.inbound_len as u64);
+            let inbound = inner.register(ep, inbound_addr, config.inbound_len as u64, device);
             let staging_addr = inner.alloc(ep, config.staging_len);
-            let staging = inner.register(ep, staging_addr, config.staging_len as u64);
+            let staging = inner.register(ep, staging_addr, config.staging_len as u64, device);
             inner.qps.push(Qp {
                 endpoint: ep,
+                device,
                 peer,
                 state: QpState::Ready,
                 config,
@@ -492,38 +552,73 @@ impl Fabric {
     /// devices): the same endpoints, configuration and control regions (the same registrations,
     /// as queue pairs of one protection domain share them), empty queues.
     pub fn reconnect(&self, a: &SimNic, b: &SimNic) -> (SimNic, SimNic) {
+        self.reconnect_on(a, a.device(), b, b.device())
+    }
+
+    /// [`reconnect`](Self::reconnect) with `a`'s new queue pair on device `a_device` and `b`'s
+    /// on `b_device`: a side whose device changes has its control regions (the same memory)
+    /// registered on its new device, with new keys ([`SimNic::inbound_region`] of the new
+    /// queue pair says its new remote key).
+    pub fn reconnect_on(
+        &self,
+        a: &SimNic,
+        a_device: u8,
+        b: &SimNic,
+        b_device: u8,
+    ) -> (SimNic, SimNic) {
+        let (a, b) = (self.successor(a, a_device), self.successor(b, b_device));
+        self.join(&a, &b);
+        (a, b)
+    }
+
+    /// A fresh queue pair replacing `old`, on `device`, not connected yet ([`join`](Self::join)
+    /// connects it; until then a send posted on it panics): the same endpoint, configuration
+    /// and control regions (the same memory), empty queues. On `old`'s device the control
+    /// regions' registrations are shared; on another device (another protection domain) they
+    /// are registered there, with new keys. What a driver does on port failover, each end
+    /// creating its queue pair before it knows the peer's.
+    pub fn successor(&self, old: &SimNic, device: u8) -> SimNic {
         let mut inner = self.inner.borrow_mut();
-        let qa = inner.qps.len();
-        let qb = qa + 1;
-        for (old, peer) in [(a.qp, qb), (b.qp, qa)] {
-            let q = &inner.qps[old];
-            let fresh = Qp {
-                endpoint: q.endpoint,
-                peer,
-                state: QpState::Ready,
-                config: q.config,
-                sq: VecDeque::new(),
-                sq_posted: 0,
-                sq_retired: 0,
-                rq: VecDeque::new(),
-                cq: VecDeque::new(),
-                inbound: q.inbound,
-                staging: q.staging,
-                blocked_since: None,
-                dead: false,
-            };
-            inner.qps.push(fresh);
+        let q = &inner.qps[old.qp];
+        let (ep, old_device, config) = (q.endpoint, q.device, q.config);
+        let (mut inbound, mut staging) = (q.inbound, q.staging);
+        if device != old_device {
+            inbound = inner.register(ep, inbound.addr, inbound.len, device);
+            staging = inner.register(ep, staging.addr, staging.len, device);
         }
-        (
-            SimNic {
-                inner: self.inner.clone(),
-                qp: qa,
-            },
-            SimNic {
-                inner: self.inner.clone(),
-                qp: qb,
-            },
-        )
+        let qp = inner.qps.len();
+        inner.qps.push(Qp {
+            endpoint: ep,
+            device,
+            peer: NO_PEER,
+            state: QpState::Ready,
+            config,
+            sq: VecDeque::new(),
+            sq_posted: 0,
+            sq_retired: 0,
+            rq: VecDeque::new(),
+            cq: VecDeque::new(),
+            inbound,
+            staging,
+            blocked_since: None,
+            dead: false,
+        });
+        SimNic {
+            inner: self.inner.clone(),
+            qp,
+        }
+    }
+
+    /// Connect two fresh queue pairs ([`successor`](Self::successor)) to each other. Panics
+    /// when either is connected already.
+    pub fn join(&self, a: &SimNic, b: &SimNic) {
+        let mut inner = self.inner.borrow_mut();
+        assert!(
+            inner.qps[a.qp].peer == NO_PEER && inner.qps[b.qp].peer == NO_PEER && a.qp != b.qp,
+            "sim: join of a queue pair connected already"
+        );
+        inner.qps[a.qp].peer = b.qp;
+        inner.qps[b.qp].peer = a.qp;
     }
 
     /// Make endpoint `ep` vanish: its queue pairs stop executing and answering.
@@ -538,6 +633,17 @@ impl Fabric {
 }
 
 impl SimNic {
+    /// The device (protection domain) of the queue pair.
+    pub fn device(&self) -> u8 {
+        self.inner.borrow().qps[self.qp].device
+    }
+
+    /// Whether the queue pair is connected to a peer (a [`Fabric::successor`] is not until
+    /// [`Fabric::join`]).
+    pub fn is_connected(&self) -> bool {
+        self.inner.borrow().qps[self.qp].peer != NO_PEER
+    }
+
     /// The inbound control region as the peer sees it.
     pub fn inbound_region(&self) -> RemoteRegion {
         let inner = self.inner.borrow();
@@ -595,6 +701,10 @@ impl Nic for SimNic {
         if !inner.endpoints[qp.endpoint].alive {
             return Err(NicError::Post { errno: 5 });
         }
+        assert!(
+            qp.peer != NO_PEER || qp.state == QpState::Error,
+            "sim: send posted on a queue pair not connected yet"
+        );
         let occupied = (qp.sq_posted - qp.sq_retired) as usize;
         assert!(
             occupied + chain.len() <= qp.config.sq_depth,
@@ -763,11 +873,13 @@ impl Endpoint {
         alloc.bytes.get_mut(start..start.checked_add(len)?)
     }
 
-    /// The region `key` names (as lkey or rkey) if it covers `addr..addr+len`.
-    fn check(&self, addr: u64, len: u64, key: u32, remote: bool) -> bool {
+    /// The region `key` names (as lkey or rkey) if it is registered on `device` and covers
+    /// `addr..addr+len`.
+    fn check(&self, addr: u64, len: u64, key: u32, remote: bool, device: u8) -> bool {
         self.mrs.iter().any(|mr| {
             let k = if remote { mr.rkey } else { mr.lkey };
             k == key
+                && mr.device == device
                 && addr >= mr.addr
                 && addr
                     .checked_add(len)
@@ -789,7 +901,7 @@ impl Inner {
         addr
     }
 
-    fn register(&mut self, ep: usize, addr: u64, len: u64) -> MemoryRegion {
+    fn register(&mut self, ep: usize, addr: u64, len: u64, device: u8) -> MemoryRegion {
         assert!(
             self.endpoints[ep].slice(addr, len as usize).is_some(),
             "sim: registering memory that is not allocated"
@@ -800,6 +912,7 @@ impl Inner {
             len,
             lkey: 0x1000 + self.next_key,
             rkey: 0x8000_0000 | (self.next_key * 7919),
+            device,
         };
         self.endpoints[ep].mrs.push(mr);
         mr
@@ -819,7 +932,10 @@ impl Inner {
     fn path_down(&self, qp: usize) -> bool {
         let peer = self.qps[qp].peer;
         !self.endpoints[self.qps[qp].endpoint].link_up
-            || !self.endpoints[self.qps[peer].endpoint].link_up
+            || self
+                .qps
+                .get(peer)
+                .is_some_and(|p| !self.endpoints[p.endpoint].link_up)
     }
 
     /// Fail the front work request of the first queue pair that has waited for a link longer
@@ -906,7 +1022,8 @@ impl Inner {
                 &gathered[..len]
             }
             WrData::Local { addr, len, lkey } => {
-                if !self.endpoints[ep].check(addr, u64::from(len), lkey, false) {
+                let device = self.qps[qp].device;
+                if !self.endpoints[ep].check(addr, u64::from(len), lkey, false, device) {
                     self.fail_front(qp, wr, WcStatus::LOC_PROT_ERR);
                     return true;
                 }
@@ -937,7 +1054,14 @@ impl Inner {
             self.fail_front(qp, wr, WcStatus::RETRY_EXC_ERR);
             return true;
         }
-        if !self.endpoints[peer_ep].check(wr.remote_addr, bytes.len() as u64, wr.rkey, true) {
+        let peer_device = self.qps[peer].device;
+        if !self.endpoints[peer_ep].check(
+            wr.remote_addr,
+            bytes.len() as u64,
+            wr.rkey,
+            true,
+            peer_device,
+        ) {
             self.fail_front(qp, wr, WcStatus::REM_ACCESS_ERR);
             self.set_error(peer);
             return true;

@@ -166,6 +166,133 @@ fn qp_error_flushes_every_outstanding_request() {
     assert_eq!(s.fabric.run_until_idle(), 0);
 }
 
+/// A key works only for queue pairs of its registration's device: a local key of another
+/// device fails the requester with `LOC_PROT_ERR`, a remote key of another device the
+/// requester with `REM_ACCESS_ERR` (and the responder), each device's own keys of the same
+/// memory work.
+#[test]
+fn keys_work_only_on_the_device_they_were_registered_on() {
+    let fabric = Fabric::new();
+    let (a_ep, b_ep) = (fabric.endpoint(), fabric.endpoint());
+    let a_mem = fabric.alloc(a_ep, 128);
+    let b_mem = fabric.alloc(b_ep, 128);
+    fabric.write(a_ep, a_mem, &[5; 128]);
+    let a_keys: Vec<MemoryRegion> = (0..2)
+        .map(|d| fabric.register_on(a_ep, a_mem, 128, d))
+        .collect();
+    let b_keys: Vec<MemoryRegion> = (0..2)
+        .map(|d| fabric.register_on(b_ep, b_mem, 128, d))
+        .collect();
+    assert_eq!((a_keys[1].device, b_keys[0].device), (1, 0));
+    assert_ne!(a_keys[0].lkey, a_keys[1].lkey);
+    assert_eq!(fabric.key_on(a_ep, a_keys[0].lkey, 1), Some(a_keys[1].lkey));
+    assert_eq!(fabric.key_on(b_ep, b_keys[1].rkey, 0), Some(b_keys[0].rkey));
+    assert_eq!(
+        fabric.key_on(b_ep, b_keys[1].rkey, 2),
+        None,
+        "not registered there"
+    );
+    let wr = |lkey, rkey| SendWr {
+        wr_id: 7,
+        op: SendOp::Write,
+        payload: Payload::Local(crate::nic::Sge {
+            addr: a_mem,
+            len: 8,
+            lkey,
+        }),
+        remote_addr: b_mem,
+        rkey,
+        signaled: true,
+    };
+    // (a's device, b's device), (the device of the local key, of the remote key), the status.
+    type Case = ((u8, u8), (u8, u8), WcStatus);
+    let cases: [Case; 5] = [
+        ((1, 1), (1, 1), WcStatus::SUCCESS),
+        ((0, 1), (0, 1), WcStatus::SUCCESS),
+        ((1, 1), (0, 1), WcStatus::LOC_PROT_ERR),
+        ((1, 1), (1, 0), WcStatus::REM_ACCESS_ERR),
+        ((0, 0), (0, 1), WcStatus::REM_ACCESS_ERR),
+    ];
+    for ((a_device, b_device), (lkey_device, rkey_device), status) in cases {
+        let (mut a, b) =
+            fabric.connect_on((a_ep, a_device), config(0), (b_ep, b_device), config(0));
+        assert_eq!((a.device(), b.device()), (a_device, b_device));
+        let lkey = a_keys[usize::from(lkey_device)].lkey;
+        let rkey = b_keys[usize::from(rkey_device)].rkey;
+        a.post_send(&[wr(lkey, rkey)]).unwrap();
+        fabric.run_until_idle();
+        assert_eq!(poll_all(&mut a)[0].status, status, "{a_device} {b_device}");
+        assert_eq!(b.is_error(), status == WcStatus::REM_ACCESS_ERR);
+    }
+}
+
+/// A queue pair moved to another device ([`Fabric::successor`], [`Fabric::reconnect_on`]) has
+/// its control regions registered there: the same memory and contents under new keys; on its
+/// own device it shares them. Sends wait for [`Fabric::join`].
+#[test]
+fn a_successor_on_another_device_registers_its_control_regions_there() {
+    let fabric = Fabric::new();
+    let (a_ep, b_ep) = (fabric.endpoint(), fabric.endpoint());
+    let (a, b) = fabric.connect(a_ep, config(0), b_ep, config(0));
+    let old = b.inbound_region();
+    fabric.write(b_ep, old.addr, &[9; 8]);
+    let same = fabric.successor(&b, 0);
+    assert_eq!(same.inbound_region(), old);
+    assert!(!same.is_connected());
+    let (a2, b2) = fabric.reconnect_on(&a, 0, &b, 1);
+    assert!(a2.is_connected() && b2.is_connected());
+    assert_eq!(b2.device(), 1);
+    let moved = b2.inbound_region();
+    assert_eq!((moved.addr, moved.len), (old.addr, old.len));
+    assert_ne!(moved.rkey, old.rkey);
+    let mut bytes = [0u8; 8];
+    b2.read_inbound(0, &mut bytes);
+    assert_eq!(bytes, [9; 8], "the same memory");
+    // The old key does not work on the new queue pair, the new one does.
+    let a_buf = fabric.alloc_registered(a_ep, 8);
+    let mut a2 = a2;
+    for (rkey, status) in [
+        (old.rkey, WcStatus::REM_ACCESS_ERR),
+        (moved.rkey, WcStatus::SUCCESS),
+    ] {
+        let (mut a3, _b3) = fabric.reconnect_on(&a2, 0, &b2, 1);
+        let wr = SendWr {
+            wr_id: 1,
+            op: SendOp::Write,
+            payload: Payload::Local(crate::nic::Sge {
+                addr: a_buf.addr,
+                len: 8,
+                lkey: a_buf.lkey,
+            }),
+            remote_addr: old.addr,
+            rkey,
+            signaled: true,
+        };
+        a3.post_send(&[wr]).unwrap();
+        fabric.run_until_idle();
+        assert_eq!(poll_all(&mut a3)[0].status, status);
+        a2 = a3;
+    }
+}
+
+#[test]
+#[should_panic(expected = "not connected yet")]
+fn a_send_on_a_queue_pair_not_joined_panics() {
+    let fabric = Fabric::new();
+    let (a_ep, b_ep) = (fabric.endpoint(), fabric.endpoint());
+    let (a, _b) = fabric.connect(a_ep, config(0), b_ep, config(0));
+    let mut fresh = fabric.successor(&a, 1);
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::Write,
+        payload: Payload::Empty,
+        remote_addr: 0,
+        rkey: 0,
+        signaled: true,
+    };
+    let _ = fresh.post_send(&[wr]);
+}
+
 #[test]
 fn vanished_peer_is_retry_exceeded() {
     let mut s = setup();
