@@ -269,7 +269,10 @@ impl KeyMap {
 
     /// The new key of `old`.
     pub fn get(&self, old: u32) -> Option<u32> {
-        self.pairs().iter().find(|(o, _)| *o == old).map(|(_, n)| *n)
+        self.pairs()
+            .iter()
+            .find(|(o, _)| *o == old)
+            .map(|(_, n)| *n)
     }
 
     /// The pairs.
@@ -341,9 +344,11 @@ impl SenderPlan {
     pub(super) fn peer_key(&self, key: u32) -> Result<u32, FailoverError> {
         match &self.peer_keys {
             None => Ok(key),
-            Some(map) => map.get(key).ok_or(FailoverError::Local(DataError::InvalidArgument(
-                "the receiver did not say a consumed entry's key on its new device",
-            ))),
+            Some(map) => map
+                .get(key)
+                .ok_or(FailoverError::Local(DataError::InvalidArgument(
+                    "the receiver did not say a consumed entry's key on its new device",
+                ))),
         }
     }
 }
@@ -357,6 +362,9 @@ pub struct ReceiverPlan {
 }
 
 /// Either end's plan.
+// A sender's plan carries the peer's key map inline (a few hundred bytes, off the hot path:
+// one per lane failed over), so a plan stays `Copy`.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Plan {
     /// This end sends.
@@ -799,6 +807,8 @@ impl FailoverConfig {
 }
 
 /// What the driver must do next ([`Failover::poll_action`]).
+// A replay's plan is large (see `Plan`); actions are few and off the hot path.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     /// Stop posting on the lane, move its old queue pair to the error state, and call the lane's
@@ -1271,15 +1281,23 @@ impl Failover {
                 },
             );
         }
-        let usable = |p: usize| p < self.port_failed.len() && !self.port_failed[p] && !self.port_down[p];
-        // The peer moved first: follow it to its port where this end can (a link cut on one
-        // end only leaves the other end's port up, and the two new queue pairs must share a
-        // rail). Otherwise the peer's port may be the one that failed: then this end's own
-        // port still serves.
-        let peer_port = peer.and_then(|r| r.port).filter(|&p| usable(usize::from(p)));
+        let usable =
+            |p: usize| p < self.port_failed.len() && !self.port_failed[p] && !self.port_down[p];
+        let device = |p: u8| self.config.port_devices.get(usize::from(p)).copied();
+        // The peer moved first to a port of another device: follow it there where this end
+        // can (a link cut on one end only leaves the other end's port up, and two devices are
+        // two rails: the new queue pairs must share one). Otherwise the peer's port may be the
+        // one that failed: then this end's own port still serves (the ports of one device
+        // share its protection domain and reach the peer's alike), or else the peer's port, or
+        // the first one usable.
+        let old_usable = usable(usize::from(old_port));
+        let peer_port = peer
+            .and_then(|r| r.port)
+            .filter(|&p| usable(usize::from(p)))
+            .filter(|&p| !old_usable || device(p) != device(old_port));
         let port = if let Some(p) = peer_port {
             Some(p)
-        } else if usable(usize::from(old_port)) {
+        } else if old_usable {
             Some(old_port)
         } else {
             (0..self.port_devices_len())
@@ -1290,8 +1308,7 @@ impl Failover {
             return self.give_up(cause, FailoverError::NoSurvivingPort);
         };
         let attempt = self.attempts.clamp(1, 255) as u8;
-        let devices = &self.config.port_devices;
-        let rekeyed = devices.get(usize::from(old_port)) != devices.get(usize::from(port));
+        let rekeyed = device(old_port) != device(port);
         self.lanes[usize::from(lane)] = Some(Failing {
             stage: Stage::Quiescing,
             port,
@@ -1327,9 +1344,8 @@ impl Failover {
         }
         let peer_keys = peer.rekeyed.then_some(failing.peer_keys);
         let plan = match (own, peer.body) {
-            (ReportBody::Sender(own), ReportBody::Receiver(peer)) => {
-                plan_sender(lane, own, peer).map(|plan| Plan::Sender(SenderPlan { peer_keys, ..plan }))
-            }
+            (ReportBody::Sender(own), ReportBody::Receiver(peer)) => plan_sender(lane, own, peer)
+                .map(|plan| Plan::Sender(SenderPlan { peer_keys, ..plan })),
             (ReportBody::Receiver(own), ReportBody::Sender(peer)) => {
                 plan_receiver(lane, own, peer).map(Plan::Receiver)
             }

@@ -1312,17 +1312,17 @@ impl RecvConn {
         let span = own.announced.wrapping_sub(own.oldest);
         for seq in (0..span).map(|i| own.oldest.wrapping_add(i)) {
             let n = self.posted_group(seq).map_err(FailoverError::Local)?;
-            let entries = journal
-                .entries(seq, n)
-                .ok_or(FailoverError::Local(DataError::InvalidArgument(
-                    "the receive journal does not match the lane's receives",
-                )))?;
+            let entries =
+                journal
+                    .entries(seq, n)
+                    .ok_or(FailoverError::Local(DataError::InvalidArgument(
+                        "the receive journal does not match the lane's receives",
+                    )))?;
             for entry in entries.iter().take(usize::from(n)) {
-                let new = new_key(entry.rkey).ok_or(FailoverError::Local(
-                    DataError::InvalidArgument(
+                let new =
+                    new_key(entry.rkey).ok_or(FailoverError::Local(DataError::InvalidArgument(
                         "a buffer of the lane is not registered on the device it moves to",
-                    ),
-                ))?;
+                    )))?;
                 if !keys.insert(entry.rkey, new) {
                     return Err(FailoverError::Local(DataError::InvalidArgument(
                         "the lane's receives use more registrations than a failover to another \

@@ -1649,6 +1649,7 @@ impl SendConn {
     /// Post receive `seq`'s sends `reqs[..count]` (`sends`) again (their match order, so
     /// matching by tag finds the same buffers): the data writes, and when `ended` the slot end,
     /// under the keys of the lane's new devices. Returns the work requests posted.
+    #[allow(clippy::too_many_arguments)]
     fn replay_slot(
         &mut self,
         nic: &mut impl Nic,

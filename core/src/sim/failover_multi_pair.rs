@@ -5,16 +5,26 @@
 //! connection's failover hooks, then resumed. The harness of the multi-lane failover tests and
 //! of the fuzz target's multi mode: [`MultiFailoverPair::run`] pushes one verified message
 //! stream through it while the caller cuts ports.
+//!
+//! A fused NIC of several devices (the configurations' `port_devices`): lane `i` starts on its
+//! port's device, every user buffer is registered on every device and every message goes
+//! through the keyed calls with one key per port (its device's; the buffers' own keys wrong),
+//! so a lane posts with its member's keys; a lane moved to another device has its control
+//! regions registered there and replays under a [`Rekey`](crate::data::failover::Rekey), a
+//! rekeyed receiver telling the sender its new keys, as the plugin does.
 
 use std::collections::VecDeque;
 use std::vec::Vec;
 
-use super::failover_pair::{Outcome, Stream, Tamper};
-use super::pair::{qp_configs, recv_buf, send_buf};
+use super::failover_pair::{
+    Buffers, KeyFault, Outcome, Stream, Tamper, devices_of, lane_device, port_device, qp_info,
+    read_qp_info, replay_rekey,
+};
+use super::pair::qp_configs;
 use super::suite::pattern;
 use super::{EndpointId, Fabric, SimNic};
 use crate::data::failover::{
-    Action, Failover, FailoverConfig, FailoverError, Guarded, QpInfo, Report, Role,
+    Action, Failover, FailoverConfig, FailoverError, Guarded, KeyMap, Report, Role,
 };
 use crate::data::multi::{MultiRecv, MultiSend};
 use crate::data::{
@@ -28,26 +38,54 @@ struct End<M> {
     nics: Vec<Guarded<SimNic>>,
     /// Per lane: quiescing (call `failover_quiesce` until it says done).
     quiescing: Vec<bool>,
-    /// Per lane: the new queue pair, created and not swapped in yet.
+    /// Per lane: the new queue pair, created and not swapped in yet, and the port it is on.
     next: Vec<Option<SimNic>>,
+    next_port: Vec<u8>,
     fo: Failover,
+    config: FailoverConfig,
     gave_up: Option<FailoverError>,
     /// Reports from the peer, not handled yet.
     inbox: VecDeque<Vec<u8>>,
+    /// Where its user buffers come from.
+    bufs: Buffers,
+    ep: EndpointId,
 }
 
 impl<M> End<M> {
-    fn new(conn: M, nics: Vec<SimNic>, armed: bool, fo: Failover) -> Self {
+    fn new(
+        conn: M,
+        nics: Vec<SimNic>,
+        armed: bool,
+        (role, config): (Role, FailoverConfig),
+        bufs: Buffers,
+        ep: EndpointId,
+    ) -> Self {
         let lanes = nics.len();
         Self {
             conn,
             nics: nics.into_iter().map(|n| Guarded::new(n, armed)).collect(),
             quiescing: std::vec![false; lanes],
             next: std::vec![None; lanes],
-            fo,
+            next_port: std::vec![0; lanes],
+            fo: Failover::new(role, config.clone()),
+            config,
             gave_up: None,
             inbox: VecDeque::new(),
+            bufs,
+            ep,
         }
+    }
+
+    /// The keys of the memory `key` names, one per port of the fused NIC (its device's).
+    fn port_keys(&self, fabric: &Fabric, key: u32) -> Vec<u32> {
+        (0..self.config.port_devices.len() as u8)
+            .map(|port| {
+                let device = port_device(&self.config, port);
+                fabric
+                    .key_on(self.ep, key, device)
+                    .expect("user buffers are registered on every device")
+            })
+            .collect()
     }
 }
 
@@ -56,7 +94,6 @@ impl<M> End<M> {
 pub struct MultiFailoverPair {
     /// The fabric.
     pub fabric: Fabric,
-    send_ep: EndpointId,
     recv_ep: EndpointId,
     send: End<MultiSend>,
     recv: End<MultiRecv>,
@@ -67,9 +104,9 @@ pub struct MultiFailoverPair {
     /// Receives posted, and those not yet checked (their request and buffers).
     posted: usize,
     recvs: VecDeque<(usize, RequestId, Vec<RecvBuf>)>,
-    /// The next receive's buffers, kept while the multi driver refuses it (its retry must be
-    /// the same call).
-    next_recv: Option<(Vec<RecvBuf>, [u32; MAX_RECVS])>,
+    /// The next receive's buffers and keys (one set per port on several devices), kept while
+    /// the multi driver refuses it (its retry must be the same call).
+    next_recv: Option<(Vec<RecvBuf>, Vec<[u32; MAX_RECVS]>)>,
     checked: usize,
     /// The next send, as (receive, buffer), and its buffer while refused.
     send_at: (usize, usize),
@@ -81,6 +118,12 @@ pub struct MultiFailoverPair {
     /// A report to rewrite, if any (a peer that lies).
     pub tamper: Option<Tamper>,
     reports: usize,
+    /// The ports are on more than one device: every message goes through the keyed calls.
+    devices: u8,
+    /// A rekeying to break, if any.
+    pub key_fault: Option<KeyFault>,
+    /// Lane failovers an end started on the peer's report (its own queue pair had not failed).
+    pub started_by_report: usize,
 }
 
 impl MultiFailoverPair {
@@ -88,7 +131,7 @@ impl MultiFailoverPair {
     /// split), queue pairs allowing `max_inline` inline bytes, adaptive routing above
     /// `ar_threshold`, the two ends' failover configurations (`lane_ports` of `lanes`
     /// entries). An end's tripwires are armed and its journals kept only when failover is on
-    /// at both ends (as negotiated).
+    /// at both ends (as negotiated). Each lane's queue pairs are on the devices of its ports.
     pub fn new(
         (lanes, width): (usize, usize),
         max_inline: usize,
@@ -100,10 +143,16 @@ impl MultiFailoverPair {
         let send_ep = fabric.endpoint();
         let recv_ep = fabric.endpoint();
         let (sc, rc) = qp_configs(max_inline);
+        let devices = devices_of([&send_config, &recv_config]);
         let (mut send_conns, mut recv_conns) = (Vec::new(), Vec::new());
         let (mut send_nics, mut recv_nics) = (Vec::new(), Vec::new());
-        for _ in 0..lanes {
-            let (send_nic, recv_nic) = fabric.connect(send_ep, sc, recv_ep, rc);
+        for lane in 0..lanes {
+            let (send_nic, recv_nic) = fabric.connect_on(
+                (send_ep, lane_device(&send_config, lane)),
+                sc,
+                (recv_ep, lane_device(&recv_config, lane)),
+                rc,
+            );
             send_conns.push(SendConn::new(recv_nic.inbound_region()));
             recv_conns.push(RecvConn::new(send_nic.inbound_region()));
             send_nics.push(send_nic);
@@ -121,16 +170,19 @@ impl MultiFailoverPair {
                 send,
                 send_nics,
                 on,
-                Failover::new(Role::Sender, send_config),
+                (Role::Sender, send_config),
+                Buffers::new(send_ep, devices),
+                send_ep,
             ),
             recv: End::new(
                 recv,
                 recv_nics,
                 on,
-                Failover::new(Role::Receiver, recv_config),
+                (Role::Receiver, recv_config),
+                Buffers::new(recv_ep, devices),
+                recv_ep,
             ),
             fabric,
-            send_ep,
             recv_ep,
             error: None,
             window: 16,
@@ -145,7 +197,17 @@ impl MultiFailoverPair {
             refused_blocked: 0,
             tamper: None,
             reports: 0,
+            devices,
+            key_fault: None,
+            started_by_report: 0,
         }
+    }
+
+    /// Give every user buffer its own registration (on every device), rather than carving
+    /// them from a few when ports are on several devices.
+    pub fn distinct_registrations(&mut self) {
+        self.send.bufs.distinct = true;
+        self.recv.bufs.distinct = true;
     }
 
     /// The sending NIC of `lane` (its current queue pair).
@@ -226,18 +288,27 @@ impl MultiFailoverPair {
         let mut moved = false;
         while self.posted < stream.sizes.len() && self.recvs.len() < self.window {
             let j = self.posted;
-            // Every other receive goes through the keyed call (one device) with the buffers'
+            // Every third receive goes through the keyed call (one device) with the buffers'
             // own keys wrong: only the per-device keys are valid, so a replay that rewrote the
-            // clear-to-send entries from anything but the keys offered would fail.
-            let keyed = j % 3 == 1;
+            // clear-to-send entries from anything but the keys offered would fail. On several
+            // devices every receive does, with one set of keys per port (its device's).
+            let keyed = j % 3 == 1 || self.devices > 1;
             let (bufs, keys) = self.next_recv.take().unwrap_or_else(|| {
-                let mut keys = [0u32; MAX_RECVS];
+                let ports = if self.devices > 1 {
+                    self.recv.config.port_devices.len()
+                } else {
+                    1
+                };
+                let mut keys = std::vec![[0u32; MAX_RECVS]; ports];
                 let bufs = stream.sizes[j]
                     .iter()
-                    .zip(&mut keys)
-                    .map(|(&len, key)| {
-                        let mut buf = recv_buf(&self.fabric, self.recv_ep, len.max(1));
-                        *key = buf.rkey;
+                    .enumerate()
+                    .map(|(b, &len)| {
+                        let mut buf = self.recv.bufs.recv(&self.fabric, j, len.max(1));
+                        let port_keys = self.recv.port_keys(&self.fabric, buf.rkey);
+                        for (keys, key) in keys.iter_mut().zip(port_keys) {
+                            keys[b] = key;
+                        }
                         if keyed {
                             buf.rkey = !buf.rkey;
                         }
@@ -249,7 +320,7 @@ impl MultiFailoverPair {
             let tags: Vec<u32> = (0..bufs.len() as u32).collect();
             let posted = if keyed {
                 let nics = &mut self.recv.nics;
-                self.recv.conn.irecv_keyed(nics, &bufs, &[keys], &tags)?
+                self.recv.conn.irecv_keyed(nics, &bufs, &keys, &tags)?
             } else {
                 self.recv.conn.irecv(&mut self.recv.nics, &bufs, &tags)?
             };
@@ -267,17 +338,27 @@ impl MultiFailoverPair {
         while self.send_at.0 < stream.sizes.len() {
             let (j, k) = self.send_at;
             let len = stream.sizes[j][k];
-            let buf = self
-                .next_send
-                .take()
-                .unwrap_or_else(|| send_buf(&self.fabric, self.send_ep, &pattern(seed(j, k), len)));
-            let nics = &mut self.send.nics;
-            let posted = if j % 3 == 1 {
+            let buf = self.next_send.take().unwrap_or_else(|| {
+                let bytes = pattern(seed(j, k), len);
+                self.send.bufs.send(&self.fabric, j, &bytes)
+            });
+            let posted = if self.devices > 1 {
+                // Each lane reads the buffer with its member's key (its device's); the buffer's
+                // own key is wrong.
+                let lkeys = self.send.port_keys(&self.fabric, buf.lkey);
+                let wrong = SendBuf {
+                    lkey: !buf.lkey,
+                    ..buf
+                };
+                let nics = &mut self.send.nics;
+                self.send.conn.isend_keyed(nics, wrong, &lkeys, k as u32)?
+            } else if j % 3 == 1 {
+                let nics = &mut self.send.nics;
                 self.send
                     .conn
                     .isend_keyed(nics, buf, &[buf.lkey], k as u32)?
             } else {
-                self.send.conn.isend(nics, buf, k as u32)?
+                self.send.conn.isend(&mut self.send.nics, buf, k as u32)?
             };
             let Some(req) = posted else {
                 let conn = &self.send.conn;
@@ -382,45 +463,40 @@ impl MultiFailoverPair {
         r
     }
 
-    /// The lane's new queue-pair pair, made by whichever end asks first.
-    fn new_qp(&mut self, lane: usize, sender: bool) -> SimNic {
-        if self.send.next[lane].is_none() && self.recv.next[lane].is_none() {
-            let (s, r) = self
-                .fabric
-                .reconnect(&self.send.nics[lane].nic, &self.recv.nics[lane].nic);
-            self.send.next[lane] = Some(s);
-            self.recv.next[lane] = Some(r);
-        }
-        let nic = if sender {
-            self.send.next[lane].clone()
-        } else {
-            self.recv.next[lane].clone()
-        };
-        nic.expect("made together")
-    }
-
     fn act(&mut self, sender: bool, action: Action) {
-        let now = self.fabric.now();
         match action {
             Action::QuiesceLane { lane } => {
                 let l = usize::from(lane);
-                if sender {
+                let end = if sender {
                     self.send.conn.block_lane(lane);
-                    self.fabric.fault_qp_error(&self.send.nics[l].nic);
-                    self.send.quiescing[l] = true;
+                    &mut self.send.quiescing
                 } else {
                     self.recv.conn.block_lane(lane);
-                    self.fabric.fault_qp_error(&self.recv.nics[l].nic);
-                    self.recv.quiescing[l] = true;
-                }
-            }
-            Action::CreateQp { lane, .. } => {
-                let nic = self.new_qp(usize::from(lane), sender);
-                let info = QpInfo::new(&nic.qp_num().to_le_bytes()).expect("fits");
-                if sender {
-                    self.send.fo.handle_qp_created(lane, info);
+                    &mut self.recv.quiescing
+                };
+                end[l] = true;
+                let nic = if sender {
+                    &self.send.nics[l]
                 } else {
-                    self.recv.fo.handle_qp_created(lane, info);
+                    &self.recv.nics[l]
+                };
+                self.started_by_report += usize::from(nic.trip.first.is_none());
+                self.fabric.fault_qp_error(&nic.nic);
+            }
+            Action::CreateQp { lane, port } => {
+                if sender {
+                    create_qp(&mut self.send, &self.fabric, lane, port, |_, _| {
+                        Ok(KeyMap::EMPTY)
+                    });
+                } else {
+                    let drop_keys = self.key_fault == Some(KeyFault::NoPeerKeys);
+                    create_qp(&mut self.recv, &self.fabric, lane, port, |conn, new_key| {
+                        if drop_keys {
+                            Ok(KeyMap::EMPTY)
+                        } else {
+                            conn.failover_peer_keys(lane, new_key)
+                        }
+                    });
                 }
             }
             Action::SendReport(r) => {
@@ -437,29 +513,33 @@ impl MultiFailoverPair {
                 peer_qp,
             } => {
                 let l = usize::from(lane);
-                // The peer's new queue pair (swapped in already if it replayed first).
-                let peer = if sender {
-                    self.recv.next[l].as_ref().unwrap_or(&self.recv.nics[l].nic)
-                } else {
-                    self.send.next[l].as_ref().unwrap_or(&self.send.nics[l].nic)
-                };
-                assert_eq!(peer_qp.as_bytes(), peer.qp_num().to_le_bytes());
+                let fault = self.key_fault;
                 if sender {
-                    let fresh = self.send.next[l].take().expect("created");
-                    self.send.nics[l] = Guarded::new(fresh, true);
-                    let done = self
-                        .send
-                        .conn
-                        .failover_replay(lane, &mut self.send.nics[l], &plan);
-                    self.send.fo.handle_replayed(lane, done, now);
+                    let peer = self.recv.next[l].as_ref().unwrap_or(&self.recv.nics[l].nic);
+                    let fabric = &self.fabric;
+                    replay(
+                        &mut self.send,
+                        fabric,
+                        peer,
+                        (lane, peer_qp),
+                        fault,
+                        |conn, nic, rekey, member| {
+                            conn.failover_replay(lane, nic, &plan, rekey, member)
+                        },
+                    );
                 } else {
-                    let fresh = self.recv.next[l].take().expect("created");
-                    self.recv.nics[l] = Guarded::new(fresh, true);
-                    let done = self
-                        .recv
-                        .conn
-                        .failover_replay(lane, &mut self.recv.nics[l], &plan);
-                    self.recv.fo.handle_replayed(lane, done, now);
+                    let peer = self.send.next[l].as_ref().unwrap_or(&self.send.nics[l].nic);
+                    let fabric = &self.fabric;
+                    replay(
+                        &mut self.recv,
+                        fabric,
+                        peer,
+                        (lane, peer_qp),
+                        fault,
+                        |conn, nic, rekey, member| {
+                            conn.failover_replay(lane, nic, &plan, rekey, member)
+                        },
+                    );
                 }
             }
             Action::Resume { lane } => {
@@ -482,6 +562,77 @@ impl MultiFailoverPair {
             }
         }
     }
+}
+
+/// `end`'s `CreateQp { lane, port }`: the lane's new queue pair on the port's device (its
+/// control regions registered there when that is another device); a receiver moving to another
+/// device tells the sender its keys there (`peer_keys` from the old key → new key map).
+fn create_qp<M>(
+    end: &mut End<M>,
+    fabric: &Fabric,
+    lane: u8,
+    port: u8,
+    peer_keys: impl FnOnce(&M, &dyn Fn(u32) -> Option<u32>) -> Result<KeyMap, FailoverError>,
+) {
+    let l = usize::from(lane);
+    let device = port_device(&end.config, port);
+    let nic = fabric.successor(&end.nics[l].nic, device);
+    assert_eq!(
+        end.fo.moves_device(lane),
+        device != end.nics[l].nic.device(),
+        "the machine knows when a lane changes device"
+    );
+    let info = qp_info(&nic);
+    end.next[l] = Some(nic);
+    end.next_port[l] = port;
+    let mut keys = KeyMap::EMPTY;
+    if end.fo.moves_device(lane) {
+        let ep = end.ep;
+        let map = |key| fabric.key_on(ep, key, device);
+        match peer_keys(&end.conn, &map) {
+            Ok(told) => keys = told,
+            Err(e) => return end.fo.handle_lane_error(lane, e),
+        }
+    }
+    end.fo.handle_qp_created(lane, info, &keys);
+}
+
+/// `end`'s `Replay`: connect the lane's new queue pair to the peer's (`peer`, as `peer_qp`
+/// names it), swap it in and replay (`replay_lane`) under the rekeying a move to another device
+/// needs (broken as `fault` says).
+fn replay<M>(
+    end: &mut End<M>,
+    fabric: &Fabric,
+    peer: &SimNic,
+    (lane, peer_qp): (u8, crate::data::failover::QpInfo),
+    fault: Option<KeyFault>,
+    replay_lane: impl FnOnce(
+        &mut M,
+        &mut Guarded<SimNic>,
+        &crate::data::failover::Rekey<'_>,
+        u8,
+    ) -> Result<crate::data::failover::Replayed, FailoverError>,
+) {
+    let l = usize::from(lane);
+    let (qp_num, peer_region) = read_qp_info(&peer_qp);
+    assert_eq!(
+        (qp_num, peer_region),
+        (peer.qp_num(), peer.inbound_region())
+    );
+    let fresh = end.next[l].take().expect("created");
+    if !fresh.is_connected() {
+        fabric.join(&fresh, peer);
+    }
+    let (ep, device) = (end.ep, fresh.device());
+    let map = |key| fabric.key_on(ep, key, device);
+    let local = end
+        .fo
+        .moves_device(lane)
+        .then_some(&map as &dyn Fn(u32) -> Option<u32>);
+    let rekey = replay_rekey(peer_region, local, fault);
+    end.nics[l] = Guarded::new(fresh, true);
+    let done = replay_lane(&mut end.conn, &mut end.nics[l], &rekey, end.next_port[l]);
+    end.fo.handle_replayed(lane, done, fabric.now());
 }
 
 /// A lane's first failed completion becomes its machine's input (the machine then fails the

@@ -5,7 +5,7 @@
 use std::vec;
 
 use super::{FailoverPair, Outcome, Stream};
-use crate::data::failover::{FailoverConfig, FailoverError, SenderPlan, SeqRange};
+use crate::data::failover::{FailoverConfig, FailoverError, Rekey, SenderPlan, SeqRange};
 use crate::data::{DataError, ProtocolError};
 use crate::nic::WcStatus;
 use crate::time::Duration;
@@ -296,9 +296,11 @@ fn a_replayed_slot_end_of_a_completed_receive_is_refused() {
     let wrong = SenderPlan {
         complete: SeqRange { start: 0, end: 0 },
         replay: SeqRange { start: 0, end: 1 },
+        peer_keys: None,
     };
+    let rekey = Rekey::same(p.recv_nic.inbound_region());
     p.send
-        .failover_replay(&mut send_nic, &wrong, &journal)
+        .failover_replay(&mut send_nic, &wrong, &journal, &rekey)
         .unwrap();
     p.fabric.run_until_idle();
     assert_eq!(

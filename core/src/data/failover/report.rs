@@ -358,6 +358,8 @@ impl Report {
 
 #[cfg(test)]
 mod tests {
+    use alloc::vec::Vec;
+
     use super::*;
 
     fn sample() -> Report {

@@ -74,7 +74,7 @@ fn a_sender_fails_a_lane_over_end_to_end() {
     m.handle_quiesced(0, ReportBody::Sender(own));
     assert_eq!(actions(&mut m), [Action::CreateQp { lane: 0, port: 1 }]);
     let info = QpInfo::new(&[1, 2, 3]).unwrap();
-    m.handle_qp_created(0, info);
+    m.handle_qp_created(0, info, &KeyMap::EMPTY);
     let sent = actions(&mut m);
     assert_eq!(
         sent,
@@ -83,7 +83,7 @@ fn a_sender_fails_a_lane_over_end_to_end() {
             attempt: 1,
             body: ReportBody::Sender(own),
             qp_info: info,
-            port: None,
+            port: Some(1),
             rekeyed: false,
             keys: 0,
         })]
@@ -92,6 +92,7 @@ fn a_sender_fails_a_lane_over_end_to_end() {
     let expected = SenderPlan {
         complete: SeqRange { start: 4, end: 6 },
         replay: SeqRange { start: 6, end: 10 },
+        peer_keys: None,
     };
     assert_eq!(
         actions(&mut m),
@@ -150,7 +151,7 @@ fn the_peer_starts_it_and_a_working_port_stays() {
     m.handle_quiesced(1, ReportBody::Receiver(own));
     // This end's port did not fail: the new queue pair goes on the same port.
     assert_eq!(actions(&mut m), [Action::CreateQp { lane: 1, port: 1 }]);
-    m.handle_qp_created(1, QpInfo::EMPTY);
+    m.handle_qp_created(1, QpInfo::EMPTY, &KeyMap::EMPTY);
     let all = actions(&mut m);
     assert!(matches!(all[0], Action::SendReport(_)));
     assert_eq!(
@@ -374,7 +375,7 @@ fn bad_reports_give_up_as_protocol_errors() {
             eager: false,
         }),
     );
-    m.handle_qp_created(0, QpInfo::EMPTY);
+    m.handle_qp_created(0, QpInfo::EMPTY, &KeyMap::EMPTY);
     m.handle_peer(&receiver_report(0, 5, 9), at(0));
     let all = actions(&mut m);
     assert_eq!(
@@ -654,4 +655,283 @@ fn an_unarmed_tripwire_passes_failed_completions_through() {
         );
         assert!(!g.trip.tripped());
     }
+}
+
+/// Two devices of one port each (the lanes start on port `lane % 2`).
+fn two_devices() -> FailoverConfig {
+    FailoverConfig {
+        port_devices: vec![0, 1],
+        ..config()
+    }
+}
+
+/// Pairs `(i, 0x100 + i)` for `i` in `0..n`.
+fn key_pairs(n: u32) -> KeyMap {
+    let mut keys = KeyMap::EMPTY;
+    for i in 0..n {
+        assert!(keys.insert(i, 0x100 + i));
+    }
+    keys
+}
+
+/// An end that starts on the peer's report follows the peer to its port when that is on
+/// another device (the two devices are two rails), and a receiver moving there sends its
+/// state report flagged rekeyed, then as many key reports as it says; ports of one device
+/// keep the old choice (this end's port while it works, else the peer's).
+#[test]
+fn a_peer_on_another_device_is_followed_and_a_rekeyed_receiver_sends_its_keys() {
+    let mut m = Failover::new(Role::Receiver, two_devices());
+    let report = Report {
+        lane: 0,
+        attempt: 1,
+        body: ReportBody::Sender(SenderSnapshot {
+            ended: 7,
+            acked: 2,
+            eager: false,
+        }),
+        qp_info: QpInfo::new(&[1]).unwrap(),
+        port: Some(1),
+        rekeyed: true,
+        keys: 0,
+    };
+    m.handle_peer(&report.encode(), at(0));
+    assert_eq!(actions(&mut m), [Action::QuiesceLane { lane: 0 }]);
+    assert!(m.moves_device(0), "port 1 is device 1");
+    assert!(!m.moves_device(1), "lane 1 is not failing");
+    let own = ReceiverSnapshot {
+        oldest: 5,
+        announced: 9,
+        eager: false,
+    };
+    m.handle_quiesced(0, ReportBody::Receiver(own));
+    assert_eq!(actions(&mut m), [Action::CreateQp { lane: 0, port: 1 }]);
+    let keys = key_pairs(12);
+    m.handle_qp_created(0, QpInfo::new(&[2]).unwrap(), &keys);
+    let all = actions(&mut m);
+    assert_eq!(all.len(), 4, "{all:?}");
+    assert_eq!(
+        all[0],
+        Action::SendReport(Report {
+            lane: 0,
+            attempt: 1,
+            body: ReportBody::Receiver(own),
+            qp_info: QpInfo::new(&[2]).unwrap(),
+            port: Some(1),
+            rekeyed: true,
+            keys: 2,
+        })
+    );
+    let told: Vec<(u32, u32)> = all[1..3]
+        .iter()
+        .flat_map(|a| match a {
+            Action::SendReport(Report {
+                body: ReportBody::Keys(chunk),
+                port: None,
+                rekeyed: false,
+                keys: 0,
+                ..
+            }) => chunk.pairs().to_vec(),
+            other => panic!("a key report: {other:?}"),
+        })
+        .collect();
+    assert_eq!(told, keys.pairs());
+    assert_eq!(
+        all[3],
+        Action::Replay {
+            lane: 0,
+            plan: Plan::Receiver(ReceiverPlan {
+                rewrite: SeqRange { start: 7, end: 9 }
+            }),
+            peer_qp: QpInfo::new(&[1]).unwrap(),
+        }
+    );
+    for a in &all[..3] {
+        let Action::SendReport(r) = a else {
+            unreachable!()
+        };
+        assert_eq!(Report::decode(&r.encode()), Ok(*r), "every report encodes");
+    }
+
+    // One device: a working port stays (a report naming the other port or not).
+    for port in [None, Some(0)] {
+        let mut m = Failover::new(Role::Receiver, config());
+        m.handle_peer(
+            &Report {
+                lane: 1,
+                port,
+                ..report
+            }
+            .encode(),
+            at(0),
+        );
+        m.handle_quiesced(1, ReportBody::Receiver(ReceiverSnapshot::default()));
+        let all = actions(&mut m);
+        assert_eq!(all[1], Action::CreateQp { lane: 1, port: 1 }, "{port:?}");
+        assert!(!m.moves_device(1));
+    }
+    // ... and one that went down follows the peer's.
+    let mut m = Failover::new(
+        Role::Receiver,
+        FailoverConfig {
+            port_devices: vec![0, 0, 0],
+            ..config()
+        },
+    );
+    m.handle_port_event(1, false);
+    m.handle_peer(
+        &Report {
+            lane: 1,
+            port: Some(2),
+            ..report
+        }
+        .encode(),
+        at(0),
+    );
+    m.handle_quiesced(1, ReportBody::Receiver(ReceiverSnapshot::default()));
+    assert_eq!(actions(&mut m)[1], Action::CreateQp { lane: 1, port: 2 });
+    // A peer's port that is down here is not followed.
+    let mut m = Failover::new(Role::Receiver, two_devices());
+    m.handle_port_event(1, false);
+    m.handle_peer(&report.encode(), at(0));
+    m.handle_quiesced(0, ReportBody::Receiver(ReceiverSnapshot::default()));
+    assert_eq!(actions(&mut m)[1], Action::CreateQp { lane: 0, port: 0 });
+    assert!(!m.moves_device(0));
+}
+
+/// A sender waits for every key report a rekeyed receiver announced before it plans, and its
+/// plan carries them; key reports it was not told of, or for a lane not failing, give up.
+#[test]
+fn a_sender_plans_only_with_every_key_of_a_rekeyed_receiver() {
+    let start = |m: &mut Failover| {
+        m.handle_completion_error(0, &failed(WcStatus::RETRY_EXC_ERR), at(0));
+        m.handle_quiesced(
+            0,
+            ReportBody::Sender(SenderSnapshot {
+                ended: 6,
+                acked: 4,
+                eager: false,
+            }),
+        );
+        assert!(m.moves_device(0), "port 0 failed: device 1's port 1");
+        m.handle_qp_created(0, QpInfo::EMPTY, &key_pairs(3));
+        let all = actions(m);
+        let Action::SendReport(own) = all[2] else {
+            panic!("{all:?}")
+        };
+        // A sender tells no keys, even if handed some.
+        assert_eq!((own.port, own.rekeyed, own.keys), (Some(1), true, 0));
+        assert_eq!(all.len(), 3, "{all:?}");
+    };
+    let state = Report {
+        lane: 0,
+        attempt: 1,
+        body: ReportBody::Receiver(ReceiverSnapshot {
+            oldest: 5,
+            announced: 8,
+            eager: false,
+        }),
+        qp_info: QpInfo::new(&[3]).unwrap(),
+        port: Some(1),
+        rekeyed: true,
+        keys: 2,
+    };
+    let chunk = |from: u32, n: u32| {
+        let pairs: Vec<(u32, u32)> = (from..from + n).map(|i| (i, 0x100 + i)).collect();
+        Report {
+            lane: 0,
+            attempt: 1,
+            body: ReportBody::Keys(KeyChunk::new(&pairs).unwrap()),
+            qp_info: QpInfo::EMPTY,
+            port: None,
+            rekeyed: false,
+            keys: 0,
+        }
+        .encode()
+    };
+    let mut m = Failover::new(Role::Sender, two_devices());
+    start(&mut m);
+    m.handle_peer(&state.encode(), at(1));
+    assert_eq!(actions(&mut m), [], "keys still on their way");
+    m.handle_peer(&chunk(0, 10), at(1));
+    assert_eq!(actions(&mut m), []);
+    m.handle_peer(&chunk(10, 2), at(1));
+    let all = actions(&mut m);
+    let [
+        Action::Replay {
+            plan: Plan::Sender(plan),
+            ..
+        },
+    ] = all.as_slice()
+    else {
+        panic!("{all:?}")
+    };
+    assert_eq!(plan.peer_keys, Some(key_pairs(12)));
+    assert_eq!(plan.replay, SeqRange { start: 5, end: 6 });
+
+    // A receiver that was not rekeyed: no keys, none awaited.
+    let mut m = Failover::new(Role::Sender, two_devices());
+    start(&mut m);
+    let plain = Report {
+        rekeyed: false,
+        keys: 0,
+        ..state
+    };
+    m.handle_peer(&plain.encode(), at(1));
+    let all = actions(&mut m);
+    assert!(
+        matches!(
+            all.as_slice(),
+            [Action::Replay {
+                plan: Plan::Sender(SenderPlan {
+                    peer_keys: None,
+                    ..
+                }),
+                ..
+            }]
+        ),
+        "{all:?}"
+    );
+
+    // One key report more than said.
+    let mut m = Failover::new(Role::Sender, two_devices());
+    start(&mut m);
+    m.handle_peer(&Report { keys: 1, ..state }.encode(), at(1));
+    m.handle_peer(&chunk(0, 1), at(1));
+    assert!(matches!(actions(&mut m)[0], Action::Replay { .. }));
+    m.handle_peer(&chunk(1, 1), at(1));
+    assert!(matches!(
+        gave_up(&mut m),
+        FailoverError::Inconsistent { .. }
+    ));
+    // Keys before any report, on a lane not failing.
+    let mut m = Failover::new(Role::Sender, two_devices());
+    m.handle_peer(&chunk(0, 1), at(0));
+    assert!(matches!(
+        gave_up(&mut m),
+        FailoverError::Inconsistent { .. }
+    ));
+    // Keys sent to a receiver.
+    let mut m = Failover::new(Role::Receiver, two_devices());
+    m.handle_peer(&chunk(0, 1), at(0));
+    assert!(matches!(
+        gave_up(&mut m),
+        FailoverError::Inconsistent { .. }
+    ));
+    // More pairs than a lane may carry.
+    let mut m = Failover::new(Role::Sender, two_devices());
+    start(&mut m);
+    m.handle_peer(&Report { keys: 5, ..state }.encode(), at(1));
+    for i in 0..4 {
+        m.handle_peer(&chunk(10 * i, 10), at(1));
+    }
+    assert_eq!(
+        actions(&mut m),
+        [],
+        "40 pairs fit, a fifth report is awaited"
+    );
+    m.handle_peer(&chunk(40, 1), at(1));
+    assert!(matches!(
+        gave_up(&mut m),
+        FailoverError::Inconsistent { .. }
+    ));
 }

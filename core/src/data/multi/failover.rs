@@ -100,7 +100,6 @@ impl MultiSend {
         member: u8,
     ) -> Result<Replayed, FailoverError> {
         let index = lane_index(lane, self.conns.len())?;
-        self.members[index] = member;
         let Some(journals) = &self.journals else {
             return Err(FailoverError::Disabled);
         };
@@ -109,7 +108,10 @@ impl MultiSend {
                 "a receiver's replay plan on the sending end",
             )));
         };
-        self.conns[index].failover_replay(nic, plan, &journals[index], rekey)
+        let replayed = self.conns[index].failover_replay(nic, plan, &journals[index], rekey)?;
+        // Only a replay that happened moves the lane (a refused one changes nothing).
+        self.members[index] = member;
+        Ok(replayed)
     }
 }
 
@@ -174,7 +176,6 @@ impl MultiRecv {
         member: u8,
     ) -> Result<Replayed, FailoverError> {
         let index = lane_index(lane, self.conns.len())?;
-        self.members[index] = member;
         let Some(journals) = &self.journals else {
             return Err(FailoverError::Disabled);
         };
@@ -183,7 +184,10 @@ impl MultiRecv {
                 "a sender's replay plan on the receiving end",
             )));
         };
-        self.conns[index].failover_replay(nic, plan, &journals[index], rekey)
+        let replayed = self.conns[index].failover_replay(nic, plan, &journals[index], rekey)?;
+        // Only a replay that happened moves the lane (a refused one changes nothing).
+        self.members[index] = member;
+        Ok(replayed)
     }
 
     /// The quiesced `lane` moves to another device: the keys of its receives the sender may

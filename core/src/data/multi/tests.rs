@@ -562,7 +562,7 @@ fn a_blocked_lane_is_not_polled_and_its_requests_wait() {
 #[test]
 fn the_failover_hooks_refuse_a_foreign_lane_or_plan() {
     use crate::data::failover::{
-        FailoverError, Guarded, Plan, ReceiverPlan, ReportBody, SenderPlan, SeqRange,
+        FailoverError, Guarded, Plan, ReceiverPlan, Rekey, ReportBody, SenderPlan, SeqRange,
     };
     let mut p = MultiPair::new(64, policy(2, false));
     let range = SeqRange { start: 0, end: 0 };
@@ -570,10 +570,13 @@ fn the_failover_hooks_refuse_a_foreign_lane_or_plan() {
     let sender_plan = Plan::Sender(SenderPlan {
         complete: range,
         replay: range,
+        peer_keys: None,
     });
+    let to_recv = Rekey::same(p.recv_nics[0].inbound_region());
+    let to_send = Rekey::same(p.send_nics[0].inbound_region());
     let nic = &mut p.send_nics[0];
     assert_eq!(
-        p.send.failover_replay(0, nic, &sender_plan),
+        p.send.failover_replay(0, nic, &sender_plan, &to_recv, 0),
         Err(FailoverError::Disabled),
         "no journal without enable_failover"
     );
@@ -582,11 +585,12 @@ fn the_failover_hooks_refuse_a_foreign_lane_or_plan() {
     assert!(p.send.failover_enabled() && p.recv.failover_enabled());
     assert!(matches!(
         p.send
-            .failover_replay(0, &mut p.send_nics[0], &receiver_plan),
+            .failover_replay(0, &mut p.send_nics[0], &receiver_plan, &to_recv, 0),
         Err(FailoverError::Local(DataError::InvalidArgument(_)))
     ));
     assert!(matches!(
-        p.recv.failover_replay(0, &mut p.recv_nics[0], &sender_plan),
+        p.recv
+            .failover_replay(0, &mut p.recv_nics[0], &sender_plan, &to_send, 0),
         Err(FailoverError::Local(DataError::InvalidArgument(_)))
     ));
     assert_eq!(
