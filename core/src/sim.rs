@@ -56,7 +56,7 @@ pub mod suite;
 
 pub use drive::{irecv_direct, isend_direct, isend_direct_host, read_head};
 pub use failover_multi_pair::MultiFailoverPair;
-pub use failover_pair::{FailoverPair, Outcome, Stream, Tamper};
+pub use failover_pair::{FailoverPair, KeyFault, Outcome, Stream, Tamper};
 pub use multi_pair::MultiPair;
 pub use pair::DataPair;
 

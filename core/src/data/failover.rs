@@ -125,6 +125,11 @@ pub enum FailoverError {
     /// The driver could not do what the machine asked (create or connect the new queue pair,
     /// register on the new device): the connection fails with the lane's first error.
     Driver(&'static str),
+    /// The lane's memory keys cannot be carried to the device it moves to (a buffer not
+    /// registered there, more registrations behind its receives than a failover carries, a
+    /// consumed entry's key the receiver did not tell): the connection fails with the lane's
+    /// first error, as without failover.
+    Rekey(&'static str),
 }
 
 impl fmt::Display for FailoverError {
@@ -164,6 +169,7 @@ impl fmt::Display for FailoverError {
             }
             Self::Local(err) => write!(f, "the lane failed while failing over: {err}"),
             Self::Driver(what) => write!(f, "{what}"),
+            Self::Rekey(what) => write!(f, "the lane's keys cannot move to its new device: {what}"),
         }
     }
 }
@@ -332,9 +338,9 @@ impl Rekey<'_> {
     pub(super) fn local_key(&self, key: u32) -> Result<u32, FailoverError> {
         match self.local {
             None => Ok(key),
-            Some(map) => map(key).ok_or(FailoverError::Local(DataError::InvalidArgument(
+            Some(map) => map(key).ok_or(FailoverError::Rekey(
                 "a buffer of the lane is not registered on the device it moves to",
-            ))),
+            )),
         }
     }
 }
@@ -344,11 +350,9 @@ impl SenderPlan {
     pub(super) fn peer_key(&self, key: u32) -> Result<u32, FailoverError> {
         match &self.peer_keys {
             None => Ok(key),
-            Some(map) => map
-                .get(key)
-                .ok_or(FailoverError::Local(DataError::InvalidArgument(
-                    "the receiver did not say a consumed entry's key on its new device",
-                ))),
+            Some(map) => map.get(key).ok_or(FailoverError::Rekey(
+                "the receiver did not say a consumed entry's key on its new device",
+            )),
         }
     }
 }

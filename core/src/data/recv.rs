@@ -1300,7 +1300,9 @@ impl RecvConn {
 
     /// For port failover to another device: each distinct key of the receives the sender may
     /// have consumed entries of (from the oldest on, as noted in `journal`), with its key on the
-    /// new device by `new_key`, into `keys`. Fails when one has none there or `keys` is full.
+    /// new device by `new_key`, into `keys`. Fails ([`FailoverError::Rekey`](super::failover::FailoverError::Rekey))
+    /// when one has none there or `keys` is full: more than
+    /// [`MAX_KEY_PAIRS`](super::failover::MAX_KEY_PAIRS) registrations.
     pub fn failover_peer_keys(
         &self,
         journal: &super::failover::RecvJournal,
@@ -1319,15 +1321,14 @@ impl RecvConn {
                         "the receive journal does not match the lane's receives",
                     )))?;
             for entry in entries.iter().take(usize::from(n)) {
-                let new =
-                    new_key(entry.rkey).ok_or(FailoverError::Local(DataError::InvalidArgument(
-                        "a buffer of the lane is not registered on the device it moves to",
-                    )))?;
+                let new = new_key(entry.rkey).ok_or(FailoverError::Rekey(
+                    "a buffer of the lane is not registered on the device it moves to",
+                ))?;
                 if !keys.insert(entry.rkey, new) {
-                    return Err(FailoverError::Local(DataError::InvalidArgument(
+                    return Err(FailoverError::Rekey(
                         "the lane's receives use more registrations than a failover to another \
                          device carries",
-                    )));
+                    ));
                 }
             }
         }

@@ -3,6 +3,7 @@
 //! cases that must give up.
 
 use std::vec;
+use std::vec::Vec;
 
 use super::{FailoverPair, Outcome, Stream};
 use crate::data::failover::{FailoverConfig, FailoverError, Rekey, SenderPlan, SeqRange};
@@ -382,4 +383,228 @@ fn a_lying_receiver_report_fails_the_connection_not_the_data() {
         }
     }
     assert!(refused > 0, "the lie got through somewhere");
+}
+
+/// [`config`] over two devices: port `i` on device `i` (separate protection domains).
+fn two_devices(lanes: usize, attempts: u32) -> FailoverConfig {
+    FailoverConfig {
+        port_devices: vec![0, 1],
+        ..config(lanes, attempts)
+    }
+}
+
+/// Across two devices, one lane (on port 0, device 0) cut at every step on either end, with
+/// and without lost acknowledgements: the lane moves to device 1 at both ends (one that only
+/// heard of it follows), is rekeyed, and the stream arrives whole, in order, byte-exact.
+#[test]
+fn across_devices_one_lane_survives_a_cut_at_every_step_on_either_end() {
+    let streams = [stream(24, 0)];
+    let new = || FailoverPair::new(1, 64, two_devices(1, 1), two_devices(1, 1));
+    let mut total = 0;
+    assert_eq!(new().run(&streams, |_, step| total = step), Outcome::Done);
+    let (mut failovers, mut followed) = (0, 0);
+    for at in 0..=total {
+        for how in [Cut::Sender, Cut::Receiver, Cut::SenderAcksLost] {
+            let mut p = new();
+            let outcome = p.run(&streams, |p, step| {
+                if step == at {
+                    cut(p, 0, how);
+                }
+            });
+            assert_eq!(
+                outcome,
+                Outcome::Done,
+                "cut {how:?} at {at}: gave up {:?} / {:?}",
+                p.send_gave_up,
+                p.recv_gave_up
+            );
+            let (s, r) = (p.send_fo.stats(), p.recv_fo.stats());
+            assert_eq!(s.failovers, r.failovers, "both ends fail over together");
+            assert_eq!(
+                p.send_fo.lane_port(0),
+                p.recv_fo.lane_port(0),
+                "cut {how:?} at {at}: both ends on one device"
+            );
+            if s.failovers > 0 {
+                assert_eq!(p.send_nic(0).device(), 1);
+                assert_eq!(p.recv_nic(0).device(), 1);
+            }
+            failovers += s.failovers;
+            followed += p.started_by_report;
+        }
+    }
+    assert!(failovers as usize > 2 * total, "{failovers} failovers");
+    assert!(followed > 0, "some end only heard of the cut from its peer");
+}
+
+/// Adaptive routing's split and queue pairs without inline room (every entry and record
+/// staged, the staging regions registered on the new device) across two devices, the kind of
+/// cut rotating at every step.
+#[test]
+fn across_devices_split_sends_and_staged_records_survive_a_cut_at_every_step() {
+    let streams = [small_stream(16, 4), small_stream(16, 7)];
+    let new = || {
+        let mut p = FailoverPair::new(2, 0, two_devices(2, 1), two_devices(2, 1));
+        for lane in 0..2 {
+            p.sender(lane).set_adaptive_routing(Some(4096));
+        }
+        p
+    };
+    let mut total = 0;
+    assert_eq!(new().run(&streams, |_, step| total = step), Outcome::Done);
+    let mut failovers = 0;
+    for at in 0..=total {
+        let how = [Cut::Sender, Cut::Receiver, Cut::SenderAcksLost][at % 3];
+        let mut p = new();
+        let outcome = p.run(&streams, |p, step| {
+            if step == at {
+                cut(p, 0, how);
+            }
+        });
+        assert_eq!(outcome, Outcome::Done, "cut {how:?} lane 0 at {at}");
+        assert_eq!(p.send_fo.lane_port(1), Some(1), "lane 1 never moves");
+        failovers += p.send_fo.stats().failovers;
+    }
+    assert!(failovers as usize > total / 2, "{failovers} failovers");
+}
+
+/// One lane's receives (from the oldest on) behind more registrations than a failover to
+/// another device carries: the receiver gives up with the reason, the connection fails with
+/// the lane's first error, nothing hangs.
+#[test]
+fn across_devices_a_receiver_with_too_many_registrations_gives_up() {
+    let streams = [Stream {
+        sizes: vec![vec![64; 8]; 20],
+    }];
+    let mut gave_up = 0;
+    for at in (0..150).step_by(5) {
+        let mut p = FailoverPair::new(1, 64, two_devices(1, 1), two_devices(1, 1));
+        p.distinct_registrations();
+        let outcome = p.run(&streams, |p, step| {
+            if step == at {
+                cut(p, 0, Cut::Receiver);
+            }
+        });
+        match outcome {
+            Outcome::Done => {}
+            Outcome::Stuck => panic!("cut at {at}: stuck"),
+            Outcome::Failed(err) => {
+                assert!(err.is_fatal(), "{err}");
+                assert!(
+                    matches!(p.recv_gave_up, Some(FailoverError::Rekey(why)) if why.contains("more registrations")),
+                    "cut at {at}: {:?} / {:?}",
+                    p.send_gave_up,
+                    p.recv_gave_up
+                );
+                gave_up += 1;
+            }
+        }
+    }
+    assert!(gave_up > 0);
+}
+
+/// The sender's quiesce makes every clear-to-send slot it has not read look unwritten: an
+/// entry that landed before the failure carries the receiver's key of its old device under
+/// the stamp its rewrite will have, so a send after the replay must wait for the rewrite (with
+/// the new device's key), never take the stale entry. Here the receiver's rewrite is posted
+/// but not executed when the sender's next send comes.
+#[test]
+fn across_devices_a_stale_entry_landed_before_the_cut_is_never_used() {
+    use super::pair::qp_configs;
+    use super::{Fabric, irecv_direct, isend_direct};
+    use crate::data::failover::{
+        Guarded, KeyMap, RecvJournal, SendJournal, plan_receiver, plan_sender,
+    };
+    use crate::data::{Completed, Connection, RecvBuf, RecvConn, SendBuf, SendConn};
+
+    let fabric = Fabric::new();
+    let (send_ep, recv_ep) = (fabric.endpoint(), fabric.endpoint());
+    let (sc, rc) = qp_configs(64);
+    let (send_nic, recv_nic) = fabric.connect_on((send_ep, 0), sc, (recv_ep, 0), rc);
+    let mut send = SendConn::new(recv_nic.inbound_region());
+    let mut recv = RecvConn::new(send_nic.inbound_region());
+    let (smem, rmem) = (fabric.alloc(send_ep, 64), fabric.alloc(recv_ep, 64));
+    fabric.write(send_ep, smem, &[0x5a; 64]);
+    let skeys: Vec<_> = (0..2)
+        .map(|d| fabric.register_on(send_ep, smem, 64, d))
+        .collect();
+    let rkeys: Vec<_> = (0..2)
+        .map(|d| fabric.register_on(recv_ep, rmem, 64, d))
+        .collect();
+    let (mut send_journal, mut recv_journal) = (SendJournal::new(), RecvJournal::new());
+
+    // The receive's entry lands in the sender's FIFO, with device 0's key.
+    let rbuf = RecvBuf {
+        addr: rmem,
+        len: 64,
+        rkey: rkeys[0].rkey,
+        host: true,
+    };
+    let mut rg = Guarded::new(recv_nic, true);
+    let r = irecv_direct(&mut recv, &mut rg, &[rbuf], &[1])
+        .unwrap()
+        .unwrap();
+    recv_journal.note(r, &[rbuf], &[1]);
+    fabric.run_until_idle();
+
+    // Port 0's queue pairs fail before the sender read it; both ends quiesce.
+    let mut sg = Guarded::new(send_nic, true);
+    fabric.fault_qp_error(&sg.nic);
+    fabric.fault_qp_error(&rg.nic);
+    while !send.failover_quiesce(&mut sg).unwrap() {}
+    while !recv.failover_quiesce(&mut rg).unwrap() {}
+    let (own_s, own_r) = (send.failover_snapshot().unwrap(), recv.failover_snapshot());
+    assert_eq!(
+        (own_s.ended, own_r.announced),
+        (0, 1),
+        "the entry was not read"
+    );
+
+    // Both move to device 1: the receiver's keys there, the plans, the new queue pairs.
+    let (send_map, recv_map) = (
+        |key| fabric.key_on(send_ep, key, 1),
+        |key| fabric.key_on(recv_ep, key, 1),
+    );
+    let mut keys = KeyMap::EMPTY;
+    recv.failover_peer_keys(&recv_journal, &recv_map, &mut keys)
+        .unwrap();
+    assert_eq!(keys.pairs(), [(rkeys[0].rkey, rkeys[1].rkey)]);
+    let send_plan = SenderPlan {
+        peer_keys: Some(keys),
+        ..plan_sender(0, own_s, own_r).unwrap()
+    };
+    let recv_plan = plan_receiver(0, own_r, own_s).unwrap();
+    let (mut s2, mut r2) = fabric.reconnect_on(&sg.nic, 1, &rg.nic, 1);
+    let rekey = |peer: &super::SimNic, map| Rekey {
+        peer_region: peer.inbound_region(),
+        local: Some(map),
+    };
+    send.failover_replay(&mut s2, &send_plan, &send_journal, &rekey(&r2, &send_map))
+        .unwrap();
+    recv.failover_replay(&mut r2, &recv_plan, &recv_journal, &rekey(&s2, &recv_map))
+        .unwrap();
+
+    // The rewrite is queued, not executed: the send must wait for it.
+    let sbuf = SendBuf {
+        addr: smem,
+        len: 64,
+        lkey: skeys[1].lkey,
+    };
+    assert_eq!(
+        isend_direct(&mut send, &mut s2, sbuf, 1),
+        Ok(None),
+        "the stale entry (device 0's key) is not taken"
+    );
+    fabric.run_until_idle();
+    let s = isend_direct(&mut send, &mut s2, sbuf, 1)
+        .unwrap()
+        .expect("the rewritten entry");
+    send_journal.note(s, sbuf, 1, 0);
+    fabric.run_until_idle();
+    assert!(matches!(
+        recv.test(&mut r2, r),
+        Ok(Completed::Done { n: 1, .. })
+    ));
+    assert_eq!(fabric.read(recv_ep, rmem, 64), [0x5a; 64]);
+    assert!(matches!(send.test(&mut s2, s), Ok(Completed::Done { .. })));
 }

@@ -502,6 +502,8 @@ fn errors_name_what_happened() {
             .to_string()
             .contains("remote access error (status 10)")
     );
+    let text = FailoverError::Rekey("a buffer is not registered there").to_string();
+    assert!(text.contains("keys cannot move") && text.ends_with("not registered there"));
 }
 
 /// A NIC whose completion queue is a script, with a backend fast path that offers each
