@@ -1288,20 +1288,16 @@ impl Failover {
         let usable =
             |p: usize| p < self.port_failed.len() && !self.port_failed[p] && !self.port_down[p];
         let device = |p: u8| self.config.port_devices.get(usize::from(p)).copied();
-        // The peer moved first to a port of another device: follow it there where this end
-        // can (a link cut on one end only leaves the other end's port up, and two devices are
-        // two rails: the new queue pairs must share one). Otherwise the peer's port may be the
-        // one that failed: then this end's own port still serves (the ports of one device
-        // share its protection domain and reach the peer's alike), or else the peer's port, or
-        // the first one usable.
-        let old_usable = usable(usize::from(old_port));
+        // The peer moved first: follow it to its port where this end can. Both new queue pairs
+        // must share a rail (a port index of the fused device), and a link cut at one end only
+        // leaves the other end's port up. Otherwise the peer's port may be the one that
+        // failed: then this end's own port still serves, or else the first one usable.
         let peer_port = peer
             .and_then(|r| r.port)
-            .filter(|&p| usable(usize::from(p)))
-            .filter(|&p| !old_usable || device(p) != device(old_port));
+            .filter(|&p| usable(usize::from(p)));
         let port = if let Some(p) = peer_port {
             Some(p)
-        } else if old_usable {
+        } else if usable(usize::from(old_port)) {
             Some(old_port)
         } else {
             (0..self.port_devices_len())

@@ -144,8 +144,8 @@ fn a_lane_moves_to_the_surviving_port_and_stats_count_the_replay() {
     assert_eq!(p.send_fo.lane_port(0), Some(1), "the sender's lane moved");
     assert_eq!(
         p.recv_fo.lane_port(0),
-        Some(0),
-        "the receiver's port still works"
+        Some(1),
+        "the receiver's port still works, and it follows the sender to its port (one rail)"
     );
     let s = p.send_fo.stats();
     assert_eq!(s.failovers, 1);

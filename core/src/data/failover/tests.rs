@@ -754,8 +754,9 @@ fn a_peer_on_another_device_is_followed_and_a_rekeyed_receiver_sends_its_keys() 
         assert_eq!(Report::decode(&r.encode()), Ok(*r), "every report encodes");
     }
 
-    // One device: a working port stays (a report naming the other port or not).
-    for port in [None, Some(0)] {
+    // One device: a working port stays when the report names none, and follows the peer's
+    // port when it names one (one rail for both new queue pairs).
+    for (port, expected) in [(None, 1), (Some(0), 0)] {
         let mut m = Failover::new(Role::Receiver, config());
         m.handle_peer(
             &Report {
@@ -768,7 +769,14 @@ fn a_peer_on_another_device_is_followed_and_a_rekeyed_receiver_sends_its_keys() 
         );
         m.handle_quiesced(1, ReportBody::Receiver(ReceiverSnapshot::default()));
         let all = actions(&mut m);
-        assert_eq!(all[1], Action::CreateQp { lane: 1, port: 1 }, "{port:?}");
+        assert_eq!(
+            all[1],
+            Action::CreateQp {
+                lane: 1,
+                port: expected
+            },
+            "{port:?}"
+        );
         assert!(!m.moves_device(1));
     }
     // ... and one that went down follows the peer's.
