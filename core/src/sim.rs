@@ -287,6 +287,25 @@ impl Fabric {
         Some(if remote { there.rkey } else { there.lkey })
     }
 
+    /// As [`key_on`](Self::key_on), for a key of a registration on device `from` only (`None`
+    /// for another device's key): what the plugin's driver can map when a lane moves from `from`
+    /// to `to` (it looks the key up among `from`'s registrations), so a key the lane's journal
+    /// kept from an earlier device is not silently mapped.
+    pub fn key_moved(&self, ep: EndpointId, key: u32, from: u8, to: u8) -> Option<u32> {
+        let on_from = {
+            let inner = self.inner.borrow();
+            inner.endpoints[ep.0]
+                .mrs
+                .iter()
+                .any(|mr| mr.device == from && (mr.lkey == key || mr.rkey == key))
+        };
+        if on_from {
+            self.key_on(ep, key, to)
+        } else {
+            None
+        }
+    }
+
     /// Allocate and register `len` bytes.
     pub fn alloc_registered(&self, ep: EndpointId, len: usize) -> MemoryRegion {
         let addr = self.alloc(ep, len);

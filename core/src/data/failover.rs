@@ -500,6 +500,16 @@ impl SendJournal {
     pub(super) fn get(&self, req: u8) -> JournaledSend {
         self.sends[usize::from(req)]
     }
+
+    /// The lane moved to another device: every local key `new_key` knows becomes its new key
+    /// (so a later move maps from this device's keys).
+    pub(super) fn rekey(&mut self, new_key: &dyn Fn(u32) -> Option<u32>) {
+        for sent in self.sends.iter_mut() {
+            if let Some(key) = new_key(sent.buf.lkey) {
+                sent.buf.lkey = key;
+            }
+        }
+    }
 }
 
 /// What a receiving driver with failover on notes of every receive it posts.
@@ -554,6 +564,18 @@ impl RecvJournal {
         let n = usize::from(entry.n).min(tags.len());
         for i in 0..n {
             entry.bufs[i] = (bufs[i], tags[i]);
+        }
+    }
+
+    /// The lane moved to another device: every remote key `new_key` knows becomes its new key
+    /// (so a later move maps from this device's keys).
+    pub(super) fn rekey(&mut self, new_key: &dyn Fn(u32) -> Option<u32>) {
+        for recv in self.recvs.iter_mut() {
+            for (buf, _) in recv.bufs.iter_mut().take(usize::from(recv.n)) {
+                if let Some(key) = new_key(buf.rkey) {
+                    buf.rkey = key;
+                }
+            }
         }
     }
 

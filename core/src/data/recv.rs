@@ -1205,7 +1205,7 @@ impl RecvConn {
         &mut self,
         nic: &mut impl Nic,
         plan: &super::failover::ReceiverPlan,
-        journal: &super::failover::RecvJournal,
+        journal: &mut super::failover::RecvJournal,
         rekey: &super::failover::Rekey<'_>,
     ) -> Result<super::failover::Replayed, super::failover::FailoverError> {
         use super::failover::{FailoverError, Replayed};
@@ -1255,6 +1255,10 @@ impl RecvConn {
             nic.post_send(&[write]).map_err(|err| local(err.into()))?;
             done.work_requests += 1;
             done.receives += 1;
+        }
+        if let Some(new_key) = rekey.local {
+            // Receives still outstanding move again with the keys they have now.
+            journal.rekey(new_key);
         }
         Ok(done)
     }

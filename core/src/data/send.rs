@@ -1581,7 +1581,7 @@ impl SendConn {
         &mut self,
         nic: &mut impl Nic,
         plan: &super::failover::SenderPlan,
-        journal: &super::failover::SendJournal,
+        journal: &mut super::failover::SendJournal,
         rekey: &super::failover::Rekey<'_>,
     ) -> Result<super::failover::Replayed, super::failover::FailoverError> {
         use super::failover::{FailoverError, Replayed};
@@ -1642,6 +1642,10 @@ impl SendConn {
             let sends = (self.head.m.reqs, self.head.m.count);
             done.work_requests +=
                 self.replay_slot(nic, self.seq, sends, false, journal, plan, rekey)?;
+        }
+        if let Some(new_key) = rekey.local {
+            // Sends still in flight move again with the keys they have now.
+            journal.rekey(new_key);
         }
         Ok(done)
     }

@@ -587,8 +587,8 @@ fn create_qp<M>(
     end.next_port[l] = port;
     let mut keys = KeyMap::EMPTY;
     if end.fo.moves_device(lane) {
-        let ep = end.ep;
-        let map = |key| fabric.key_on(ep, key, device);
+        let (ep, from) = (end.ep, end.nics[l].nic.device());
+        let map = |key| fabric.key_moved(ep, key, from, device);
         match peer_keys(&end.conn, &map) {
             Ok(told) => keys = told,
             Err(e) => return end.fo.handle_lane_error(lane, e),
@@ -623,8 +623,8 @@ fn replay<M>(
     if !fresh.is_connected() {
         fabric.join(&fresh, peer);
     }
-    let (ep, device) = (end.ep, fresh.device());
-    let map = |key| fabric.key_on(ep, key, device);
+    let (ep, device, from) = (end.ep, fresh.device(), end.nics[l].nic.device());
+    let map = |key| fabric.key_moved(ep, key, from, device);
     let local = end
         .fo
         .moves_device(lane)

@@ -718,7 +718,8 @@ impl FailoverPair {
                     self.fabric.join(&fresh, peer);
                 }
                 let (fabric, ep, device) = (self.fabric.clone(), self.send_ep, fresh.device());
-                let map = move |key| fabric.key_on(ep, key, device);
+                let from = end.nic.nic.device();
+                let map = move |key| fabric.key_moved(ep, key, from, device);
                 let moved = self.send_fo.moves_device(lane);
                 let local = moved.then_some(&map as &dyn Fn(u32) -> Option<u32>);
                 let rekey = replay_rekey(peer_region, local, self.key_fault);
@@ -726,7 +727,7 @@ impl FailoverPair {
                 let done = end.conn.failover_replay(
                     &mut end.nic.nic,
                     &plan,
-                    &self.send_journals[l],
+                    &mut self.send_journals[l],
                     &rekey,
                 );
                 self.send_fo.handle_replayed(lane, done, self.fabric.now());
@@ -767,7 +768,8 @@ impl FailoverPair {
                 let mut keys = KeyMap::EMPTY;
                 if self.recv_fo.moves_device(lane) && self.key_fault != Some(KeyFault::NoPeerKeys) {
                     let (fabric, ep) = (self.fabric.clone(), self.recv_ep);
-                    let map = move |key| fabric.key_on(ep, key, device);
+                    let from = end.nic.nic.device();
+                    let map = move |key| fabric.key_moved(ep, key, from, device);
                     let told = end
                         .conn
                         .failover_peer_keys(&self.recv_journals[l], &map, &mut keys);
@@ -805,7 +807,8 @@ impl FailoverPair {
                     self.fabric.join(&fresh, peer);
                 }
                 let (fabric, ep, device) = (self.fabric.clone(), self.recv_ep, fresh.device());
-                let map = move |key| fabric.key_on(ep, key, device);
+                let from = end.nic.nic.device();
+                let map = move |key| fabric.key_moved(ep, key, from, device);
                 let moved = self.recv_fo.moves_device(lane);
                 let local = moved.then_some(&map as &dyn Fn(u32) -> Option<u32>);
                 let rekey = replay_rekey(peer_region, local, self.key_fault);
@@ -813,7 +816,7 @@ impl FailoverPair {
                 let done = end.conn.failover_replay(
                     &mut end.nic.nic,
                     &plan,
-                    &self.recv_journals[l],
+                    &mut self.recv_journals[l],
                     &rekey,
                 );
                 self.recv_fo.handle_replayed(lane, done, self.fabric.now());

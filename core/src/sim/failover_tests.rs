@@ -301,7 +301,7 @@ fn a_replayed_slot_end_of_a_completed_receive_is_refused() {
     };
     let rekey = Rekey::same(p.recv_nic.inbound_region());
     p.send
-        .failover_replay(&mut send_nic, &wrong, &journal, &rekey)
+        .failover_replay(&mut send_nic, &wrong, &mut journal, &rekey)
         .unwrap();
     p.fabric.run_until_idle();
     assert_eq!(
@@ -579,10 +579,20 @@ fn across_devices_a_stale_entry_landed_before_the_cut_is_never_used() {
         peer_region: peer.inbound_region(),
         local: Some(map),
     };
-    send.failover_replay(&mut s2, &send_plan, &send_journal, &rekey(&r2, &send_map))
-        .unwrap();
-    recv.failover_replay(&mut r2, &recv_plan, &recv_journal, &rekey(&s2, &recv_map))
-        .unwrap();
+    send.failover_replay(
+        &mut s2,
+        &send_plan,
+        &mut send_journal,
+        &rekey(&r2, &send_map),
+    )
+    .unwrap();
+    recv.failover_replay(
+        &mut r2,
+        &recv_plan,
+        &mut recv_journal,
+        &rekey(&s2, &recv_map),
+    )
+    .unwrap();
 
     // The rewrite is queued, not executed: the send must wait for it.
     let sbuf = SendBuf {

@@ -100,7 +100,7 @@ impl MultiSend {
         member: u8,
     ) -> Result<Replayed, FailoverError> {
         let index = lane_index(lane, self.conns.len())?;
-        let Some(journals) = &self.journals else {
+        let Some(journals) = &mut self.journals else {
             return Err(FailoverError::Disabled);
         };
         let Plan::Sender(plan) = plan else {
@@ -108,7 +108,7 @@ impl MultiSend {
                 "a receiver's replay plan on the sending end",
             )));
         };
-        let replayed = self.conns[index].failover_replay(nic, plan, &journals[index], rekey)?;
+        let replayed = self.conns[index].failover_replay(nic, plan, &mut journals[index], rekey)?;
         // Only a replay that happened moves the lane (a refused one changes nothing).
         self.members[index] = member;
         Ok(replayed)
@@ -176,7 +176,7 @@ impl MultiRecv {
         member: u8,
     ) -> Result<Replayed, FailoverError> {
         let index = lane_index(lane, self.conns.len())?;
-        let Some(journals) = &self.journals else {
+        let Some(journals) = &mut self.journals else {
             return Err(FailoverError::Disabled);
         };
         let Plan::Receiver(plan) = plan else {
@@ -184,7 +184,7 @@ impl MultiRecv {
                 "a sender's replay plan on the receiving end",
             )));
         };
-        let replayed = self.conns[index].failover_replay(nic, plan, &journals[index], rekey)?;
+        let replayed = self.conns[index].failover_replay(nic, plan, &mut journals[index], rekey)?;
         // Only a replay that happened moves the lane (a refused one changes nothing).
         self.members[index] = member;
         Ok(replayed)
