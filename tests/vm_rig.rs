@@ -111,7 +111,7 @@ sleep 5
 # at 7, see host-death). B takes eth2 down after 20 verified messages of a stream of 100 (8 B -
 # 4 MiB, 4 in flight); the stream must go on over link 1 to the end, byte-exact, no call failing.
 # The longest wait for one completion is the recovery time. Then eth2 comes back.
-failover="$fused NCCL_IB_RESILIENCY_PORT_FAILOVER=1 NCCL_IB_RETRY_CNT=2"
+failover="$fused NCCL_IB_RESILIENCY_PORT_FAILOVER=1 NCCL_IB_RETRY_CNT=2 HARNESS_VERBOSE=1"
 if [ "$RIVET_VM_INDEX" = 1 ]; then
   step fused-failover env $failover FAULTS_CUT_IF=eth2 {faults} {lib} link-failover --listen-port 18614
   ip link set eth2 up

@@ -126,8 +126,9 @@ pub(crate) struct FailoverDriver {
     inbox_len: usize,
     /// Reports not yet written to the socket.
     outbox: Vec<u8>,
-    /// Lanes being quiesced (their quiesce runs again on every call until it is done).
-    quiescing: Vec<u8>,
+    /// Lanes being quiesced (their quiesce runs again on every call until it is done), each
+    /// with when its queue pair was last moved to the error state.
+    quiescing: Vec<(u8, Instant)>,
     /// Per lane, the port it was on when its failover began (for the WARN line), and the one
     /// its new queue pair was created on.
     from_port: Vec<u8>,
@@ -146,6 +147,10 @@ pub(crate) struct FailoverDriver {
 /// looked at every this many data-path calls: a read is a system call, and on every call the
 /// look cost a fused connection's data path a third more instructions.
 const REPORT_POLL_CALLS: u32 = 64;
+
+/// How often a quiescing lane's queue pair is moved to the error state again while its markers'
+/// flushes have not come back (see `quiesce_pending`).
+const MARKER_KICK: rivet_core::time::Duration = rivet_core::time::Duration::from_millis(5);
 
 impl FailoverDriver {
     /// The driver of a connection whose `lanes` lane `i` is on `ports[i % ports.len()]`, with
@@ -290,7 +295,7 @@ impl FailoverDriver {
                         "port failover: moving lane {lane}'s queue pair to the error state failed: {e}"
                     );
                 }
-                self.quiescing.push(lane);
+                self.quiescing.push((lane, clock::now()));
             }
             Action::CreateQp { lane, port } => {
                 if let Some(to) = self.to_port.get_mut(usize::from(lane)) {
@@ -401,7 +406,10 @@ impl FailoverDriver {
                     )
                 };
                 let moved = if from == to {
-                    format!("stays on {} with a new queue pair (the peer's port failed)", name(to))
+                    format!(
+                        "stays on {} with a new queue pair (the peer's port failed)",
+                        name(to)
+                    )
                 } else {
                     format!("moved from {} to {}", name(from), name(to))
                 };
@@ -413,6 +421,21 @@ impl FailoverDriver {
             }
             Action::GiveUp { cause, reason } => {
                 crate::stats::gave_up();
+                for &(lane, _) in &self.quiescing {
+                    if let Some(nic) = lanes.get(usize::from(lane)) {
+                        let t = &nic.trip;
+                        warn!(
+                            "port failover: lane {lane} was still quiescing: markers posted {}, \
+                             send marker flushed {}, receive marker flushed {}, {} failed \
+                             completion(s), the first {:?}",
+                            t.markers_posted,
+                            t.send_marker,
+                            t.recv_marker,
+                            t.failed,
+                            t.first.map(|c| c.status)
+                        );
+                    }
+                }
                 warn!(
                     "port failover: the connection with {} fails: {reason} (cause: {cause})",
                     self.peer
@@ -426,13 +449,31 @@ impl FailoverDriver {
     fn quiesce_pending<C: FailoverLanes>(&mut self, conn: &mut C, lanes: &mut [Endpoint]) {
         let mut i = 0;
         while i < self.quiescing.len() {
-            let lane = self.quiescing[i];
+            let (lane, kicked) = self.quiescing[i];
             let Some(nic) = lanes.get_mut(usize::from(lane)) else {
                 self.quiescing.swap_remove(i);
                 continue;
             };
             match conn.quiesce(lane, nic) {
-                Ok(false) => i += 1,
+                Ok(false) => {
+                    // Soft-RoCE flushes a user queue pair's queues only when its kernel side
+                    // runs: an error transition schedules it, a receive posted from user space
+                    // does not (and nothing arrives on a cut link to wake it), and a flush that
+                    // found the completion queue full stops until it runs again. So the queue
+                    // pair is moved to the error state again, now and then, until the markers
+                    // (posted once the queues have room) come back.
+                    let now = clock::now();
+                    if now >= kicked + MARKER_KICK {
+                        self.quiescing[i].1 = now;
+                        if let Err(e) = nic.fail_queue_pair() {
+                            warn!(
+                                "port failover: moving lane {lane}'s queue pair to the error \
+                                 state again failed: {e}"
+                            );
+                        }
+                    }
+                    i += 1;
+                }
                 Ok(true) => {
                     self.quiescing.swap_remove(i);
                     match conn.snapshot(lane) {
