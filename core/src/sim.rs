@@ -205,6 +205,35 @@ struct Qp {
     dead: bool,
 }
 
+impl Qp {
+    /// A queue pair of endpoint `ep` on `device`, ready, with empty queues and the control
+    /// regions `(inbound, staging)`, talking to `peer`.
+    fn ready(
+        ep: usize,
+        device: u8,
+        peer: usize,
+        config: QpConfig,
+        (inbound, staging): (MemoryRegion, MemoryRegion),
+    ) -> Self {
+        Self {
+            endpoint: ep,
+            device,
+            peer,
+            state: QpState::Ready,
+            config,
+            sq: VecDeque::new(),
+            sq_posted: 0,
+            sq_retired: 0,
+            rq: VecDeque::new(),
+            cq: VecDeque::new(),
+            inbound,
+            staging,
+            blocked_since: None,
+            dead: false,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct PendingWr {
     wr_id: u64,
@@ -371,22 +400,9 @@ impl Fabric {
             let inbound = inner.register(ep, inbound_addr, config.inbound_len as u64, device);
             let staging_addr = inner.alloc(ep, config.staging_len);
             let staging = inner.register(ep, staging_addr, config.staging_len as u64, device);
-            inner.qps.push(Qp {
-                endpoint: ep,
-                device,
-                peer,
-                state: QpState::Ready,
-                config,
-                sq: VecDeque::new(),
-                sq_posted: 0,
-                sq_retired: 0,
-                rq: VecDeque::new(),
-                cq: VecDeque::new(),
-                inbound,
-                staging,
-                blocked_since: None,
-                dead: false,
-            });
+            inner
+                .qps
+                .push(Qp::ready(ep, device, peer, config, (inbound, staging)));
         }
         (
             SimNic {
@@ -606,22 +622,9 @@ impl Fabric {
             staging = inner.register(ep, staging.addr, staging.len, device);
         }
         let qp = inner.qps.len();
-        inner.qps.push(Qp {
-            endpoint: ep,
-            device,
-            peer: NO_PEER,
-            state: QpState::Ready,
-            config,
-            sq: VecDeque::new(),
-            sq_posted: 0,
-            sq_retired: 0,
-            rq: VecDeque::new(),
-            cq: VecDeque::new(),
-            inbound,
-            staging,
-            blocked_since: None,
-            dead: false,
-        });
+        inner
+            .qps
+            .push(Qp::ready(ep, device, NO_PEER, config, (inbound, staging)));
         SimNic {
             inner: self.inner.clone(),
             qp,
