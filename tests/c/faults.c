@@ -1144,6 +1144,26 @@ static int scenario_port_cut(const char* lib) {
 static const size_t FAILOVER_SIZES[] = {8, 4 << 20, 4096, (1 << 20) + 3, 65536, 300000};
 #define FAILOVER_WINDOW 4
 #define FAILOVER_SLOT (4 << 20)
+/* Every FAILOVER_GROUP_EVERY-th message of the stream is a grouped receive of FAILOVER_GROUP
+ * buffers (tags 1..FAILOVER_GROUP, a third of the slot each), filled by as many sends. */
+#define FAILOVER_GROUP 3
+#define FAILOVER_GROUP_EVERY 5
+
+/* Message `m` of the failover stream of `n` bytes: its buffers (1, or FAILOVER_GROUP for a
+ * grouped receive), each one's offset in the slot and size. */
+static int failover_parts(int m, size_t n, size_t off[FAILOVER_GROUP], size_t len[FAILOVER_GROUP]) {
+  if (m % FAILOVER_GROUP_EVERY != FAILOVER_GROUP_EVERY - 1) {
+    off[0] = 0;
+    len[0] = n;
+    return 1;
+  }
+  if (n > (size_t)3 << 20) n = (size_t)3 << 20; /* each part within its third of the slot */
+  for (int i = 0; i < FAILOVER_GROUP; i++) {
+    off[i] = (size_t)i * (FAILOVER_SLOT / FAILOVER_GROUP);
+    len[i] = i < FAILOVER_GROUP - 1 ? n / FAILOVER_GROUP : n - (FAILOVER_GROUP - 1) * (n / FAILOVER_GROUP);
+  }
+  return FAILOVER_GROUP;
+}
 
 /* The stream of port-failover and link-failover, on a connected pair after its warm-up:
  * FAULTS_MESSAGES (default 100) messages of 8 B to 4 MiB, FAILOVER_WINDOW in flight (as NCCL
@@ -1168,51 +1188,79 @@ static int failover_stream(struct pair* p, int receiver, const char* what, const
     h_fail("%s: registering %d x 4 MiB", what, FAILOVER_WINDOW);
     return 0;
   }
-  void* reqs[FAILOVER_WINDOW] = {0};
+  /* Per slot, its message's requests: one receive, or one send per buffer of the receive. */
+  void* reqs[FAILOVER_WINDOW][FAILOVER_GROUP] = {{0}};
+  int nreqs[FAILOVER_WINDOW] = {0}, sends_posted = 0;
   int posted = 0, completed = 0;
   double worst = 0, t_start = h_now(), last = h_now();
   double bound = 2 * rdma_retry_s() + 5;
   nccl_result r = NCCL_OK;
   while (r == NCCL_OK && completed < total) {
-    /* Post up to the window. */
+    /* Post up to the window (a group's sends one by one: a send refused for now is tried again). */
     while (r == NCCL_OK && posted < total && posted - completed < FAILOVER_WINDOW) {
       int k = posted % FAILOVER_WINDOW;
       unsigned char* buf = slots + (size_t)k * FAILOVER_SLOT;
-      size_t n = FAILOVER_SIZES[posted % (sizeof FAILOVER_SIZES / sizeof FAILOVER_SIZES[0])];
+      size_t off[FAILOVER_GROUP], len[FAILOVER_GROUP];
+      int parts =
+          failover_parts(posted, FAILOVER_SIZES[posted % (sizeof FAILOVER_SIZES / sizeof FAILOVER_SIZES[0])], off, len);
       void* req = NULL;
       if (receiver) {
-        memset(buf, 0xEE, n);
-        void* data[1] = {buf};
-        size_t sizes[1] = {FAILOVER_SLOT};
-        int tags[1] = {1};
-        void* mhs[1] = {mh};
-        r = h_net->irecv(p->comm, 1, data, sizes, tags, mhs, NULL, &req);
+        void* data[FAILOVER_GROUP];
+        size_t sizes[FAILOVER_GROUP];
+        int tags[FAILOVER_GROUP];
+        void* mhs[FAILOVER_GROUP];
+        for (int i = 0; i < parts; i++) {
+          memset(buf + off[i], 0xEE, len[i]);
+          data[i] = buf + off[i];
+          sizes[i] = parts == 1 ? FAILOVER_SLOT : FAILOVER_SLOT / FAILOVER_GROUP;
+          tags[i] = 1 + i;
+          mhs[i] = mh;
+        }
+        r = h_net->irecv(p->comm, parts, data, sizes, tags, mhs, NULL, &req);
+        if (r != NCCL_OK || !req) break;
+        reqs[k][0] = req;
+        nreqs[k] = 1;
       } else {
-        h_fill(buf, n, 2000 + posted);
-        r = h_net->isend(p->comm, buf, n, 1, mh, NULL, &req);
+        int i = sends_posted;
+        if (i == 0)
+          for (int j = 0; j < parts; j++) h_fill(buf + off[j], len[j], 2000 + posted * FAILOVER_GROUP + j);
+        r = h_net->isend(p->comm, buf + off[i], len[i], 1 + i, mh, NULL, &req);
+        if (r != NCCL_OK || !req) break;
+        reqs[k][i] = req;
+        if (++sends_posted < parts) continue;
+        nreqs[k] = parts;
+        sends_posted = 0;
       }
-      if (r != NCCL_OK || !req) break;
-      reqs[k] = req;
       posted++;
     }
     if (r != NCCL_OK) break;
-    /* Test the oldest. */
-    int k = completed % FAILOVER_WINDOW, done = 0, size = -1;
-    if (!reqs[k]) continue;
-    r = h_net->test(reqs[k], &done, &size);
+    /* Test the oldest message's requests, in order. */
+    int k = completed % FAILOVER_WINDOW, done = 0, sizes[FAILOVER_GROUP] = {-1, -1, -1};
+    if (!nreqs[k]) continue;
+    int left = 0;
+    while (left < nreqs[k] && !reqs[k][left]) left++;
+    r = h_net->test(reqs[k][left], &done, sizes);
     if (r != NCCL_OK) break;
     if (!done) {
       if (h_now() - last > (both ? bound + 15 : 60)) break;
       continue;
     }
-    reqs[k] = NULL;
-    size_t n = FAILOVER_SIZES[completed % (sizeof FAILOVER_SIZES / sizeof FAILOVER_SIZES[0])];
-    if (receiver && ((size_t)size != n || !h_verify(slots + (size_t)k * FAILOVER_SLOT, n, 2000 + completed))) {
-      h_fail("%s: message %d of %d (%zu B) arrived %s", what, completed, total, n,
-             (size_t)size != n ? "with the wrong size" : "with the wrong bytes");
+    reqs[k][left] = NULL;
+    if (left + 1 < nreqs[k]) continue;
+    nreqs[k] = 0;
+    size_t off[FAILOVER_GROUP], len[FAILOVER_GROUP];
+    int parts = failover_parts(completed, FAILOVER_SIZES[completed % (sizeof FAILOVER_SIZES / sizeof FAILOVER_SIZES[0])],
+                               off, len);
+    for (int i = 0; receiver && i < parts; i++) {
+      if ((size_t)sizes[i] == len[i] &&
+          h_verify(slots + (size_t)k * FAILOVER_SLOT + off[i], len[i], 2000 + completed * FAILOVER_GROUP + i))
+        continue;
+      h_fail("%s: message %d of %d, buffer %d of %d (%zu B) arrived %s", what, completed, total, i, parts, len[i],
+             (size_t)sizes[i] != len[i] ? "with the wrong size" : "with the wrong bytes");
       r = NCCL_INTERNAL_ERROR;
       break;
     }
+    if (r != NCCL_OK) break;
     if (h_now() - last > worst) worst = h_now() - last;
     last = h_now();
     completed++;
@@ -1233,10 +1281,11 @@ static int failover_stream(struct pair* p, int receiver, const char* what, const
     else
       h_fail("%s, both ports cut: no error %.2f s after the last completed message", what, elapsed);
   } else if ((ok = completed == total))
-    h_pass("%s: %d messages of 8 B to 4 MiB, %d in flight, byte-exact and in order across the cut of %s after %d, "
+    h_pass("%s: %d messages of 8 B to 4 MiB (every %dth a grouped receive of %d), %d in flight, byte-exact and in "
+           "order across the cut of %s after %d, "
            "no call failed; recovery: longest wait %.2f s, all %.2f s (NCCL_IB_TIMEOUT=%s, NCCL_IB_RETRY_CNT=%s, "
            "NCCL_IB_QPS_PER_CONNECTION=%s)",
-           what, total, FAILOVER_WINDOW, cut_what, cut_at, worst, h_now() - t_start,
+           what, total, FAILOVER_GROUP_EVERY, FAILOVER_GROUP, FAILOVER_WINDOW, cut_what, cut_at, worst, h_now() - t_start,
            getenv("NCCL_IB_TIMEOUT") ?: "20", getenv("NCCL_IB_RETRY_CNT") ?: "7",
            getenv("NCCL_IB_QPS_PER_CONNECTION") ?: "1");
   else
