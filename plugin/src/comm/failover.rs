@@ -523,9 +523,13 @@ impl FailoverDriver {
 
     /// Tell the machine whether `lane`'s port's link is up.
     fn note_link(&mut self, lane: u8) {
-        let Some(port) = self.machine.lane_port(lane) else {
-            return;
-        };
+        if let Some(port) = self.machine.lane_port(lane) {
+            self.note_port(port);
+        }
+    }
+
+    /// Tell the machine whether `port`'s link is up (as `ibv_query_port` says now).
+    fn note_port(&mut self, port: u8) {
         if let Some(up) = self
             .ports
             .get(usize::from(port))
@@ -557,9 +561,7 @@ impl FailoverDriver {
                         // then picks a port by what the links say now (both ends of a cut cable
                         // lose their link).
                         for port in 0..self.ports.len() {
-                            if let Some(up) = self.ports[port].link_active() {
-                                self.machine.handle_port_event(port as u8, up);
-                            }
+                            self.note_port(port as u8);
                         }
                         self.machine.handle_peer(&report, now);
                     }
