@@ -1193,11 +1193,7 @@ impl Failover {
         };
         failing.stage = Stage::Exchanging;
         let send_keys = failing.rekeyed && self.role == Role::Receiver;
-        let chunks = if send_keys {
-            keys.pairs().chunks(KEYS_PER_REPORT).collect()
-        } else {
-            Vec::new()
-        };
+        let keys = if send_keys { keys.pairs() } else { &[] };
         let report = Report {
             lane,
             attempt: failing.attempt,
@@ -1205,11 +1201,11 @@ impl Failover {
             qp_info: info,
             port: Some(failing.port),
             rekeyed: failing.rekeyed,
-            keys: chunks.len() as u8,
+            keys: keys.len().div_ceil(KEYS_PER_REPORT) as u8,
         };
         let attempt = failing.attempt;
         self.actions.push_back(Action::SendReport(report));
-        for chunk in chunks {
+        for chunk in keys.chunks(KEYS_PER_REPORT) {
             let Some(chunk) = KeyChunk::new(chunk) else {
                 continue;
             };

@@ -225,13 +225,14 @@ impl FailoverDriver {
         if !self.busy && self.calls % REPORT_POLL_CALLS != 0 {
             return;
         }
+        // One copy of the machinery for both directions: it runs rarely.
         self.drive_now(conn, lanes, socket);
     }
 
     #[inline(never)]
-    fn drive_now<C: FailoverLanes>(
+    fn drive_now(
         &mut self,
-        conn: &mut C,
+        conn: &mut dyn FailoverLanes,
         lanes: &mut [Endpoint],
         socket: &TcpStream,
     ) {
@@ -267,10 +268,10 @@ impl FailoverDriver {
             || self.inbox_len > 0;
     }
 
-    fn act<C: FailoverLanes>(
+    fn act(
         &mut self,
         action: Action,
-        conn: &mut C,
+        conn: &mut dyn FailoverLanes,
         lanes: &mut [Endpoint],
         now: Instant,
     ) {
@@ -378,7 +379,7 @@ impl FailoverDriver {
                     .machine
                     .moves_device(lane)
                     .then(|| self.key_map(lane, self.is_receiver()));
-                let new_key = |key: u32| own_keys.as_ref().and_then(|m| m.get(&key).copied());
+                let new_key = |key: u32| own_keys.as_ref().and_then(|m| m.get(key));
                 let rekey = Rekey {
                     peer_region,
                     local: own_keys
@@ -446,7 +447,7 @@ impl FailoverDriver {
     }
 
     /// Run the quiesce of every lane being quiesced; hand the machine those that finished.
-    fn quiesce_pending<C: FailoverLanes>(&mut self, conn: &mut C, lanes: &mut [Endpoint]) {
+    fn quiesce_pending(&mut self, conn: &mut dyn FailoverLanes, lanes: &mut [Endpoint]) {
         let mut i = 0;
         while i < self.quiescing.len() {
             let (lane, kicked) = self.quiescing[i];
@@ -496,7 +497,7 @@ impl FailoverDriver {
 
     /// `lane`'s registered buffers' keys (`remote`: remote keys) on the port it leaves → on the
     /// port its new queue pair is on.
-    fn key_map(&self, lane: u8, remote: bool) -> std::collections::HashMap<u32, u32> {
+    fn key_map(&self, lane: u8, remote: bool) -> crate::comm::mr::KeyTable {
         let from = self
             .machine
             .lane_port(lane)
@@ -507,18 +508,18 @@ impl FailoverDriver {
             .and_then(|p| self.ports.get(usize::from(*p)));
         match (from, to) {
             (Some(from), Some(to)) => crate::comm::mr::key_map(from, to, remote),
-            _ => std::collections::HashMap::new(),
+            _ => crate::comm::mr::KeyTable::default(),
         }
     }
 
     /// What a receiver moving `lane` to another device tells the sender of its keys (nothing
     /// otherwise).
-    fn peer_keys<C: FailoverLanes>(&self, conn: &C, lane: u8) -> Result<KeyMap, FailoverError> {
+    fn peer_keys(&self, conn: &dyn FailoverLanes, lane: u8) -> Result<KeyMap, FailoverError> {
         if !self.is_receiver() || !self.machine.moves_device(lane) {
             return Ok(KeyMap::EMPTY);
         }
         let map = self.key_map(lane, true);
-        conn.peer_keys(lane, &|key| map.get(&key).copied())
+        conn.peer_keys(lane, &|key| map.get(key))
     }
 
     /// Tell the machine whether `lane`'s port's link is up.

@@ -79,17 +79,28 @@ impl Drop for UserMr {
 
 static MRS: Registry<UserMr> = registry!(0x3e3e, "live memory registrations");
 
+/// Memory keys in one protection domain → the same registrations' keys in another
+/// ([`key_map`]). Looked up by a scan: it is used once per key a failover replays (a sorted
+/// table's sort cost the library more code than the scans cost time).
+#[cfg(feature = "failover")]
+#[derive(Debug, Default)]
+pub(crate) struct KeyTable(Vec<(u32, u32)>);
+
+#[cfg(feature = "failover")]
+impl KeyTable {
+    /// The key that `old` becomes.
+    pub(crate) fn get(&self, old: u32) -> Option<u32> {
+        self.0.iter().find(|&&(o, _)| o == old).map(|&(_, new)| new)
+    }
+}
+
 /// Port failover to another device: for every live registration made in both `from`'s and
 /// `to`'s protection domains (a fused device's members), its key in `from`'s → its key in
-/// `to`'s (remote keys when `remote`, local otherwise). A lane that moved from `from` to `to` rewrites the keys of its outstanding
-/// work with it.
+/// `to`'s (remote keys when `remote`, local otherwise). A lane that moved from `from` to `to`
+/// rewrites the keys of its outstanding work with it.
 #[cfg(feature = "failover")]
-pub(crate) fn key_map(
-    from: &Arc<OpenPort>,
-    to: &Arc<OpenPort>,
-    remote: bool,
-) -> std::collections::HashMap<u32, u32> {
-    let mut map = std::collections::HashMap::new();
+pub(crate) fn key_map(from: &Arc<OpenPort>, to: &Arc<OpenPort>, remote: bool) -> KeyTable {
+    let mut pairs = Vec::new();
     MRS.for_each(|mr| {
         let members = std::iter::once((&mr.port, mr.share.as_ref()))
             .chain(mr.others.iter().map(|(port, share)| (port, share.as_ref())));
@@ -105,10 +116,10 @@ pub(crate) fn key_map(
             }
         }
         if let (Some(old), Some(new)) = (old, new) {
-            map.insert(old, new);
+            pairs.push((old, new));
         }
     });
-    map
+    KeyTable(pairs)
 }
 
 /// Look up a memory handle passed to isend/irecv.

@@ -124,7 +124,7 @@ pub enum ReportBody {
 
 /// Up to [`KEYS_PER_REPORT`] memory-key pairs (the key a receive buffer had on the lane's old
 /// device, the one it has on the new device).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct KeyChunk {
     pairs: [(u32, u32); KEYS_PER_REPORT],
     len: u8,
@@ -147,6 +147,12 @@ impl KeyChunk {
     /// The pairs.
     pub fn pairs(&self) -> &[(u32, u32)] {
         &self.pairs[..usize::from(self.len)]
+    }
+}
+
+impl fmt::Debug for KeyChunk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.pairs().iter().copied()).finish()
     }
 }
 
