@@ -430,6 +430,21 @@ const EMPTY_WR: crate::nic::SendWr<'static> = crate::nic::SendWr {
 };
 
 /// Address `offset` bytes into a peer region, refusing to leave it.
+/// `region` (the peer's, untrusted) if it holds at least `need` bytes and does not run past the
+/// address space; the error a connection fails with otherwise.
+fn check_peer_region(
+    region: crate::nic::RemoteRegion,
+    need: usize,
+) -> Result<crate::nic::RemoteRegion, DataError> {
+    if (region.len as usize) < need || region.addr.checked_add(u64::from(region.len)).is_none() {
+        return Err(DataError::PeerRegion {
+            len: region.len,
+            need,
+        });
+    }
+    Ok(region)
+}
+
 fn region_addr(region: &crate::nic::RemoteRegion, offset: usize, len: usize) -> Option<u64> {
     let end = offset.checked_add(len)?;
     if end > region.len as usize {

@@ -12,7 +12,7 @@ use super::pool::{RequestPool, RequestState};
 use super::queue::SendQueue;
 use super::{
     CQ_DEPTH, Connection, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH, RecvBuf, RequestId,
-    SEND_INBOUND_LEN, SLOTS, Side, SizesOut, completion_error, region_addr,
+    SEND_INBOUND_LEN, SLOTS, Side, SizesOut, check_peer_region, completion_error, region_addr,
 };
 use crate::nic::{Completion, CompletionKind, Nic, Payload, RemoteRegion, SendOp, SendWr};
 
@@ -211,18 +211,10 @@ impl RecvConn {
     /// A receiver writing clear-to-send entries into `peer_fifo` (the sender's inbound region,
     /// from the handshake). A region shorter than [`SEND_INBOUND_LEN`] fails the connection.
     pub fn new(peer_fifo: RemoteRegion) -> Self {
-        let mut health = Health::Active;
-        if (peer_fifo.len as usize) < SEND_INBOUND_LEN
-            || peer_fifo
-                .addr
-                .checked_add(u64::from(peer_fifo.len))
-                .is_none()
-        {
-            health = Health::Failed(DataError::PeerRegion {
-                len: peer_fifo.len,
-                need: SEND_INBOUND_LEN,
-            });
-        }
+        let health = match check_peer_region(peer_fifo, SEND_INBOUND_LEN) {
+            Ok(_) => Health::Active,
+            Err(err) => Health::Failed(err),
+        };
         Self {
             peer_fifo,
             sq: SendQueue::default(),
@@ -1218,16 +1210,7 @@ impl RecvConn {
                 "the replay plan is not this lane's",
             )));
         }
-        let region = rekey.peer_region;
-        if (region.len as usize) < SEND_INBOUND_LEN
-            || region.addr.checked_add(u64::from(region.len)).is_none()
-        {
-            return Err(local(DataError::PeerRegion {
-                len: region.len,
-                need: SEND_INBOUND_LEN,
-            }));
-        }
-        self.peer_fifo = region;
+        self.peer_fifo = check_peer_region(rekey.peer_region, SEND_INBOUND_LEN).map_err(local)?;
         if rekey.local.is_some() {
             // Deferred entries are staged with the old keys: stage them again.
             for seq in (0..self.deferred).map(|i| own.announced.wrapping_add(i)) {
@@ -1272,14 +1255,7 @@ impl RecvConn {
         journal: &super::failover::RecvJournal,
         rekey: &super::failover::Rekey<'_>,
     ) -> Result<(), super::failover::FailoverError> {
-        use super::failover::FailoverError;
-        let local = FailoverError::Local;
-        let n = self.posted_group(seq).map_err(local)?;
-        let mut entries = journal
-            .entries(seq, n)
-            .ok_or(local(DataError::InvalidArgument(
-                "the receive journal does not match the lane's receives",
-            )))?;
+        let (n, mut entries) = self.journaled(seq, journal)?;
         let mut bytes = [0u8; CTS_SLOT_LEN];
         for (out, entry) in bytes
             .chunks_exact_mut(CTS_ENTRY_LEN)
@@ -1293,13 +1269,30 @@ impl RecvConn {
         Ok(())
     }
 
-    /// The buffers of posted receive `seq` (its slot must hold it).
-    fn posted_group(&self, seq: u32) -> Result<u8, DataError> {
-        match *self.requests.state(usize::from(seq as u8)) {
-            RecvState::PostedOne { seq: s, .. } if s == seq => Ok(1),
-            RecvState::Posted { seq: s, n } if s == seq => Ok(n),
-            _ => Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Cts }.into()),
-        }
+    /// Posted receive `seq`'s buffer count and clear-to-send entries, rebuilt from `journal`
+    /// (its slot must hold it, and the journal the same group).
+    fn journaled(
+        &self,
+        seq: u32,
+        journal: &super::failover::RecvJournal,
+    ) -> Result<(u8, [CtsEntry; MAX_RECVS]), super::failover::FailoverError> {
+        use super::failover::FailoverError;
+        let n = match *self.requests.state(usize::from(seq as u8)) {
+            RecvState::PostedOne { seq: s, .. } if s == seq => 1,
+            RecvState::Posted { seq: s, n } if s == seq => n,
+            _ => {
+                return Err(FailoverError::Local(
+                    ProtocolError::UnexpectedCompletion { wr: WrKind::Cts }.into(),
+                ));
+            }
+        };
+        let entries =
+            journal
+                .entries(seq, n)
+                .ok_or(FailoverError::Local(DataError::InvalidArgument(
+                    "the receive journal does not match the lane's receives",
+                )))?;
+        Ok((n, entries))
     }
 
     /// For port failover to another device: each distinct key of the receives the sender may
@@ -1317,13 +1310,7 @@ impl RecvConn {
         let own = self.failover_snapshot();
         let span = own.announced.wrapping_sub(own.oldest);
         for seq in (0..span).map(|i| own.oldest.wrapping_add(i)) {
-            let n = self.posted_group(seq).map_err(FailoverError::Local)?;
-            let entries =
-                journal
-                    .entries(seq, n)
-                    .ok_or(FailoverError::Local(DataError::InvalidArgument(
-                        "the receive journal does not match the lane's receives",
-                    )))?;
+            let (n, entries) = self.journaled(seq, journal)?;
             for entry in entries.iter().take(usize::from(n)) {
                 let new = new_key(entry.rkey).ok_or(FailoverError::Rekey(
                     "a buffer of the lane is not registered on the device it moves to",

@@ -13,7 +13,7 @@ use super::pool::{RequestPool, RequestState};
 use super::queue::SendQueue;
 use super::{
     CQ_DEPTH, Connection, EMPTY_WR, Health, MAX_RECVS, NO_COMPLETION, POLL_BATCH, RECV_INBOUND_LEN,
-    RequestId, SLOTS, SendBuf, Side, SizesOut, completion_error, region_addr,
+    RequestId, SLOTS, SendBuf, Side, SizesOut, check_peer_region, completion_error, region_addr,
 };
 use crate::nic::{
     Completion, CompletionKind, MAX_WR_BYTES, Nic, Payload, RemoteRegion, SendOp, SendWr, Sge,
@@ -314,18 +314,10 @@ impl SendConn {
     /// A sender writing completion records into `peer_records` (the receiver's inbound region,
     /// from the handshake). A region shorter than [`RECV_INBOUND_LEN`] fails the connection.
     pub fn new(peer_records: RemoteRegion) -> Self {
-        let mut health = Health::Active;
-        if (peer_records.len as usize) < RECV_INBOUND_LEN
-            || peer_records
-                .addr
-                .checked_add(u64::from(peer_records.len))
-                .is_none()
-        {
-            health = Health::Failed(DataError::PeerRegion {
-                len: peer_records.len,
-                need: RECV_INBOUND_LEN,
-            });
-        }
+        let health = match check_peer_region(peer_records, RECV_INBOUND_LEN) {
+            Ok(_) => Health::Active,
+            Err(err) => Health::Failed(err),
+        };
         Self {
             peer_records,
             torn_reads: 0,
@@ -1530,8 +1522,7 @@ impl SendConn {
     /// read (the receives it ended and not yet known complete, and the head receive being
     /// matched) are kept: the replay reads them.
     fn invalidate_unread_entries(&self, nic: &mut impl Nic) {
-        let ending = self.ends.iter().filter(|e| **e != EndState::Idle).count() as u32;
-        let acked = self.seq.wrapping_sub(ending);
+        let acked = self.acked();
         let first = if self.head.state == HeadState::Matching {
             self.seq.wrapping_add(1)
         } else {
@@ -1547,10 +1538,17 @@ impl SendConn {
         }
     }
 
+    /// Receives below this are known complete here: their slot ends' completions were polled
+    /// (slot ends complete in order, so those still ending are the newest).
+    fn acked(&self) -> u32 {
+        let ending = self.ends.iter().filter(|e| **e != EndState::Idle).count() as u32;
+        self.seq.wrapping_sub(ending)
+    }
+
     /// The quiesced lane's state, for the report.
     pub fn failover_snapshot(&self) -> Result<super::failover::SenderSnapshot, DataError> {
-        let ending = self.ends.iter().filter(|e| **e != EndState::Idle).count() as u32;
-        let acked = self.seq.wrapping_sub(ending);
+        let acked = self.acked();
+        let ending = self.seq.wrapping_sub(acked);
         // Slot ends complete in order (RC): the ones still ending are the newest.
         for i in 0..ending {
             let slot = usize::from(acked.wrapping_add(i) as u8);
@@ -1595,16 +1593,8 @@ impl SendConn {
                 "the replay plan is not this lane's",
             )));
         }
-        let region = rekey.peer_region;
-        if (region.len as usize) < RECV_INBOUND_LEN
-            || region.addr.checked_add(u64::from(region.len)).is_none()
-        {
-            return Err(FailoverError::Local(DataError::PeerRegion {
-                len: region.len,
-                need: RECV_INBOUND_LEN,
-            }));
-        }
-        self.peer_records = region;
+        self.peer_records =
+            check_peer_region(rekey.peer_region, RECV_INBOUND_LEN).map_err(FailoverError::Local)?;
         if self.head.state == HeadState::Matching {
             let n = usize::from(self.head.m.n);
             for entry in self.head.m.entries.iter_mut().take(n) {

@@ -81,6 +81,10 @@ impl Role {
 const MAX_CHAIN: usize = 16;
 /// Most completions polled per call.
 const MAX_POLL: usize = 16;
+/// The control regions' access: the peer writes the inbound one; the staging one is only read by
+/// this end's NIC.
+const INBOUND_ACCESS: u32 = access::LOCAL_WRITE | access::REMOTE_WRITE;
+const STAGING_ACCESS: u32 = access::LOCAL_WRITE;
 /// Inline sizes tried when creating the QP, largest first (providers refuse what they cannot do).
 const INLINE_CHOICES: [u32; 3] = [256, 64, 0];
 
@@ -124,12 +128,8 @@ impl<D: PortDevice> Endpoint<D> {
     pub(crate) fn new(port: &Arc<OpenPort<D>>, role: Role) -> Result<Self, VerbsError> {
         let (inbound_len, staging_len, recv_depth) = role.regions();
         let verbs = port.device.verbs();
-        let inbound = Region::new(
-            &verbs.pd,
-            inbound_len,
-            access::LOCAL_WRITE | access::REMOTE_WRITE,
-        )?;
-        let staging = Region::new(&verbs.pd, staging_len, access::LOCAL_WRITE)?;
+        let inbound = Region::new(&verbs.pd, inbound_len, INBOUND_ACCESS)?;
+        let staging = Region::new(&verbs.pd, staging_len, STAGING_ACCESS)?;
         let (qp, cq) = Self::queue_pair(port, recv_depth)?;
         Ok(Self {
             max_inline: qp.caps().max_inline_data as usize,
@@ -203,9 +203,8 @@ impl<D: PortDevice> Endpoint<D> {
         let pd = &port.device.verbs().pd;
         if !Arc::ptr_eq(self.qp.pd(), pd) {
             // The old queue pair is in error; its regions' registrations go before it does.
-            self.inbound
-                .register_in(pd, access::LOCAL_WRITE | access::REMOTE_WRITE)?;
-            self.staging.register_in(pd, access::LOCAL_WRITE)?;
+            self.inbound.register_in(pd, INBOUND_ACCESS)?;
+            self.staging.register_in(pd, STAGING_ACCESS)?;
         }
         // The old queue pair goes before its completion queue (as in `Drop`'s field order).
         self.max_inline = qp.caps().max_inline_data as usize;
