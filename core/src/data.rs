@@ -852,6 +852,11 @@ pub(crate) mod queue {
             Ok(self.retired)
         }
 
+        /// True while a signaled work request's completion has not been polled.
+        pub(crate) fn awaits_completion(&self) -> bool {
+            self.signaled_in_flight != 0
+        }
+
         /// Position the last posted work request got.
         pub(crate) fn posted(&self) -> u64 {
             self.posted

@@ -417,7 +417,27 @@ impl SendConn {
     /// memory (the driver may leave it `None` above [`eager_threshold`](Self::eager_threshold)):
     /// such a send may go eager ([`super::eager`]) when the receive's entries are not there yet.
     /// While earlier eager sends wait to be confirmed, a send goes eager or waits (`Ok(None)`).
+    ///
+    /// A send that waits polls the completion queue first: an inline send's request is done at
+    /// its post ([`isend_one`](Self::isend_one)), so a sender whose sends all went inline may
+    /// test nothing in flight; should one of those writes fail, the connection fails here, as
+    /// soon as this side waits for its peer, not never.
     pub fn isend_host(
+        &mut self,
+        nic: &mut impl Nic,
+        buf: SendBuf,
+        host: Option<&[u8]>,
+        tag: u32,
+    ) -> Result<Option<RequestId>, DataError> {
+        let sent = self.isend_or_wait(nic, buf, host, tag)?;
+        if sent.is_none() && self.sq.awaits_completion() {
+            self.poll_cq(nic)?;
+        }
+        Ok(sent)
+    }
+
+    /// [`isend_host`](Self::isend_host) without the poll of a send that waits.
+    fn isend_or_wait(
         &mut self,
         nic: &mut impl Nic,
         buf: SendBuf,
@@ -685,7 +705,8 @@ impl SendConn {
         self.health.check()?;
         if stamp != stamp_for(self.seq) {
             // Not there yet: the general path may send it eager.
-            return Ok(if self.eager.threshold != 0 {
+            // The general path also polls while it waits (see `isend_host`).
+            return Ok(if self.eager.threshold != 0 || self.sq.awaits_completion() {
                 OneSend::General
             } else {
                 OneSend::NotYet
@@ -714,17 +735,34 @@ impl SendConn {
         let Some(req_index) = self.requests.next_free() else {
             return Ok(OneSend::General);
         };
-        let payload = match host {
+        let size = buf.len as u32;
+        let (req, wr) = match host {
             Some(bytes) if bytes.len() as u64 == buf.len && buf.len <= self.inline_max => {
-                Payload::Inline(bytes)
+                // Inline: the NIC copied the bytes at the post, so the send's buffer is free
+                // and its request done at once; its `test` polls nothing. The write's completion
+                // still ends the slot (and a failure fails the connection at the next poll:
+                // every `test` of a request in flight, and every `isend` that has to wait, polls).
+                self.end_whole_as(
+                    req_index,
+                    false,
+                    SendState::Done { size },
+                    Payload::Inline(bytes),
+                    cts.addr,
+                    cts.rkey,
+                )
             }
-            _ => Payload::Local(Sge {
-                addr: buf.addr,
-                len: buf.len as u32,
-                lkey: buf.lkey,
-            }),
+            _ => self.end_whole(
+                req_index,
+                size,
+                Payload::Local(Sge {
+                    addr: buf.addr,
+                    len: size,
+                    lkey: buf.lkey,
+                }),
+                cts.addr,
+                cts.rkey,
+            ),
         };
-        let (req, wr) = self.end_whole(req_index, buf.len as u32, payload, cts.addr, cts.rkey);
         Ok(OneSend::Post { req, wr })
     }
 
@@ -751,16 +789,25 @@ impl SendConn {
         remote_addr: u64,
         rkey: u32,
     ) -> (RequestId, SendWr<'a>) {
-        self.end_whole_as(req_index, false, size, payload, remote_addr, rkey)
+        self.end_whole_as(
+            req_index,
+            false,
+            SendState::InFlight { size },
+            payload,
+            remote_addr,
+            rkey,
+        )
     }
 
-    /// [`end_whole`](Self::end_whole) for a new request, or (`reuse`) one that exists already.
+    /// [`end_whole`](Self::end_whole) for a new request, or (`reuse`) one that exists already,
+    /// which takes `state`: in flight until the write completes, or done already (an inline
+    /// write: the slot's end then completes no request).
     #[inline(always)]
     fn end_whole_as<'a>(
         &mut self,
         req_index: u8,
         reuse: bool,
-        size: u32,
+        state: SendState,
         payload: Payload<'a>,
         remote_addr: u64,
         rkey: u32,
@@ -782,13 +829,13 @@ impl SendConn {
             rkey,
             signaled: true,
         };
-        let req = self.take_request(req_index, reuse, SendState::InFlight { size });
+        let req = self.take_request(req_index, reuse, state);
         let mut reqs = [0; MAX_RECVS];
         reqs[0] = req_index;
         self.ends[usize::from(slot)] = EndState::Ending {
             post: self.sq.posted() as u32,
             reqs,
-            count: 1,
+            count: u8::from(state.pending()),
         };
         // The slot ended: the next send reads the next receive's entries. (`head.m` needs no
         // update: it is rewritten when that receive is loaded.)
@@ -952,7 +999,9 @@ impl SendConn {
         let (id, wr) = self.end_whole_as(
             m.req_index,
             m.reuse,
-            buf.len as u32,
+            SendState::InFlight {
+                size: buf.len as u32,
+            },
             payload,
             remote_addr,
             rkey,

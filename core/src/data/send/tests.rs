@@ -573,6 +573,58 @@ fn unread_isend_one_carries_handed_bytes_inline_and_nothing_else() {
 }
 
 #[test]
+fn an_inline_send_is_done_at_its_post_and_its_write_still_ends_the_slot() {
+    // The NIC copied an inline send's bytes at the post: its request is done before any
+    // completion, and `test` polls nothing for it. The slot stays ending until the write's
+    // completion (a close drains it), and a failed write fails the connection as soon as this
+    // side waits for its peer.
+    let bytes = [0x5au8; 8];
+    let (mut s, mut nic) = sender(64);
+    s.set_inline_max(64);
+    write_cts(&mut nic, 0, &[(100, 3)]);
+    let offset = s.head_entry().expect("one-buffer path");
+    let (stamp, entry) = nic.read_inbound_stamped::<CTS_ENTRY_LEN>(offset);
+    let OneSend::Post { req, wr } = s.isend_one(stamp, &entry, buf(8), 3, Some(&bytes)).unwrap()
+    else {
+        panic!("posted");
+    };
+    nic.post_send(&[wr]).unwrap();
+    assert!(nic.last().inline && nic.last().signaled);
+    let wr_id = nic.last().wr_id;
+    let mut sizes = [0; MAX_RECVS];
+    sizes[0] = 8;
+    assert_eq!(s.test(&mut nic, req), Ok(Completed::Done { n: 1, sizes }));
+    assert_eq!(s.outstanding(), 0);
+    assert_eq!(s.drain(&mut nic), Ok(1), "the write has not completed: a close waits for it");
+    nic.complete_send(wr_id);
+    assert_eq!(s.drain(&mut nic), Ok(0));
+
+    // The next inline send, done at its post; its write fails. A send that then waits for its
+    // receive's entry polls, and the connection fails there.
+    write_cts(&mut nic, 1, &[(100, 3)]);
+    let offset = s.head_entry().expect("one-buffer path");
+    let (stamp, entry) = nic.read_inbound_stamped::<CTS_ENTRY_LEN>(offset);
+    let OneSend::Post { req, wr } = s.isend_one(stamp, &entry, buf(8), 3, Some(&bytes)).unwrap()
+    else {
+        panic!("posted");
+    };
+    nic.post_send(&[wr]).unwrap();
+    assert_eq!(s.test(&mut nic, req), Ok(Completed::Done { n: 1, sizes }));
+    let wr_id = nic.last().wr_id;
+    nic.fail(wr_id, WcStatus::RETRY_EXC_ERR, CompletionKind::Send);
+    let offset = s.head_entry().expect("one-buffer path");
+    let (stamp, entry) = nic.read_inbound_stamped::<CTS_ENTRY_LEN>(offset);
+    assert_eq!(
+        s.isend_one(stamp, &entry, buf(8), 3, Some(&bytes)),
+        Ok(OneSend::General),
+        "no entry yet, a completion awaited: the general path, which polls"
+    );
+    let err = s.isend(&mut nic, buf(8), 3).unwrap_err();
+    assert!(matches!(err, DataError::Completion { .. }), "{err:?}");
+    assert!(s.failure().is_some());
+}
+
+#[test]
 fn unread_isend_one_leaves_every_other_case_to_isend() {
     // Each case: the entries written, the send's length and tag. Nothing is posted or taken, and
     // the general path then does what it does for that case.
