@@ -793,6 +793,8 @@ pub(crate) mod queue {
         unsignaled_run: u32,
         /// Signaled work requests whose completion has not been polled yet.
         signaled_in_flight: u32,
+        /// Position of the last signaled work request (0: none yet).
+        last_signaled: u64,
     }
 
     /// A post position and signal decision for one work request about to be posted.
@@ -811,12 +813,6 @@ pub(crate) mod queue {
                 && self.signaled_in_flight as usize + count + other_cqes <= CQ_DEPTH
         }
 
-        /// Work requests posted and not yet known complete.
-        #[cfg(test)]
-        pub(crate) fn in_flight(&self) -> u64 {
-            self.posted - self.retired
-        }
-
         /// Take the next post position for a work request of `kind` at `index`; `must_signal` forces
         /// a signaled completion. The caller must have checked [`has_room`](Self::has_room).
         #[inline(always)]
@@ -828,6 +824,7 @@ pub(crate) mod queue {
             if signaled {
                 self.unsignaled_run = 0;
                 self.signaled_in_flight += 1;
+                self.last_signaled = self.posted;
             } else {
                 self.unsignaled_run += 1;
             }
@@ -852,9 +849,15 @@ pub(crate) mod queue {
             Ok(self.retired)
         }
 
-        /// True while a signaled work request's completion has not been polled.
-        pub(crate) fn awaits_completion(&self) -> bool {
-            self.signaled_in_flight != 0
+        /// True when unsignaled work requests were posted after the last signaled one: nothing
+        /// will tell that they completed until a signaled one follows them.
+        pub(crate) fn unsignaled_tail(&self) -> bool {
+            self.posted != self.last_signaled
+        }
+
+        /// Work requests posted and not yet known complete.
+        pub(crate) fn unretired(&self) -> u64 {
+            self.posted - self.retired
         }
 
         /// Position the last posted work request got.
@@ -877,7 +880,7 @@ pub(crate) mod queue {
                 }
             }
             assert_eq!(signaled, 4);
-            assert_eq!(sq.in_flight(), 256);
+            assert_eq!(sq.unretired(), 256);
         }
 
         #[test]
@@ -910,7 +913,7 @@ pub(crate) mod queue {
             sq.next(WrKind::Data, 0, false);
             let seq = WrId::decode(end.wr_id).unwrap().seq;
             assert_eq!(sq.complete(seq, WrKind::SlotEnd), Ok(11));
-            assert_eq!(sq.in_flight(), 1);
+            assert_eq!(sq.unretired(), 1);
         }
 
         #[test]

@@ -17,8 +17,8 @@
 //! always passes its callback to `init` and a non-NULL `pHandle` for every request; without a
 //! profiler plugin its callback returns without an event handle (NCCL's `ncclProfilerCallback`
 //! does nothing when no profiler is loaded). So a comm asks the callback at its first post, and
-//! when no handle comes back it lets the next [`PROBE_EVERY`] posts pass without asking (one
-//! branch and a decrement each) before it asks again; `test` costs one branch on the comm's open
+//! when no handle comes back it lets the next [`PROBE_EVERY`] posts pass without asking (a
+//! decrement and a branch each) before it asks again; `test` costs one branch on the comm's open
 //! events (none). With a profiler that returns handles, every post asks and a request's handles
 //! are kept beside its id in its comm until `test` reports it done; after
 //! `MISSES_BEFORE_QUIET` posts in a row without a handle the comm goes back to asking every
@@ -115,9 +115,10 @@ impl Starts {
 pub(crate) struct Events {
     open: Vec<(u32, usize)>,
     callback: Option<Callback>,
-    /// Posts to let pass before asking the callback again: 0 asks at the next post. Set to
-    /// [`PROBE_EVERY`] when the callback gave no handle, kept at 0 while it gives handles.
-    quiet: u32,
+    /// Posts until the one that asks the callback, that one counted: 1 asks at the next post.
+    /// Set to [`PROBE_EVERY`] + 1 when the callback gave no handle, to 1 after every other
+    /// start. Never 0 between posts (a start always sets it), so the countdown never wraps.
+    until_ask: u32,
     /// Posts in a row whose start gave no handle while the profiler was giving them.
     misses: u32,
 }
@@ -170,7 +171,7 @@ impl Events {
         Self {
             open: Vec::new(),
             callback: None,
-            quiet: 0,
+            until_ask: 1,
             misses: 0,
         }
     }
@@ -181,15 +182,12 @@ impl Events {
         self.open.is_empty()
     }
 
-    /// Whether this post asks the callback for its start events (see [`PROBE_EVERY`]): one
-    /// branch and, while quiet, a decrement.
+    /// Whether this post asks the callback for its start events (see [`PROBE_EVERY`]): a
+    /// decrement and a branch on zero (two instructions on x86-64), whether quiet or not.
     #[inline(always)]
     pub(crate) fn due(&mut self) -> bool {
-        if self.quiet == 0 {
-            return true;
-        }
-        self.quiet -= 1;
-        false
+        self.until_ask = self.until_ask.wrapping_sub(1);
+        self.until_ask == 0
     }
 
     /// Start one event per buffer of the request `id` (NCCL's handle `request`), posted on queue
@@ -205,6 +203,8 @@ impl Events {
         opcode: i32,
         sizes: &[usize],
     ) {
+        // The next post asks again, unless a start below lets the comm go quiet.
+        self.until_ask = 1;
         for (i, &length) in sizes.iter().enumerate() {
             // SAFETY: `Starts::new`'s caller promised one element per buffer.
             let p_handle = unsafe { starts.p_handles.add(i).read() };
@@ -240,7 +240,7 @@ impl Events {
             } else if self.callback.is_none() || self.misses >= MISSES_BEFORE_QUIET {
                 // No profiler records this comm's network events (or none does any more); the
                 // misses stay counted, so a later probe that misses too goes quiet at once.
-                self.quiet = PROBE_EVERY;
+                self.until_ask = PROBE_EVERY + 1;
                 self.misses = MISSES_BEFORE_QUIET;
             } else {
                 self.misses += 1;

@@ -143,20 +143,12 @@ pub struct RecvConn {
     /// The sender's CTS FIFO.
     peer_fifo: RemoteRegion,
     sq: SendQueue,
-    /// Sequence number the next receive gets.
-    next_seq: u32,
-    /// Oldest receive whose write-with-immediate has not arrived.
-    oldest: u32,
-    /// A receive request is named by its FIFO slot.
-    requests: RequestPool<RecvState, false>,
+    /// The receives in order and their work requests: what a data completion is checked against
+    /// and changes (one pointer for the completion fast path, [`arrived_one`]).
+    ledger: Ledger,
     /// Per slot, a grouped receive's capacities while it is posted, then the sizes that arrived
     /// (a one-buffer receive keeps its one number in its state). Unused entries are zero.
     groups: [[u32; MAX_RECVS]; SLOTS],
-    /// Receive work requests posted and not completed.
-    recvs_posted: usize,
-    /// The newest receives whose CTS entries are staged but not yet written to the sender
-    /// (always the last `deferred` receives posted; see [`CTS_LOW_WATER`]).
-    deferred: u32,
     /// Whether `test` ran since the last `irecv`: only a receiver that is being polled may defer
     /// (receives posted back to back are all written at once, as NCCL's IB transport writes them).
     polled: bool,
@@ -168,8 +160,6 @@ pub struct RecvConn {
     cts_out: [u8; CTS_ENTRY_LEN],
     /// Receive work requests posted since the start: the next one's position, its `wr_id`.
     rq_posted: u32,
-    /// Receive work requests consumed (in posting order: the queue is first in, first out).
-    rq_consumed: u32,
     /// The eager path's receiving half ([`super::eager`]); `None` unless the driver turned it on
     /// and the sender reads what it writes back.
     eager: Option<EagerRx>,
@@ -182,6 +172,24 @@ pub struct RecvConn {
     eager_on: bool,
     /// A credit word is due but found the send queue full: `test` writes it.
     credits_owed: bool,
+}
+
+/// [`RecvConn`]'s receives in order and the count of their work requests.
+#[derive(Debug)]
+struct Ledger {
+    /// Sequence number the next receive gets.
+    next_seq: u32,
+    /// Oldest receive whose write-with-immediate has not arrived.
+    oldest: u32,
+    /// A receive request is named by its FIFO slot.
+    requests: RequestPool<RecvState, false>,
+    /// Receive work requests posted and not completed.
+    recvs_posted: usize,
+    /// The newest receives whose CTS entries are staged but not yet written to the sender
+    /// (always the last `deferred` receives posted; see [`CTS_LOW_WATER`]).
+    deferred: u32,
+    /// Receive work requests consumed (in posting order: the queue is first in, first out).
+    rq_consumed: u32,
 }
 
 /// What the receiver keeps for the eager path.
@@ -218,18 +226,20 @@ impl RecvConn {
         Self {
             peer_fifo,
             sq: SendQueue::default(),
-            next_seq: 0,
-            oldest: 0,
-            requests: RequestPool::new(Side::Recv),
+            ledger: Ledger {
+                next_seq: 0,
+                oldest: 0,
+                requests: RequestPool::new(Side::Recv),
+                recvs_posted: 0,
+                deferred: 0,
+                rq_consumed: 0,
+            },
             groups: [[0; MAX_RECVS]; SLOTS],
-            recvs_posted: 0,
-            deferred: 0,
             polled: false,
             health,
             batch: [NO_COMPLETION; POLL_BATCH],
             cts_out: [0; CTS_ENTRY_LEN],
             rq_posted: 0,
-            rq_consumed: 0,
             eager: None,
             targets: [Target::default(); SLOTS],
             holding: false,
@@ -277,7 +287,7 @@ impl RecvConn {
         let wr_id = self.next_recv_id();
         nic.post_recv(wr_id)
             .map_err(|err| self.health.fail(err.into()))?;
-        self.recvs_posted += 1;
+        self.ledger.recvs_posted += 1;
         Ok(())
     }
 
@@ -312,15 +322,15 @@ impl RecvConn {
                 "receive buffer wraps the address space",
             ));
         }
-        let seq = self.next_seq;
+        let seq = self.ledger.next_seq;
         let slot = seq as u8;
         // As `post_receive`'s inline case: nothing deferred, and the entry due now (a receiver
         // not being polled writes at once; one being polled when the sender holds fewer than
         // `CTS_LOW_WATER` grants).
-        let due = !self.polled || seq.wrapping_sub(self.oldest) < CTS_LOW_WATER;
-        if !self.requests.is_free(slot)
-            || !self.sq.has_room(2, self.recvs_posted + 1)
-            || self.deferred != 0
+        let due = !self.polled || seq.wrapping_sub(self.ledger.oldest) < CTS_LOW_WATER;
+        if !self.ledger.requests.is_free(slot)
+            || !self.sq.has_room(2, self.ledger.recvs_posted + 1)
+            || self.ledger.deferred != 0
             || !due
             || CTS_ENTRY_LEN > max_inline
         {
@@ -348,15 +358,15 @@ impl RecvConn {
         }
         .encode();
         let recv = self.next_recv_id();
-        self.recvs_posted += 1;
-        let req = self.requests.occupy(
+        self.ledger.recvs_posted += 1;
+        let req = self.ledger.requests.occupy(
             slot,
             RecvState::PostedOne {
                 seq,
                 capacity: capacity32(buf.len),
             },
         );
-        self.next_seq = seq.wrapping_add(1);
+        self.ledger.next_seq = seq.wrapping_add(1);
         Ok(OneRecv::Post {
             req,
             recv,
@@ -383,8 +393,8 @@ impl RecvConn {
     /// connection fails with `err`, and the request, never handed out, is freed.
     #[cold]
     pub fn post_failed(&mut self, req: RequestId, err: crate::nic::NicError) -> DataError {
-        if let Ok(index) = self.requests.lookup(req) {
-            self.requests.release(index);
+        if let Ok(index) = self.ledger.requests.lookup(req) {
+            self.ledger.requests.release(index);
         }
         self.health.fail(err.into())
     }
@@ -413,15 +423,15 @@ impl RecvConn {
                 ));
             }
         }
-        let seq = self.next_seq;
+        let seq = self.ledger.next_seq;
         let slot = seq as u8;
-        if !self.requests.is_free(slot) {
+        if !self.ledger.requests.is_free(slot) {
             return Ok(None);
         }
         // Room for the receive and for a flush of every deferred entry (two writes at the wrap).
-        if !self.sq.has_room(2, self.recvs_posted + 1) {
+        if !self.sq.has_room(2, self.ledger.recvs_posted + 1) {
             self.poll_cq(nic)?;
-            if !self.sq.has_room(2, self.recvs_posted + 1) {
+            if !self.sq.has_room(2, self.ledger.recvs_posted + 1) {
                 return Ok(None);
             }
         }
@@ -484,10 +494,10 @@ impl RecvConn {
         if let Err(err) = nic.post_recv(recv_id) {
             return Err(self.health.fail(err.into()));
         }
-        self.recvs_posted += 1;
+        self.ledger.recvs_posted += 1;
 
-        let id = self.requests.occupy(slot, state);
-        self.next_seq = seq.wrapping_add(1);
+        let id = self.ledger.requests.occupy(slot, state);
+        self.ledger.next_seq = seq.wrapping_add(1);
         let may_defer = core::mem::replace(&mut self.polled, false);
         // Its message may be waiting in the ring: taken now, the receive needs no entries at all.
         if self.holding && self.take_held(nic, Some(seq))? {
@@ -497,19 +507,19 @@ impl RecvConn {
         // one deferred: the sender holds the `seq - oldest` older grants) and fitting inline:
         // one RDMA WRITE of them, nothing staged, nothing deferred. The room for it was checked
         // with the receive's.
-        if self.deferred == 0
-            && (!may_defer || seq.wrapping_sub(self.oldest) < CTS_LOW_WATER)
+        if self.ledger.deferred == 0
+            && (!may_defer || seq.wrapping_sub(self.ledger.oldest) < CTS_LOW_WATER)
             && bytes.len() <= nic.max_inline()
         {
             let written = self.write_cts_inline(nic, slot, bytes);
             if written.is_err() {
                 // Not written: it is deferred, so it is staged after all.
-                self.deferred = 1;
+                self.ledger.deferred = 1;
                 nic.write_staging(offset, bytes);
             }
             written?;
         } else {
-            self.deferred += 1;
+            self.ledger.deferred += 1;
             let flush_now = !may_defer || self.flush_due();
             // Staged: a later flush may carry it with its neighbours.
             nic.write_staging(offset, bytes);
@@ -549,28 +559,28 @@ impl RecvConn {
             };
             let Held { header, epoch } = e.held[ring_slot];
             let bouncing = e.ring.bouncing(epoch);
-            if !bouncing && header.seq != self.oldest {
+            if !bouncing && header.seq != self.ledger.oldest {
                 return Err(self.health.fail(
                     ProtocolError::Sequence {
-                        expected: self.oldest as u16,
+                        expected: self.ledger.oldest as u16,
                         got: header.seq as u16,
                     }
                     .into(),
                 ));
             }
             let slot = header.seq as u8;
-            let posted = !bouncing && header.seq != self.next_seq;
+            let posted = !bouncing && header.seq != self.ledger.next_seq;
             let offer = posted.then(|| self.offer(slot));
             let unwritten = fresh == Some(header.seq);
             let size = u64::from(header.size);
             if !unwritten
-                && self.deferred > 0
+                && self.ledger.deferred > 0
                 && offer.is_some_and(|o| super::eager::accepts(o, header.tag, size))
             {
                 // The receive's entries must reach the sender (it confirms the message by them)
                 // before the receive completes: write what is deferred first.
                 self.flush_cts(nic)?;
-                if self.deferred > 0 {
+                if self.ledger.deferred > 0 {
                     // No room in the send queue yet: a later call takes it.
                     break;
                 }
@@ -589,9 +599,9 @@ impl RecvConn {
                     );
                     e.ring.free_oldest(unwritten);
                     fresh_taken |= unwritten;
-                    *self.requests.state_mut(usize::from(slot)) =
+                    *self.ledger.requests.state_mut(usize::from(slot)) =
                         RecvState::DoneOne { size: header.size };
-                    self.oldest = self.oldest.wrapping_add(1);
+                    self.ledger.oldest = self.ledger.oldest.wrapping_add(1);
                 }
                 Verdict::Bounce => {
                     e.ring.free_oldest(false);
@@ -610,7 +620,7 @@ impl RecvConn {
 
     /// What the receive in FIFO slot `slot` (posted) offers an eager message.
     fn offer(&self, slot: u8) -> Offer {
-        match *self.requests.state(usize::from(slot)) {
+        match *self.ledger.requests.state(usize::from(slot)) {
             RecvState::PostedOne { capacity, .. } => {
                 let target = self.targets[usize::from(slot)];
                 Offer {
@@ -645,7 +655,7 @@ impl RecvConn {
             self.credits_owed = false;
             return Ok(());
         };
-        if !self.sq.has_room(1, self.recvs_posted) {
+        if !self.sq.has_room(1, self.ledger.recvs_posted) {
             // `test` tries again once completions made room.
             self.credits_owed = true;
             return Ok(());
@@ -703,34 +713,35 @@ impl RecvConn {
     /// Receives posted whose CTS entries have not been written to the sender yet: always the
     /// newest ones (see [`CTS_LOW_WATER`]).
     pub fn unannounced(&self) -> usize {
-        self.deferred as usize
+        self.ledger.deferred as usize
     }
 
     /// Receives whose CTS entries the sender has (or will have, the write being under way) and
     /// whose data has not arrived.
     fn granted(&self) -> u32 {
-        self.next_seq.wrapping_sub(self.oldest) - self.deferred
+        self.ledger.next_seq.wrapping_sub(self.ledger.oldest) - self.ledger.deferred
     }
 
     /// Whether the deferred CTS entries must go now: the sender holds fewer than
     /// [`CTS_LOW_WATER`] grants, or [`CTS_BATCH`] entries are waiting.
     fn flush_due(&self) -> bool {
-        self.deferred > 0 && (self.granted() < CTS_LOW_WATER || self.deferred >= CTS_BATCH)
+        self.ledger.deferred > 0
+            && (self.granted() < CTS_LOW_WATER || self.ledger.deferred >= CTS_BATCH)
     }
 
     /// Write every deferred CTS entry to the sender: the slots are consecutive, so one RDMA
     /// WRITE from staging covers them (two when they wrap past the last slot). When the send
     /// queue has no room the entries stay deferred and the next call tries again.
     fn flush_cts(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
-        if !self.sq.has_room(2, self.recvs_posted) {
+        if !self.sq.has_room(2, self.ledger.recvs_posted) {
             self.poll_cq(nic)?;
-            if !self.sq.has_room(2, self.recvs_posted) {
+            if !self.sq.has_room(2, self.ledger.recvs_posted) {
                 return Ok(());
             }
         }
-        let first = self.next_seq.wrapping_sub(self.deferred);
+        let first = self.ledger.next_seq.wrapping_sub(self.ledger.deferred);
         let first_slot = usize::from(first as u8);
-        let count = self.deferred as usize;
+        let count = self.ledger.deferred as usize;
         if count == 0 {
             return Ok(());
         }
@@ -748,7 +759,7 @@ impl RecvConn {
         if let Err(err) = posted {
             return Err(self.health.fail(err.into()));
         }
-        self.deferred = 0;
+        self.ledger.deferred = 0;
         Ok(())
     }
 
@@ -757,7 +768,7 @@ impl RecvConn {
     #[inline(always)]
     fn cts_write(&mut self, start: usize, slots: usize) -> Result<SendWr<'static>, DataError> {
         let last = (start + slots).saturating_sub(1);
-        let n = match *self.requests.state(last) {
+        let n = match *self.ledger.requests.state(last) {
             RecvState::PostedOne { .. } => 1,
             RecvState::Posted { n, .. } => n,
             _ => {
@@ -794,44 +805,17 @@ impl RecvConn {
     #[inline(always)]
     fn poll_cq_inline(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
         for _ in 0..CQ_DEPTH / POLL_BATCH + 1 {
-            let Self {
-                batch,
-                requests,
-                oldest,
-                next_seq,
-                deferred,
-                recvs_posted,
-                rq_consumed,
-                ..
-            } = self;
+            let Self { batch, ledger, .. } = self;
             let (got, left) = nic
                 .poll_take(
                     batch,
                     #[inline(always)]
-                    |c| {
-                        arrived_one(
-                            c,
-                            requests,
-                            oldest,
-                            *next_seq,
-                            *deferred,
-                            recvs_posted,
-                            rq_consumed,
-                        )
-                    },
+                    |c| arrived_one(c, ledger),
                 )
                 .map_err(|e| self.health.fail(e.into()))?;
             for i in 0..left.min(POLL_BATCH) {
                 let c = self.batch[i];
-                if !arrived_one(
-                    &c,
-                    &mut self.requests,
-                    &mut self.oldest,
-                    self.next_seq,
-                    self.deferred,
-                    &mut self.recvs_posted,
-                    &mut self.rq_consumed,
-                ) {
+                if !arrived_one(&c, &mut self.ledger) {
                     self.handle_completion(nic, &c)
                         .map_err(|e| self.health.fail(e))?;
                 }
@@ -858,7 +842,9 @@ impl RecvConn {
                 Ok(())
             }
             (CompletionKind::RecvWriteImm { imm, byte_len }, WrKind::Recv) => {
-                if id.seq != self.rq_consumed || id.index != u16::from(self.rq_consumed as u8) {
+                if id.seq != self.ledger.rq_consumed
+                    || id.index != u16::from(self.ledger.rq_consumed as u8)
+                {
                     return Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }.into());
                 }
                 match EagerImm::decode(imm) {
@@ -902,24 +888,24 @@ impl RecvConn {
             header,
             epoch: imm.epoch,
         };
-        self.rq_consumed = self.rq_consumed.wrapping_add(1);
-        self.recvs_posted -= 1;
+        self.ledger.rq_consumed = self.ledger.rq_consumed.wrapping_add(1);
+        self.ledger.recvs_posted -= 1;
         self.take_held(nic, None).map(drop)
     }
 
     /// The write-with-immediate of the oldest outstanding receive arrived (its receive work
     /// request checked).
     fn handle_arrival(&mut self, nic: &impl Nic, imm: u32, byte_len: u32) -> Result<(), DataError> {
-        let seq = self.oldest;
+        let seq = self.ledger.oldest;
         let slot = seq as u8;
-        let (posted_seq, n, one_capacity) = match *self.requests.state(usize::from(slot)) {
+        let (posted_seq, n, one_capacity) = match *self.ledger.requests.state(usize::from(slot)) {
             RecvState::PostedOne { seq, capacity } => (seq, 1, capacity),
             RecvState::Posted { seq, n } => (seq, n, 0),
             _ => return Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }.into()),
         };
         // `granted() == 0`: the oldest receive's CTS entry was never written, so no data for it
         // can be on its way.
-        if seq == self.next_seq || self.granted() == 0 || posted_seq != seq {
+        if seq == self.ledger.next_seq || self.granted() == 0 || posted_seq != seq {
             return Err(ProtocolError::UnexpectedCompletion { wr: WrKind::Recv }.into());
         }
         let imm = Imm::decode(imm).map_err(|err| ProtocolError::Immediate { imm, err })?;
@@ -983,10 +969,10 @@ impl RecvConn {
             }
             RecvState::DoneOne { size: byte_len }
         };
-        *self.requests.state_mut(usize::from(slot)) = state;
-        self.oldest = seq.wrapping_add(1);
-        self.rq_consumed = self.rq_consumed.wrapping_add(1);
-        self.recvs_posted -= 1;
+        *self.ledger.requests.state_mut(usize::from(slot)) = state;
+        self.ledger.oldest = seq.wrapping_add(1);
+        self.ledger.rq_consumed = self.ledger.rq_consumed.wrapping_add(1);
+        self.ledger.recvs_posted -= 1;
         Ok(())
     }
 }
@@ -1018,15 +1004,15 @@ fn fifo_write<'a>(
 /// else (`false`, nothing changed) goes the long way, which names the violation. The receiver's
 /// fields come one by one: the poll buffer, borrowed apart, is not among them.
 #[inline(always)]
-fn arrived_one(
-    c: &Completion,
-    requests: &mut RequestPool<RecvState, false>,
-    oldest: &mut u32,
-    next_seq: u32,
-    deferred: u32,
-    recvs_posted: &mut usize,
-    rq_consumed: &mut u32,
-) -> bool {
+fn arrived_one(c: &Completion, ledger: &mut Ledger) -> bool {
+    let Ledger {
+        next_seq,
+        oldest,
+        requests,
+        recvs_posted,
+        deferred,
+        rq_consumed,
+    } = ledger;
     let Completion {
         wr_id: got_wr_id,
         status,
@@ -1065,7 +1051,7 @@ fn arrived_one(
         || imm != expected_imm
         || posted_seq != seq
         || byte_len > capacity
-        || next_seq.wrapping_sub(seq) <= deferred
+        || next_seq.wrapping_sub(seq) <= *deferred
     {
         return false;
     }
@@ -1085,7 +1071,7 @@ impl Connection for RecvConn {
         req: RequestId,
         sizes: &mut impl SizesOut,
     ) -> Result<bool, DataError> {
-        let index = self.requests.lookup(req)?;
+        let index = self.ledger.requests.lookup(req)?;
         self.polled = true;
         let mut progress = Ok(());
         if self.flush_due() && self.health.check().is_ok() {
@@ -1094,13 +1080,11 @@ impl Connection for RecvConn {
         if self.credits_owed && progress.is_ok() && self.health.check().is_ok() {
             progress = self.return_credits(nic);
         }
-        if progress.is_ok() && self.requests.state(index).pending() {
+        if progress.is_ok() && self.ledger.requests.state(index).pending() {
             progress = self.health.check().and_then(|()| self.poll_cq_inline(nic));
         }
-        let Self {
-            requests, groups, ..
-        } = self;
-        requests.settle(
+        let Self { ledger, groups, .. } = self;
+        ledger.requests.settle(
             index,
             progress,
             #[inline(always)]
@@ -1133,7 +1117,7 @@ impl Connection for RecvConn {
 
     /// Requests handed out and not yet freed by `test`.
     fn outstanding(&self) -> usize {
-        self.requests.outstanding()
+        self.ledger.requests.outstanding()
     }
 }
 
@@ -1179,8 +1163,8 @@ impl RecvConn {
     /// The quiesced lane's state, for the report.
     pub fn failover_snapshot(&self) -> super::failover::ReceiverSnapshot {
         super::failover::ReceiverSnapshot {
-            oldest: self.oldest,
-            announced: self.next_seq.wrapping_sub(self.deferred),
+            oldest: self.ledger.oldest,
+            announced: self.ledger.next_seq.wrapping_sub(self.ledger.deferred),
             eager: self.eager.is_some(),
         }
     }
@@ -1213,15 +1197,15 @@ impl RecvConn {
         self.peer_fifo = check_peer_region(rekey.peer_region, SEND_INBOUND_LEN).map_err(local)?;
         if rekey.local.is_some() {
             // Deferred entries are staged with the old keys: stage them again.
-            for seq in (0..self.deferred).map(|i| own.announced.wrapping_add(i)) {
+            for seq in (0..self.ledger.deferred).map(|i| own.announced.wrapping_add(i)) {
                 self.stage_journaled(nic, seq, journal, rekey)?;
             }
         }
         self.sq = SendQueue::default();
         let mut done = Replayed::default();
         // The flushed receive work requests, again, numbered on from the last one consumed.
-        self.rq_posted = self.rq_consumed;
-        for _ in 0..self.recvs_posted {
+        self.rq_posted = self.ledger.rq_consumed;
+        for _ in 0..self.ledger.recvs_posted {
             let wr_id = self.next_recv_id();
             nic.post_recv(wr_id).map_err(|err| local(err.into()))?;
             done.work_requests += 1;
@@ -1229,7 +1213,7 @@ impl RecvConn {
         for seq in plan.rewrite.iter() {
             let slot = usize::from(seq as u8);
             self.stage_journaled(nic, seq, journal, rekey)?;
-            if !self.sq.has_room(1, self.recvs_posted) {
+            if !self.sq.has_room(1, self.ledger.recvs_posted) {
                 return Err(local(DataError::InvalidArgument(
                     "the replay does not fit the send queue",
                 )));
@@ -1277,7 +1261,7 @@ impl RecvConn {
         journal: &super::failover::RecvJournal,
     ) -> Result<(u8, [CtsEntry; MAX_RECVS]), super::failover::FailoverError> {
         use super::failover::FailoverError;
-        let n = match *self.requests.state(usize::from(seq as u8)) {
+        let n = match *self.ledger.requests.state(usize::from(seq as u8)) {
             RecvState::PostedOne { seq: s, .. } if s == seq => 1,
             RecvState::Posted { seq: s, n } if s == seq => n,
             _ => {

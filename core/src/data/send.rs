@@ -418,10 +418,11 @@ impl SendConn {
     /// such a send may go eager ([`super::eager`]) when the receive's entries are not there yet.
     /// While earlier eager sends wait to be confirmed, a send goes eager or waits (`Ok(None)`).
     ///
-    /// A send that waits polls the completion queue first: an inline send's request is done at
-    /// its post ([`isend_one`](Self::isend_one)), so a sender whose sends all went inline may
-    /// test nothing in flight; should one of those writes fail, the connection fails here, as
-    /// soon as this side waits for its peer, not never.
+    /// A send that waits polls the completion queue while anything it posted is not known
+    /// complete: an inline send's request is done at its post ([`isend_one`](Self::isend_one)),
+    /// so a sender whose sends all went inline may test nothing in flight; should one of those
+    /// writes fail (a failed work request completes, with its error, signaled or not), the
+    /// connection fails here, as soon as this side waits for its peer, not never.
     pub fn isend_host(
         &mut self,
         nic: &mut impl Nic,
@@ -430,7 +431,7 @@ impl SendConn {
         tag: u32,
     ) -> Result<Option<RequestId>, DataError> {
         let sent = self.isend_or_wait(nic, buf, host, tag)?;
-        if sent.is_none() && self.sq.awaits_completion() {
+        if sent.is_none() && self.sq.unretired() != 0 {
             self.poll_cq(nic)?;
         }
         Ok(sent)
@@ -706,7 +707,7 @@ impl SendConn {
         if stamp != stamp_for(self.seq) {
             // Not there yet: the general path may send it eager.
             // The general path also polls while it waits (see `isend_host`).
-            return Ok(if self.eager.threshold != 0 || self.sq.awaits_completion() {
+            return Ok(if self.eager.threshold != 0 || self.sq.unretired() != 0 {
                 OneSend::General
             } else {
                 OneSend::NotYet
@@ -738,18 +739,7 @@ impl SendConn {
         let size = buf.len as u32;
         let (req, wr) = match host {
             Some(bytes) if bytes.len() as u64 == buf.len && buf.len <= self.inline_max => {
-                // Inline: the NIC copied the bytes at the post, so the send's buffer is free
-                // and its request done at once; its `test` polls nothing. The write's completion
-                // still ends the slot (and a failure fails the connection at the next poll:
-                // every `test` of a request in flight, and every `isend` that has to wait, polls).
-                self.end_whole_as(
-                    req_index,
-                    false,
-                    SendState::Done { size },
-                    Payload::Inline(bytes),
-                    cts.addr,
-                    cts.rkey,
-                )
+                self.end_inline(req_index, bytes, cts.addr, cts.rkey)
             }
             _ => self.end_whole(
                 req_index,
@@ -789,25 +779,61 @@ impl SendConn {
         remote_addr: u64,
         rkey: u32,
     ) -> (RequestId, SendWr<'a>) {
-        self.end_whole_as(
-            req_index,
-            false,
-            SendState::InFlight { size },
-            payload,
-            remote_addr,
-            rkey,
-        )
+        self.end_whole_as(req_index, false, size, payload, remote_addr, rkey)
     }
 
-    /// [`end_whole`](Self::end_whole) for a new request, or (`reuse`) one that exists already,
-    /// which takes `state`: in flight until the write completes, or done already (an inline
-    /// write: the slot's end then completes no request).
+    /// [`end_whole`](Self::end_whole) of an inline send: the NIC copied `bytes` into the work
+    /// request at the post, so the send's buffer is free and its request done at once (its `test`
+    /// polls nothing), and nothing waits for the write's completion. It is a
+    /// [`WrKind::Data`] write, signaled only as the send queue's credits need (every
+    /// [`SIGNAL_INTERVAL`](super::queue::SIGNAL_INTERVAL)-th), and the slot is not tracked: its
+    /// next lap may start at once. A failed write still completes, with its error, and fails the
+    /// connection at the next poll: every `test` of a request in flight and every `isend` that
+    /// has to wait polls ([`isend_host`](Self::isend_host)); a close fences the unsignaled tail
+    /// ([`drain`](Connection::drain)).
+    #[inline(always)]
+    fn end_inline<'a>(
+        &mut self,
+        req_index: u8,
+        bytes: &'a [u8],
+        remote_addr: u64,
+        rkey: u32,
+    ) -> (RequestId, SendWr<'a>) {
+        let slot = self.seq as u8;
+        let imm = Imm {
+            seq16: self.seq as u16,
+            n: 1,
+            record: false,
+            mismatch: false,
+        }
+        .encode();
+        let posted = self.sq.next(WrKind::Data, u16::from(slot), false);
+        let wr = SendWr {
+            wr_id: posted.wr_id,
+            op: SendOp::WriteImm(imm),
+            payload: Payload::Inline(bytes),
+            remote_addr,
+            rkey,
+            signaled: posted.signaled,
+        };
+        let req = self.requests.occupy(
+            req_index,
+            SendState::Done {
+                size: bytes.len() as u32,
+            },
+        );
+        self.head.state = HeadState::Unread;
+        self.seq = self.seq.wrapping_add(1);
+        (req, wr)
+    }
+
+    /// [`end_whole`](Self::end_whole) for a new request, or (`reuse`) one that exists already.
     #[inline(always)]
     fn end_whole_as<'a>(
         &mut self,
         req_index: u8,
         reuse: bool,
-        state: SendState,
+        size: u32,
         payload: Payload<'a>,
         remote_addr: u64,
         rkey: u32,
@@ -829,13 +855,13 @@ impl SendConn {
             rkey,
             signaled: true,
         };
-        let req = self.take_request(req_index, reuse, state);
+        let req = self.take_request(req_index, reuse, SendState::InFlight { size });
         let mut reqs = [0; MAX_RECVS];
         reqs[0] = req_index;
         self.ends[usize::from(slot)] = EndState::Ending {
             post: self.sq.posted() as u32,
             reqs,
-            count: u8::from(state.pending()),
+            count: 1,
         };
         // The slot ended: the next send reads the next receive's entries. (`head.m` needs no
         // update: it is rewritten when that receive is loaded.)
@@ -999,9 +1025,7 @@ impl SendConn {
         let (id, wr) = self.end_whole_as(
             m.req_index,
             m.reuse,
-            SendState::InFlight {
-                size: buf.len as u32,
-            },
+            buf.len as u32,
             payload,
             remote_addr,
             rkey,
@@ -1509,17 +1533,52 @@ impl Connection for SendConn {
         if !self.eager.waiting.is_empty() {
             self.eager_progress(nic)?;
         }
-        Ok(self
+        if self.sq.unsignaled_tail() {
+            self.post_fence(nic)?;
+        }
+        let pending = self
             .ends
             .iter()
             .filter(|end| **end != EndState::Idle)
             .count()
-            + self.eager.waiting.len())
+            + self.eager.waiting.len();
+        // With nothing else pending, writes not known complete (inline sends, the fence) count
+        // as one.
+        Ok(pending.max(usize::from(self.sq.unretired() != 0)))
     }
 
     /// Requests handed out and not yet freed by `test`.
     fn outstanding(&self) -> usize {
         self.requests.outstanding()
+    }
+}
+
+impl SendConn {
+    /// Post a signaled empty write after unsignaled ones (inline sends, done at their post), so
+    /// that a close learns when they completed: its completion retires every work request before
+    /// it. It writes nothing (zero bytes, no immediate) into the peer's completion records.
+    #[cold]
+    fn post_fence(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
+        if !self.sq.has_room(1, 0) {
+            // A signaled one is still in flight behind the tail's credits; it retires them.
+            return Ok(());
+        }
+        let remote_addr =
+            region_addr(&self.peer_records, 0, RECORD_LEN).ok_or(DataError::PeerRegion {
+                len: self.peer_records.len,
+                need: RECV_INBOUND_LEN,
+            })?;
+        let posted = self.sq.next(WrKind::Data, 0, true);
+        let wr = SendWr {
+            wr_id: posted.wr_id,
+            op: SendOp::Write,
+            payload: Payload::Empty,
+            remote_addr,
+            rkey: self.peer_records.rkey,
+            signaled: true,
+        };
+        nic.post_send(&[wr])
+            .map_err(|err| self.health.fail(err.into()))
     }
 }
 

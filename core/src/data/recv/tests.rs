@@ -643,7 +643,7 @@ fn free_irecv_one_posts_and_completes_as_irecv_does() {
         }
         // Arrivals for what the sender was told about; testing may announce the rest.
         while let Some(&(s, id, len)) = outstanding.first() {
-            let announced = t.general.0.next_seq - t.general.0.unannounced() as u32;
+            let announced = t.general.0.ledger.next_seq - t.general.0.unannounced() as u32;
             if s >= announced {
                 assert_eq!(t.test(id), Ok(Completed::Pending));
                 continue;

@@ -545,10 +545,12 @@ fn unread_isend_one_carries_handed_bytes_inline_and_nothing_else() {
     assert!(!p.inline && p.local.is_some());
     assert!(i.inline && i.local.is_none());
     assert_eq!(i.bytes, bytes.to_vec());
-    assert_eq!(
-        (p.op, p.remote_addr, p.rkey, p.signaled, p.wr_id),
-        (i.op, i.remote_addr, i.rkey, i.signaled, i.wr_id)
-    );
+    assert_eq!((p.op, p.remote_addr, p.rkey), (i.op, i.remote_addr, i.rkey));
+    // The plain write ends the slot, signaled: its completion completes the request. The inline
+    // one's request is done already: a data write, signaled only as credits need.
+    assert!(p.signaled && !i.signaled);
+    assert_eq!(WrId::decode(p.wr_id).unwrap().kind, WrKind::SlotEnd);
+    assert_eq!(WrId::decode(i.wr_id).unwrap().kind, WrKind::Data);
     // Bytes that are not exactly the send's are not used.
     let (stamp, entry) = read(&inline, &nic_i);
     let OneSend::Post { wr, .. } = inline
@@ -573,42 +575,54 @@ fn unread_isend_one_carries_handed_bytes_inline_and_nothing_else() {
 }
 
 #[test]
-fn an_inline_send_is_done_at_its_post_and_its_write_still_ends_the_slot() {
+fn an_inline_send_is_done_at_its_post_and_a_close_fences_its_write() {
     // The NIC copied an inline send's bytes at the post: its request is done before any
-    // completion, and `test` polls nothing for it. The slot stays ending until the write's
-    // completion (a close drains it), and a failed write fails the connection as soon as this
-    // side waits for its peer.
+    // completion, and `test` polls nothing for it. The write is unsignaled (the send queue's
+    // credits ask for a signal every 64th); a close fences it with a signaled empty write and
+    // waits for that, and a failed write fails the connection as soon as this side waits for
+    // its peer.
     let bytes = [0x5au8; 8];
     let (mut s, mut nic) = sender(64);
     s.set_inline_max(64);
-    write_cts(&mut nic, 0, &[(100, 3)]);
-    let offset = s.head_entry().expect("one-buffer path");
-    let (stamp, entry) = nic.read_inbound_stamped::<CTS_ENTRY_LEN>(offset);
-    let OneSend::Post { req, wr } = s.isend_one(stamp, &entry, buf(8), 3, Some(&bytes)).unwrap()
-    else {
-        panic!("posted");
-    };
-    nic.post_send(&[wr]).unwrap();
-    assert!(nic.last().inline && nic.last().signaled);
-    let wr_id = nic.last().wr_id;
     let mut sizes = [0; MAX_RECVS];
     sizes[0] = 8;
+    let post = |s: &mut SendConn, nic: &mut MockNic, seq: u32| {
+        write_cts(nic, seq, &[(100, 3)]);
+        let offset = s.head_entry().expect("one-buffer path");
+        let (stamp, entry) = nic.read_inbound_stamped::<CTS_ENTRY_LEN>(offset);
+        let OneSend::Post { req, wr } =
+            s.isend_one(stamp, &entry, buf(8), 3, Some(&bytes)).unwrap()
+        else {
+            panic!("posted");
+        };
+        nic.post_send(&[wr]).unwrap();
+        req
+    };
+    let req = post(&mut s, &mut nic, 0);
+    assert!(nic.last().inline && !nic.last().signaled);
     assert_eq!(s.test(&mut nic, req), Ok(Completed::Done { n: 1, sizes }));
     assert_eq!(s.outstanding(), 0);
-    assert_eq!(s.drain(&mut nic), Ok(1), "the write has not completed: a close waits for it");
-    nic.complete_send(wr_id);
+    assert_eq!(
+        s.drain(&mut nic),
+        Ok(1),
+        "the write is not known complete: a close waits"
+    );
+    let fence = nic.last().clone();
+    assert!(fence.signaled && fence.empty && fence.op == SendOp::Write);
+    assert_eq!(fence.remote_addr, peer_region(RECV_INBOUND_LEN).addr);
+    assert_eq!(
+        s.drain(&mut nic),
+        Ok(1),
+        "one fence, and it has not completed"
+    );
+    assert_eq!(nic.sent.len(), 2);
+    nic.complete_send(fence.wr_id);
     assert_eq!(s.drain(&mut nic), Ok(0));
+    assert_eq!(nic.sent.len(), 2);
 
     // The next inline send, done at its post; its write fails. A send that then waits for its
     // receive's entry polls, and the connection fails there.
-    write_cts(&mut nic, 1, &[(100, 3)]);
-    let offset = s.head_entry().expect("one-buffer path");
-    let (stamp, entry) = nic.read_inbound_stamped::<CTS_ENTRY_LEN>(offset);
-    let OneSend::Post { req, wr } = s.isend_one(stamp, &entry, buf(8), 3, Some(&bytes)).unwrap()
-    else {
-        panic!("posted");
-    };
-    nic.post_send(&[wr]).unwrap();
+    let req = post(&mut s, &mut nic, 1);
     assert_eq!(s.test(&mut nic, req), Ok(Completed::Done { n: 1, sizes }));
     let wr_id = nic.last().wr_id;
     nic.fail(wr_id, WcStatus::RETRY_EXC_ERR, CompletionKind::Send);
@@ -617,7 +631,7 @@ fn an_inline_send_is_done_at_its_post_and_its_write_still_ends_the_slot() {
     assert_eq!(
         s.isend_one(stamp, &entry, buf(8), 3, Some(&bytes)),
         Ok(OneSend::General),
-        "no entry yet, a completion awaited: the general path, which polls"
+        "no entry yet, a write not known complete: the general path, which polls"
     );
     let err = s.isend(&mut nic, buf(8), 3).unwrap_err();
     assert!(matches!(err, DataError::Completion { .. }), "{err:?}");
@@ -701,10 +715,10 @@ fn unread_isend_one_waits_for_the_slot_and_reports_failures() {
 #[test]
 fn ending_completion_returns_the_credits_and_frees_the_slot() {
     let (mut s, mut nic, id, wr_id) = ending();
-    assert_eq!(s.sq.in_flight(), 1);
+    assert_eq!(s.sq.unretired(), 1);
     nic.complete_send(wr_id);
     assert!(matches!(s.test(&mut nic, id), Ok(Completed::Done { .. })));
-    assert_eq!(s.sq.in_flight(), 0);
+    assert_eq!(s.sq.unretired(), 0);
     assert_eq!(s.ends[0], EndState::Idle);
     assert_eq!(s.drain(&mut nic), Ok(0));
     assert!(s.failure().is_none());
@@ -778,7 +792,7 @@ fn ending_data_completion_at_the_ends_position_does_not_end_the_slot() {
     data.kind = WrKind::Data;
     nic.complete_send(data.encode());
     assert_eq!(s.test(&mut nic, id), Ok(Completed::Pending));
-    assert_eq!(s.sq.in_flight(), 0);
+    assert_eq!(s.sq.unretired(), 0);
     assert!(matches!(s.ends[0], EndState::Ending { .. }));
     // The end itself then comes after its position was retired.
     nic.complete_send(wr_id);
@@ -818,7 +832,7 @@ fn ending_several_ends_in_one_poll_complete_every_slot() {
         Ok(Completed::Done { .. })
     ));
     assert!(nic.cq.is_empty());
-    assert_eq!(s.sq.in_flight(), 0);
+    assert_eq!(s.sq.unretired(), 0);
     assert!(s.ends.iter().all(|end| *end == EndState::Idle));
     for (seq, &id) in ids.iter().enumerate().skip(1) {
         let mut sizes = [0; MAX_RECVS];
