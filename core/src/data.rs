@@ -777,6 +777,8 @@ pub(crate) mod queue {
     use super::error::ProtocolError;
     use super::{CQ_DEPTH, SEND_QUEUE_DEPTH};
 
+    const _: () = assert!(SEND_QUEUE_DEPTH <= CQ_DEPTH);
+
     /// At most this many consecutive unsignaled work requests.
     pub(crate) const SIGNAL_INTERVAL: u32 = 64;
     /// Signal every work request while fewer credits than this remain.
@@ -805,11 +807,19 @@ pub(crate) mod queue {
     }
 
     impl SendQueue {
+        /// True when `count` more work requests fit, their completions alone in the CQ (a
+        /// sender's). Such a CQ holds at most one completion per work request posted and not
+        /// retired (signaled, or failed), never more than [`SEND_QUEUE_DEPTH`] of them, and it is
+        /// no shallower: room in the queue is room in the CQ.
+        #[inline(always)]
+        pub(crate) fn has_room(&self, count: usize) -> bool {
+            (self.posted - self.retired) as usize + count <= SEND_QUEUE_DEPTH
+        }
+
         /// True when `count` more work requests fit, and their completions fit the CQ next to
-        /// `other_cqes` (receive completions that may arrive).
-        pub(crate) fn has_room(&self, count: usize, other_cqes: usize) -> bool {
-            let in_flight = (self.posted - self.retired) as usize;
-            in_flight + count <= SEND_QUEUE_DEPTH
+        /// `other_cqes` (receive completions that may arrive: a receiver's).
+        pub(crate) fn has_room_beside(&self, count: usize, other_cqes: usize) -> bool {
+            self.has_room(count)
                 && self.signaled_in_flight as usize + count + other_cqes <= CQ_DEPTH
         }
 
@@ -897,10 +907,10 @@ pub(crate) mod queue {
         fn full_has_room_refuses_past_depth() {
             let mut sq = SendQueue::default();
             for _ in 0..SEND_QUEUE_DEPTH {
-                assert!(sq.has_room(1, 0));
+                assert!(sq.has_room(1));
                 sq.next(WrKind::Data, 0, false);
             }
-            assert!(!sq.has_room(1, 0));
+            assert!(!sq.has_room(1));
         }
 
         #[test]

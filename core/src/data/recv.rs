@@ -329,7 +329,7 @@ impl RecvConn {
         // `CTS_LOW_WATER` grants).
         let due = !self.polled || seq.wrapping_sub(self.ledger.oldest) < CTS_LOW_WATER;
         if !self.ledger.requests.is_free(slot)
-            || !self.sq.has_room(2, self.ledger.recvs_posted + 1)
+            || !self.sq.has_room_beside(2, self.ledger.recvs_posted + 1)
             || self.ledger.deferred != 0
             || !due
             || CTS_ENTRY_LEN > max_inline
@@ -429,9 +429,9 @@ impl RecvConn {
             return Ok(None);
         }
         // Room for the receive and for a flush of every deferred entry (two writes at the wrap).
-        if !self.sq.has_room(2, self.ledger.recvs_posted + 1) {
+        if !self.sq.has_room_beside(2, self.ledger.recvs_posted + 1) {
             self.poll_cq(nic)?;
-            if !self.sq.has_room(2, self.ledger.recvs_posted + 1) {
+            if !self.sq.has_room_beside(2, self.ledger.recvs_posted + 1) {
                 return Ok(None);
             }
         }
@@ -655,7 +655,7 @@ impl RecvConn {
             self.credits_owed = false;
             return Ok(());
         };
-        if !self.sq.has_room(1, self.ledger.recvs_posted) {
+        if !self.sq.has_room_beside(1, self.ledger.recvs_posted) {
             // `test` tries again once completions made room.
             self.credits_owed = true;
             return Ok(());
@@ -733,9 +733,9 @@ impl RecvConn {
     /// WRITE from staging covers them (two when they wrap past the last slot). When the send
     /// queue has no room the entries stay deferred and the next call tries again.
     fn flush_cts(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
-        if !self.sq.has_room(2, self.ledger.recvs_posted) {
+        if !self.sq.has_room_beside(2, self.ledger.recvs_posted) {
             self.poll_cq(nic)?;
-            if !self.sq.has_room(2, self.ledger.recvs_posted) {
+            if !self.sq.has_room_beside(2, self.ledger.recvs_posted) {
                 return Ok(());
             }
         }
@@ -1213,7 +1213,7 @@ impl RecvConn {
         for seq in plan.rewrite.iter() {
             let slot = usize::from(seq as u8);
             self.stage_journaled(nic, seq, journal, rekey)?;
-            if !self.sq.has_room(1, self.ledger.recvs_posted) {
+            if !self.sq.has_room_beside(1, self.ledger.recvs_posted) {
                 return Err(local(DataError::InvalidArgument(
                     "the replay does not fit the send queue",
                 )));

@@ -506,9 +506,9 @@ impl SendConn {
         let Some(req_index) = self.requests.next_free() else {
             return Ok(None);
         };
-        if !self.sq.has_room(1, 0) {
+        if !self.sq.has_room(1) {
             self.poll_cq(nic)?;
-            if !self.sq.has_room(1, 0) {
+            if !self.sq.has_room(1) {
                 return Ok(None);
             }
         }
@@ -724,7 +724,7 @@ impl SendConn {
             || buf.len > cts.size
             || buf.len > self.ar_threshold
             || buf.addr.checked_add(buf.len).is_none()
-            || !self.sq.has_room(1, 0)
+            || !self.sq.has_room(1)
         {
             // `buf.len <= cts.size`, a checked size, also bounds it by the work request limit
             // below (checked there again for a send the general path takes).
@@ -981,9 +981,9 @@ impl SendConn {
         } else {
             usize::from(matched.writes_data(buf)) + usize::from(matched.last)
         };
-        if !self.sq.has_room(wr_count, 0) {
+        if !self.sq.has_room(wr_count) {
             self.poll_cq(nic)?;
-            if !self.sq.has_room(wr_count, 0) {
+            if !self.sq.has_room(wr_count) {
                 return Ok(None);
             }
         }
@@ -1559,7 +1559,7 @@ impl SendConn {
     /// it. It writes nothing (zero bytes, no immediate) into the peer's completion records.
     #[cold]
     fn post_fence(&mut self, nic: &mut impl Nic) -> Result<(), DataError> {
-        if !self.sq.has_room(1, 0) {
+        if !self.sq.has_room(1) {
             // A signaled one is still in flight behind the tail's credits; it retires them.
             return Ok(());
         }
@@ -1925,7 +1925,7 @@ impl SendConn {
         rkey: u32,
     ) -> Result<(), super::failover::FailoverError> {
         use super::failover::FailoverError;
-        if !self.sq.has_room(1, 0) {
+        if !self.sq.has_room(1) {
             return Err(FailoverError::Local(DataError::InvalidArgument(
                 "the replay does not fit the send queue",
             )));

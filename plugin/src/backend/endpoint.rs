@@ -489,6 +489,14 @@ impl<D: PortDevice> Nic for Endpoint<D> {
             return Err(cq_broken());
         };
         let rest = match polled {
+            // The common case, one completion and taken, answered with constants the caller's
+            // loop folds (it stops: fewer than it asked for, none left over).
+            [only] => {
+                if take(&completion(only)) {
+                    return Ok((1, 0));
+                }
+                polled
+            }
             [first, after @ ..] if take(&completion(first)) => after,
             _ => polled,
         };
