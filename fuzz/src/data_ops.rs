@@ -382,7 +382,13 @@ impl Harness {
         self.p.fabric.run_until_idle();
         self.idle = true;
         let unannounced = self.p.recv.unannounced();
-        let send_left = self.p.send.drain(&mut self.p.send_nic);
+        let mut send_left = self.p.send.drain(&mut self.p.send_nic);
+        if send_left == Ok(1) && !self.faulted {
+            // Inline sends are done at their post and unsignaled: the drain fences their tail
+            // once (a signaled empty write), which the fabric delivers; then nothing is left.
+            self.p.fabric.run_until_idle();
+            send_left = self.p.send.drain(&mut self.p.send_nic);
+        }
         let recv_left = self.p.recv.drain(&mut self.p.recv_nic);
         assert_eq!(
             self.p.recv.unannounced(),

@@ -799,31 +799,9 @@ impl SendConn {
         remote_addr: u64,
         rkey: u32,
     ) -> (RequestId, SendWr<'a>) {
-        let slot = self.seq as u8;
-        let imm = Imm {
-            seq16: self.seq as u16,
-            n: 1,
-            record: false,
-            mismatch: false,
-        }
-        .encode();
-        let posted = self.sq.next(WrKind::Data, u16::from(slot), false);
-        let wr = SendWr {
-            wr_id: posted.wr_id,
-            op: SendOp::WriteImm(imm),
-            payload: Payload::Inline(bytes),
-            remote_addr,
-            rkey,
-            signaled: posted.signaled,
-        };
-        let req = self.requests.occupy(
-            req_index,
-            SendState::Done {
-                size: bytes.len() as u32,
-            },
-        );
-        self.head.state = HeadState::Unread;
-        self.seq = self.seq.wrapping_add(1);
+        let size = bytes.len() as u32;
+        let (_, wr) = self.write_slot_end(WrKind::Data, Payload::Inline(bytes), remote_addr, rkey);
+        let req = self.requests.occupy(req_index, SendState::Done { size });
         (req, wr)
     }
 
@@ -838,23 +816,7 @@ impl SendConn {
         remote_addr: u64,
         rkey: u32,
     ) -> (RequestId, SendWr<'a>) {
-        let slot = self.seq as u8;
-        let imm = Imm {
-            seq16: self.seq as u16,
-            n: 1,
-            record: false,
-            mismatch: false,
-        }
-        .encode();
-        let posted = self.sq.next(WrKind::SlotEnd, u16::from(slot), true);
-        let wr = SendWr {
-            wr_id: posted.wr_id,
-            op: SendOp::WriteImm(imm),
-            payload,
-            remote_addr,
-            rkey,
-            signaled: true,
-        };
+        let (slot, wr) = self.write_slot_end(WrKind::SlotEnd, payload, remote_addr, rkey);
         let req = self.take_request(req_index, reuse, SendState::InFlight { size });
         let mut reqs = [0; MAX_RECVS];
         reqs[0] = req_index;
@@ -863,11 +825,43 @@ impl SendConn {
             reqs,
             count: 1,
         };
+        (req, wr)
+    }
+
+    /// The write with immediate that ends the head receive's slot (a whole send into a
+    /// one-buffer receive), as a work request of `kind`: signaled when it ends the slot
+    /// ([`WrKind::SlotEnd`], its completion completes the request), else as credits need. Takes
+    /// its send-queue position and moves to the next receive; returns the slot it ended.
+    #[inline(always)]
+    fn write_slot_end<'a>(
+        &mut self,
+        kind: WrKind,
+        payload: Payload<'a>,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> (u8, SendWr<'a>) {
+        let slot = self.seq as u8;
+        let imm = Imm {
+            seq16: self.seq as u16,
+            n: 1,
+            record: false,
+            mismatch: false,
+        }
+        .encode();
+        let posted = self.sq.next(kind, u16::from(slot), kind == WrKind::SlotEnd);
+        let wr = SendWr {
+            wr_id: posted.wr_id,
+            op: SendOp::WriteImm(imm),
+            payload,
+            remote_addr,
+            rkey,
+            signaled: posted.signaled,
+        };
         // The slot ended: the next send reads the next receive's entries. (`head.m` needs no
         // update: it is rewritten when that receive is loaded.)
         self.head.state = HeadState::Unread;
         self.seq = self.seq.wrapping_add(1);
-        (req, wr)
+        (slot, wr)
     }
 
     /// [`isend`](Self::isend) of one part of a larger message: `buf` goes to byte `offset` of
