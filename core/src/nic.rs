@@ -315,6 +315,18 @@ pub trait Nic {
         Ok((got, got))
     }
 
+    /// [`poll_take`](Self::poll_take) for a caller whose common case is one completion, taken
+    /// (a receiver waiting for its next message): the same contract; a backend may give that
+    /// case a path of its own (more code in this caller, fewer instructions per call).
+    #[inline(always)]
+    fn poll_take_expect_one(
+        &mut self,
+        out: &mut [Completion],
+        take: impl FnMut(&Completion) -> bool,
+    ) -> Result<(usize, usize), NicError> {
+        self.poll_take(out, take)
+    }
+
     /// Copy `out.len()` bytes at `offset` of the inbound control region into `out`. The peer's
     /// NIC writes that memory concurrently: the implementation reads it with volatile loads and
     /// an acquire fence after, so a later read is not reordered before an earlier one.
@@ -384,6 +396,15 @@ impl<N: Nic + ?Sized> Nic for &mut N {
         take: impl FnMut(&Completion) -> bool,
     ) -> Result<(usize, usize), NicError> {
         (**self).poll_take(out, take)
+    }
+
+    #[inline(always)]
+    fn poll_take_expect_one(
+        &mut self,
+        out: &mut [Completion],
+        take: impl FnMut(&Completion) -> bool,
+    ) -> Result<(usize, usize), NicError> {
+        (**self).poll_take_expect_one(out, take)
     }
 
     #[inline(always)]

@@ -715,6 +715,29 @@ impl<N: Nic> Guarded<N> {
         self.trip.screen(&out[..got]);
         Ok((got, 0))
     }
+
+    /// [`Nic::poll_take`] with the tripwire armed: only successes are offered while nothing has
+    /// failed; once tripped, everything goes to the tripwire.
+    #[inline(always)]
+    fn poll_armed(
+        &mut self,
+        out: &mut [Completion],
+        mut take: impl FnMut(&Completion) -> bool,
+    ) -> Result<(usize, usize), NicError> {
+        if self.trip.tripped() {
+            return self.poll_tripped(out);
+        }
+        // Armed, nothing failed yet: only successes are offered.
+        let (got, left) = self
+            .nic
+            .poll_take(out, |c| c.status.is_success() && take(c))?;
+        if left == 0 {
+            // Everything polled was taken (the common case): nothing for the tripwire.
+            return Ok((got, 0));
+        }
+        let passed = self.trip.screen(&out[..left.min(out.len())]);
+        Ok((got, passed))
+    }
 }
 
 impl<N: Nic> Nic for Guarded<N> {
@@ -746,25 +769,26 @@ impl<N: Nic> Nic for Guarded<N> {
     fn poll_take(
         &mut self,
         out: &mut [Completion],
-        mut take: impl FnMut(&Completion) -> bool,
+        take: impl FnMut(&Completion) -> bool,
     ) -> Result<(usize, usize), NicError> {
         // Unarmed: the backend's own poll, `take` unwrapped (the completion stays in registers).
         if !self.trip.armed {
             return self.nic.poll_take(out, take);
         }
-        if self.trip.tripped() {
-            return self.poll_tripped(out);
+        self.poll_armed(out, take)
+    }
+
+    /// As [`poll_take`](Nic::poll_take); unarmed, the backend's path for one completion.
+    #[inline(always)]
+    fn poll_take_expect_one(
+        &mut self,
+        out: &mut [Completion],
+        take: impl FnMut(&Completion) -> bool,
+    ) -> Result<(usize, usize), NicError> {
+        if !self.trip.armed {
+            return self.nic.poll_take_expect_one(out, take);
         }
-        // Armed, nothing failed yet: only successes are offered.
-        let (got, left) = self
-            .nic
-            .poll_take(out, |c| c.status.is_success() && take(c))?;
-        if left == 0 {
-            // Everything polled was taken (the common case): nothing for the tripwire.
-            return Ok((got, 0));
-        }
-        let passed = self.trip.screen(&out[..left.min(out.len())]);
-        Ok((got, passed))
+        self.poll_armed(out, take)
     }
 
     #[inline(always)]

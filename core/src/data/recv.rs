@@ -807,7 +807,7 @@ impl RecvConn {
         for _ in 0..CQ_DEPTH / POLL_BATCH + 1 {
             let Self { batch, ledger, .. } = self;
             let (got, left) = nic
-                .poll_take(
+                .poll_take_expect_one(
                     batch,
                     #[inline(always)]
                     |c| arrived_one(c, ledger),

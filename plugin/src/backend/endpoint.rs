@@ -442,6 +442,39 @@ fn completion(wc: &ibv_wc) -> Completion {
     })
 }
 
+impl<D: PortDevice> Endpoint<D> {
+    /// The verbs poll behind [`Nic::poll_take`]: with `ONE`, the common case (one completion,
+    /// taken) returns constants of its own, which the caller's poll loop folds (it stops: fewer
+    /// than it asked for, none left over); that path is a second inlined copy of `take`, so
+    /// only the receive fast path asks for it.
+    #[inline(always)]
+    fn poll_take_with<const ONE: bool>(
+        &mut self,
+        out: &mut [Completion],
+        mut take: impl FnMut(&Completion) -> bool,
+    ) -> Result<(usize, usize), NicError> {
+        let mut wcs = [MaybeUninit::<ibv_wc>::uninit(); MAX_POLL];
+        let want = out.len().min(MAX_POLL);
+        let Some(polled) = self.cq.poll_wcs(&mut wcs[..want]) else {
+            return Err(cq_broken());
+        };
+        let rest = match polled {
+            [only] if ONE => {
+                if take(&completion(only)) {
+                    return Ok((1, 0));
+                }
+                polled
+            }
+            [first, after @ ..] if take(&completion(first)) => after,
+            _ => polled,
+        };
+        for (slot, wc) in out.iter_mut().zip(rest) {
+            *slot = completion(wc);
+        }
+        Ok((polled.len(), rest.len()))
+    }
+}
+
 impl<D: PortDevice> Nic for Endpoint<D> {
     fn max_inline(&self) -> usize {
         self.max_inline
@@ -481,29 +514,19 @@ impl<D: PortDevice> Nic for Endpoint<D> {
     fn poll_take(
         &mut self,
         out: &mut [Completion],
-        mut take: impl FnMut(&Completion) -> bool,
+        take: impl FnMut(&Completion) -> bool,
     ) -> Result<(usize, usize), NicError> {
-        let mut wcs = [MaybeUninit::<ibv_wc>::uninit(); MAX_POLL];
-        let want = out.len().min(MAX_POLL);
-        let Some(polled) = self.cq.poll_wcs(&mut wcs[..want]) else {
-            return Err(cq_broken());
-        };
-        let rest = match polled {
-            // The common case, one completion and taken, answered with constants the caller's
-            // loop folds (it stops: fewer than it asked for, none left over).
-            [only] => {
-                if take(&completion(only)) {
-                    return Ok((1, 0));
-                }
-                polled
-            }
-            [first, after @ ..] if take(&completion(first)) => after,
-            _ => polled,
-        };
-        for (slot, wc) in out.iter_mut().zip(rest) {
-            *slot = completion(wc);
-        }
-        Ok((polled.len(), rest.len()))
+        self.poll_take_with::<false>(out, take)
+    }
+
+    /// [`poll_take`](Nic::poll_take) with a path of its own for one completion, taken.
+    #[inline(always)]
+    fn poll_take_expect_one(
+        &mut self,
+        out: &mut [Completion],
+        take: impl FnMut(&Completion) -> bool,
+    ) -> Result<(usize, usize), NicError> {
+        self.poll_take_with::<true>(out, take)
     }
 
     #[inline(always)]
@@ -961,6 +984,18 @@ pub(crate) mod any {
                 Self::Verbs(e) => e.poll_take(out, take),
                 // Inlined down to the CQE decode, as the verbs arm is: passed on to an out-of-line
                 // call, `take`'s captures would be built in memory before the match, for both arms.
+                Self::Mlx5(e) => e.poll_take(out, take),
+            }
+        }
+
+        #[inline(always)]
+        fn poll_take_expect_one(
+            &mut self,
+            out: &mut [Completion],
+            take: impl FnMut(&Completion) -> bool,
+        ) -> Result<(usize, usize), NicError> {
+            match self {
+                Self::Verbs(e) => e.poll_take_expect_one(out, take),
                 Self::Mlx5(e) => e.poll_take(out, take),
             }
         }
