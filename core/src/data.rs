@@ -795,8 +795,6 @@ pub(crate) mod queue {
         unsignaled_run: u32,
         /// Signaled work requests whose completion has not been polled yet.
         signaled_in_flight: u32,
-        /// Position of the last signaled work request (0: none yet).
-        last_signaled: u64,
     }
 
     /// A post position and signal decision for one work request about to be posted.
@@ -834,7 +832,6 @@ pub(crate) mod queue {
             if signaled {
                 self.unsignaled_run = 0;
                 self.signaled_in_flight += 1;
-                self.last_signaled = self.posted;
             } else {
                 self.unsignaled_run += 1;
             }
@@ -862,7 +859,7 @@ pub(crate) mod queue {
         /// True when unsignaled work requests were posted after the last signaled one: nothing
         /// will tell that they completed until a signaled one follows them.
         pub(crate) fn unsignaled_tail(&self) -> bool {
-            self.posted != self.last_signaled
+            self.unsignaled_run != 0
         }
 
         /// Work requests posted and not yet known complete.

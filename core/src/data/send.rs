@@ -997,15 +997,7 @@ impl SendConn {
         buf: SendBuf,
     ) -> Result<RequestId, DataError> {
         let (payload, remote_addr, rkey) = if buf.len == 0 {
-            let record_addr = region_addr(
-                &self.peer_records,
-                usize::from(m.slot) * RECORD_LEN,
-                RECORD_LEN,
-            )
-            .ok_or(DataError::PeerRegion {
-                len: self.peer_records.len,
-                need: RECV_INBOUND_LEN,
-            })?;
+            let record_addr = self.peer_record_addr(usize::from(m.slot) * RECORD_LEN)?;
             (Payload::Empty, record_addr, self.peer_records.rkey)
         } else {
             let sge = Sge {
@@ -1128,12 +1120,7 @@ impl SendConn {
         if plan.used == 0 {
             return Ok(());
         }
-        let record_addr = region_addr(&self.peer_records, plan.record_offset, RECORD_LEN).ok_or(
-            DataError::PeerRegion {
-                len: self.peer_records.len,
-                need: RECV_INBOUND_LEN,
-            },
-        )?;
+        let record_addr = self.peer_record_addr(plan.record_offset)?;
         let max_inline = nic.max_inline();
         let mut chain = [EMPTY_WR; 2];
         for (out, wr) in chain.iter_mut().zip(&plan.wrs[..plan.used]) {
@@ -1548,6 +1535,17 @@ impl Connection for SendConn {
 }
 
 impl SendConn {
+    /// The address of the completion record at `offset` in the peer's records region. The region
+    /// was checked to hold [`RECV_INBOUND_LEN`] bytes when it was taken, so this fails only if a
+    /// caller's offset does.
+    #[inline(always)]
+    fn peer_record_addr(&self, offset: usize) -> Result<u64, DataError> {
+        region_addr(&self.peer_records, offset, RECORD_LEN).ok_or(DataError::PeerRegion {
+            len: self.peer_records.len,
+            need: RECV_INBOUND_LEN,
+        })
+    }
+
     /// Post a signaled empty write after unsignaled ones (inline sends, done at their post), so
     /// that a close learns when they completed: its completion retires every work request before
     /// it. It writes nothing (zero bytes, no immediate) into the peer's completion records.
@@ -1557,11 +1555,7 @@ impl SendConn {
             // A signaled one is still in flight behind the tail's credits; it retires them.
             return Ok(());
         }
-        let remote_addr =
-            region_addr(&self.peer_records, 0, RECORD_LEN).ok_or(DataError::PeerRegion {
-                len: self.peer_records.len,
-                need: RECV_INBOUND_LEN,
-            })?;
+        let remote_addr = self.peer_record_addr(0)?;
         let posted = self.sq.next(WrKind::Data, 0, true);
         let wr = SendWr {
             wr_id: posted.wr_id,
@@ -1791,15 +1785,9 @@ impl SendConn {
                 "a receive with a refused send is not replayed",
             )));
         }
-        let record_addr = region_addr(
-            &self.peer_records,
-            usize::from(slot) * RECORD_LEN,
-            RECORD_LEN,
-        )
-        .ok_or(local(DataError::PeerRegion {
-            len: self.peer_records.len,
-            need: RECV_INBOUND_LEN,
-        }))?;
+        let record_addr = self
+            .peer_record_addr(usize::from(slot) * RECORD_LEN)
+            .map_err(local)?;
         let mut record = SizeRecord {
             n,
             ..SizeRecord::default()
