@@ -34,5 +34,5 @@ if [[ ${FABRIC:-0} == 1 || ${RIVET_IN_VM:-0} == 1 ]]; then
     exit 0
 fi
 exec bash "$repo/vm/run.sh" --timeout "${RIVET_SIDE_TIMEOUT:-3600}" \
-    -e RUNS="${RUNS:-3}" -e SIZES="${SIZES:-4K 16K 64K}" -e ROUNDS="$rounds" -e LAT_ITERS="${LAT_ITERS:-2000}" \
+    -e RUNS="${RUNS:-3}" -e SIZES="${SIZES:-4K 16K 64K}" -e ROUNDS="$rounds" -e LAT_ITERS="${LAT_ITERS:-2000}" -e BW_ITERS="${BW_ITERS:-}" \
     -e POLL="${POLL:-yield}" -- bash "$here/eager_ab.sh" "$@"

@@ -34,4 +34,4 @@ if [[ ${FABRIC:-0} == 1 || ${RIVET_IN_VM:-0} == 1 ]]; then
 fi
 exec bash "$repo/vm/run.sh" --timeout "${RIVET_SIDE_TIMEOUT:-3600}" \
     -e A="$A" -e B="$B" -e RUNS="${RUNS:-3}" -e SIZES="${SIZES:-4K 16K 64K}" -e ROUNDS="$rounds" \
-    -e LAT_ITERS="${LAT_ITERS:-2000}" -e POLL="${POLL:-yield}" -- bash "$here/plugin_ab.sh" "$@"
+    -e LAT_ITERS="${LAT_ITERS:-2000}" -e BW_ITERS="${BW_ITERS:-}" -e POLL="${POLL:-yield}" -- bash "$here/plugin_ab.sh" "$@"

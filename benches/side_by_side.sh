@@ -9,6 +9,9 @@
 # both sides, so that is the like-for-like latency), and prints the medians and the ratios:
 #   bandwidth (MiB/s, perftest's "MB/sec"): goal >= 0.95 x ib_write_bw for sizes >= 64 KiB
 #   latency (one-way, µs): Rivet p50 (--poll spin) against ib_send_lat t_typical; goal <= 1.2 x
+# On Soft-RoCE with both ends in this VM it also counts the RDMA packets each message cost
+# (rxe0's hw_counters/sent_pkts: every packet either end sends, ACKs included), per size and for
+# the 8-byte ping-pong: unlike the timings, that count does not move with TCG's scheduling.
 #
 # Over the user-space verbs fabric (FABRIC=1): no VM; builds the fabric (fabric/build.sh) and runs
 # both ends here with the fabric's folder first on LD_LIBRARY_PATH (its device rfab0 is InfiniBand:
@@ -25,6 +28,9 @@
 #   RUNS=3                 rounds (the median is reported)
 #   SIZES="4K 16K 64K 256K 1M 4M 16M 64M"
 #   LAT_ITERS=2000         round trips per latency run
+#   BW_ITERS=1000          most messages per bandwidth run, both tools (128 MiB per size, at least
+#                          8): over the fabric 1000 messages of 4 KiB last ~10 ms, so a run there
+#                          wants BW_ITERS=32768 (all of 128 MiB) to be more than scheduling noise
 #   RIVET=path/to/rivet    (default target/release/rivet with --release, else target/debug/rivet)
 #   RIVET_PLUGIN_LIB=...   plugin library (default: next to rivet)
 #   POLL=yield             rivet bench --poll: yield (NCCL's proxy thread), spin or sleep
@@ -46,12 +52,12 @@ if [[ $fabric == 1 ]]; then
 fi
 if [[ ${RIVET_IN_VM:-0} != 1 && ${ACROSS:-0} == 1 ]]; then
     exec bash "$repo/vm/multi.sh" --topology pair --timeout "${RIVET_SIDE_TIMEOUT:-2400}" \
-        -e RUNS="${RUNS:-3}" -e SIZES="${SIZES:-}" -e LAT_ITERS="${LAT_ITERS:-2000}" -e RIVET="${RIVET:-}" -e POLL="${POLL:-yield}" \
+        -e RUNS="${RUNS:-3}" -e SIZES="${SIZES:-}" -e LAT_ITERS="${LAT_ITERS:-2000}" -e BW_ITERS="${BW_ITERS:-}" -e RIVET="${RIVET:-}" -e POLL="${POLL:-yield}" \
         -- bash "$here/side_by_side.sh" "$@"
 fi
 if [[ ${RIVET_IN_VM:-0} != 1 ]]; then
     exec bash "$repo/vm/run.sh" --timeout "${RIVET_SIDE_TIMEOUT:-1800}" \
-        -e RUNS="${RUNS:-3}" -e SIZES="${SIZES:-}" -e LAT_ITERS="${LAT_ITERS:-2000}" -e RIVET="${RIVET:-}" -e POLL="${POLL:-yield}" \
+        -e RUNS="${RUNS:-3}" -e SIZES="${SIZES:-}" -e LAT_ITERS="${LAT_ITERS:-2000}" -e BW_ITERS="${BW_ITERS:-}" -e RIVET="${RIVET:-}" -e POLL="${POLL:-yield}" \
         -- bash "$here/side_by_side.sh" "$@"
 fi
 
@@ -81,9 +87,9 @@ bytes() { # 4K -> 4096
     local s=$1 n=${1%[KMG]}
     case $s in *K) echo $((n << 10)) ;; *M) echo $((n << 20)) ;; *G) echo $((n << 30)) ;; *) echo "$s" ;; esac
 }
-iters_for() { # the same schedule as rivet bench: 128 MiB per size, between 8 and 1000 messages
-    local n=$(((128 << 20) / $1))
-    ((n > 1000)) && n=1000
+iters_for() { # the same schedule as rivet bench: 128 MiB per size, between 8 and 1000 (BW_ITERS) messages
+    local n=$(((128 << 20) / $1)) most=${BW_ITERS:-1000}
+    ((n > most)) && n=$most
     ((n < 8)) && n=8
     echo $n
 }
@@ -181,31 +187,67 @@ say "device $dev, GID index $gid_index ($ip4), $runs round(s), sizes ${sizes[*]}
 say "$(uname -r), $(nproc) vCPU(s), $(date -u +%Y-%m-%dT%H:%MZ)"
 results=$work/results # lines: KIND SIZE VALUE
 : >"$results"
+# RDMA packets per message: with both ends on one rxe device every packet is counted once.
+pkt_file=
+if [[ $role == both && $fabric != 1 && -r /sys/class/infiniband/$dev/ports/1/hw_counters/sent_pkts ]]; then
+    pkt_file=/sys/class/infiniband/$dev/ports/1/hw_counters/sent_pkts
+fi
+pkts() { if [[ -n $pkt_file ]]; then cat "$pkt_file"; else echo 0; fi; }
+count_pkts() { # KIND SIZE BEFORE MESSAGES: packets per message since BEFORE into $results
+    [[ -n $pkt_file ]] || return 0
+    awk -v k="$1" -v s="$2" -v a="$3" -v b="$(pkts)" -v m="$4" 'BEGIN { printf "%s %s %.2f\n", k, s, (b - a) / m }' >>"$results"
+}
+# Pull "size":N ... "mib_per_s":X pairs out of a one-line `rivet bench --json`.
+record_bandwidth() {
+    grep -o '"size":[0-9]*,"iters":[0-9]*,"seconds":[0-9.]*,"mib_per_s":[0-9.]*' <<<"$1" |
+        awk -F'[:,]' '{ print "rivet_bw", $2, $8 }' >>"$results"
+}
+iters_arg=()
+[[ -n ${BW_ITERS:-} ]] && iters_arg=(--iters "$BW_ITERS")
 csv_sizes=$(IFS=,; echo "${sizes[*]}")
 for ((r = 1; r <= runs; r++)); do
     for s in "${sizes[@]}"; do
         n=$(bytes "$s")
+        p0=$(pkts)
         line=$(perf_pair ib_write_bw -t 8 -s "$n" -n "$(iters_for "$n")") || { say "ib_write_bw -s $n failed"; exit 1; }
+        count_pkts perf_pkt "$n" "$p0" "$(iters_for "$n")"
         # #bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]
         bw=$(awk '{ print $4 }' <<<"$line")
         echo "perf_bw $n $bw" >>"$results"
         say "round $r: ib_write_bw $s: $bw MiB/s"
     done
+    p0=$(pkts)
     line=$(perf_pair ib_send_lat -s 8 -n "$lat_iters") || { say "ib_send_lat failed"; exit 1; }
+    count_pkts perf_pkt 8 "$p0" $((2 * lat_iters))
     # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
     read -r _ _ tmin _ ttyp tavg _ t99 _ <<<"$line"
     echo "perf_lat 8 $ttyp" >>"$results"
     echo "perf_lat99 8 $t99" >>"$results"
     say "round $r: ib_send_lat 8 B: t_min $tmin typical $ttyp avg $tavg 99% $t99 us"
-    json=$(rivet_bench --json --quiet --poll "${POLL:-yield}" --sizes "$csv_sizes" --lat-iters "$lat_iters") || { say "rivet bench failed"; exit 1; }
+    if [[ -n $pkt_file ]]; then
+        # One run per size, and the latency on its own, so each count covers one kind of message.
+        for s in "${sizes[@]}"; do
+            n=$(bytes "$s")
+            p0=$(pkts)
+            json=$(rivet_bench --json --quiet --poll "${POLL:-yield}" --sizes "$n" --lat-iters 0 "${iters_arg[@]}") || { say "rivet bench $s failed"; exit 1; }
+            record_bandwidth "$json"
+            # `rivet bench` sends its window (8) of warm-up messages first.
+            count_pkts rivet_pkt "$n" "$p0" $(($(grep -o '"iters":[0-9]*' <<<"$json" | head -1 | cut -d: -f2) + 8))
+        done
+        json=$(rivet_bench --json --quiet --poll "${POLL:-yield}" --sizes none --lat-iters "$lat_iters") || { say "rivet bench failed"; exit 1; }
+    else
+        json=$(rivet_bench --json --quiet --poll "${POLL:-yield}" --sizes "$csv_sizes" --lat-iters "$lat_iters" "${iters_arg[@]}") || { say "rivet bench failed"; exit 1; }
+        record_bandwidth "$json"
+    fi
     echo "$json" >"$work/rivet-$r.json"
-    # Pull "size":N ... "mib_per_s":X pairs and the latency percentiles out of the one-line JSON.
-    grep -o '"size":[0-9]*,"iters":[0-9]*,"seconds":[0-9.]*,"mib_per_s":[0-9.]*' <<<"$json" |
-        awk -F'[:,]' '{ print "rivet_bw", $2, $8 }' >>"$results"
     record_latency rivet_lat "$json"
     say "round $r: rivet bench done (p50 $p50 us, p99 $p99 us)"
     # ib_send_lat busy-polls its CQ on both sides: the like-for-like latency busy-polls too.
+    p0=$(pkts)
     json=$(rivet_bench --json --quiet --poll spin --sizes none --lat-iters "$lat_iters") || { say "rivet bench --poll spin failed"; exit 1; }
+    # Both directions, after `rivet bench`'s warm-up of a tenth (1 to 100) of the round trips.
+    lat_warm=$((lat_iters / 10)); ((lat_warm < 1)) && lat_warm=1; ((lat_warm > 100)) && lat_warm=100
+    count_pkts rivet_pkt 8 "$p0" $((2 * (lat_iters + lat_warm)))
     record_latency rivet_spin_lat "$json"
     say "round $r: rivet bench --poll spin latency done (p50 $p50 us, p99 $p99 us)"
 done
@@ -245,6 +287,18 @@ printf '| p50 (perftest: t_typical) | %.1f | %.1f | %s | %.1f | %s |\n' "$pl" "$
 printf '| p99 | %.1f | %.1f | %s | %.1f | %s |\n' "$pl99" "$sl99" "$(ratio "$sl99" "$pl99")" "$rl99" "$(ratio "$rl99" "$pl99")"
 echo
 echo "(the latency goal is judged on --poll spin: ib_send_lat busy-polls on both sides too)"
+if [[ -n $pkt_file ]]; then
+    echo
+    echo "| RDMA packets per message ($dev sent_pkts, ACKs included) | perftest | rivet bench | ratio |"
+    echo "| --- | ---: | ---: | ---: |"
+    for s in "${sizes[@]}"; do
+        n=$(bytes "$s")
+        printf '| %s, window 8 / ib_write_bw -t 8 | %s | %s | %s |\n' "${s/K/ KiB}" "$(median perf_pkt "$n")" "$(median rivet_pkt "$n")" \
+            "$(ratio "$(median rivet_pkt "$n")" "$(median perf_pkt "$n")")"
+    done
+    printf '| 8 B ping-pong --poll spin / ib_send_lat | %s | %s | %s |\n' "$(median perf_pkt 8)" "$(median rivet_pkt 8)" \
+        "$(ratio "$(median rivet_pkt 8)" "$(median perf_pkt 8)")"
+fi
 if awk -v x="$lratio" 'BEGIN { exit !(x > 1.2) }'; then fail=1; fi
 echo
 if ((fail)); then
