@@ -19,6 +19,8 @@
 #   PROFILER=0                                     no callback, NULL pHandles (NCCL never does this)
 #   PINGPONG_FUSE=0,1                              over a device fused from those ports (multi-lane;
 #                                                  with FABRIC=1 set RIVET_FABRIC_PORTS=2)
+#   CALLGRIND_ARGS="--dump-instr=yes"             more callgrind options (per-instruction costs
+#                                                  for callgrind_annotate or objdump; on the host only)
 #   FABRIC=1                                       no VM: over the user-space verbs fabric (fabric/);
 #                                                  the plugin's count is the same, the provider's not
 set -euo pipefail
@@ -56,7 +58,8 @@ rounds=${ROUNDS:-300}
 top=${TOP:-25}
 [[ -x $out/pingpong ]] || cc -std=c11 -O2 -g -o "$out/pingpong" "$here/callgrind_pingpong.c" -ldl
 rm -f "$out/callgrind.out"
-valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file="$out/callgrind.out" \
+# shellcheck disable=SC2086 # CALLGRIND_ARGS is a list of options
+valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file="$out/callgrind.out" ${CALLGRIND_ARGS:-} \
     "$out/pingpong" "$plugin" "$rounds" "${WARMUP:-30}" "${SETTLE_US:-1000}" 2>"$out/valgrind.log" \
     || { cat "$out/valgrind.log" >&2; exit 1; }
 callgrind_annotate --auto=no --threshold=100 "$out/callgrind.out" >"$out/annotate.txt"

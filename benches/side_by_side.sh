@@ -293,10 +293,10 @@ if [[ -n $pkt_file ]]; then
     echo "| --- | ---: | ---: | ---: |"
     for s in "${sizes[@]}"; do
         n=$(bytes "$s")
-        printf '| %s, window 8 / ib_write_bw -t 8 | %s | %s | %s |\n' "${s/K/ KiB}" "$(median perf_pkt "$n")" "$(median rivet_pkt "$n")" \
+        printf '| %s, window 8 / ib_write_bw -t 8 | %.2f | %.2f | %s |\n' "${s/K/ KiB}" "$(median perf_pkt "$n")" "$(median rivet_pkt "$n")" \
             "$(ratio "$(median rivet_pkt "$n")" "$(median perf_pkt "$n")")"
     done
-    printf '| 8 B ping-pong --poll spin / ib_send_lat | %s | %s | %s |\n' "$(median perf_pkt 8)" "$(median rivet_pkt 8)" \
+    printf '| 8 B ping-pong --poll spin / ib_send_lat | %.2f | %.2f | %s |\n' "$(median perf_pkt 8)" "$(median rivet_pkt 8)" \
         "$(ratio "$(median rivet_pkt 8)" "$(median perf_pkt 8)")"
 fi
 if awk -v x="$lratio" 'BEGIN { exit !(x > 1.2) }'; then fail=1; fi
