@@ -208,9 +208,10 @@ csv_sizes=$(IFS=,; echo "${sizes[*]}")
 for ((r = 1; r <= runs; r++)); do
     for s in "${sizes[@]}"; do
         n=$(bytes "$s")
+        iters=$(iters_for "$n")
         p0=$(pkts)
-        line=$(perf_pair ib_write_bw -t 8 -s "$n" -n "$(iters_for "$n")") || { say "ib_write_bw -s $n failed"; exit 1; }
-        count_pkts perf_pkt "$n" "$p0" "$(iters_for "$n")"
+        line=$(perf_pair ib_write_bw -t 8 -s "$n" -n "$iters") || { say "ib_write_bw -s $n failed"; exit 1; }
+        count_pkts perf_pkt "$n" "$p0" "$iters"
         # #bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]
         bw=$(awk '{ print $4 }' <<<"$line")
         echo "perf_bw $n $bw" >>"$results"
